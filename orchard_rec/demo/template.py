@@ -1,0 +1,90 @@
+"""The demo model's chat template: ChatML with Hermes/Qwen-style tool calls.
+
+Like Qwen3's template, reasoning (``reasoning_content``) of earlier assistant turns
+is dropped when the history is rendered, and tool results are wrapped in
+``<tool_response>`` inside a user turn.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["render", "render_tool_call"]
+
+_TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+)
+
+
+def _content(c: Any) -> str:
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        out = []
+        for p in c:
+            if isinstance(p, dict):
+                if p.get("type") == "text":
+                    out.append(p.get("text", ""))
+                elif p.get("type") == "image_url":
+                    out.append("<image>")
+            elif isinstance(p, str):
+                out.append(p)
+        return "".join(out)
+    return str(c)
+
+
+def render_tool_call(name: str, arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True) -> str:
+    out: list[str] = []
+    msgs = list(messages)
+    system = ""
+    if msgs and msgs[0].get("role") == "system":
+        system = _content(msgs[0].get("content"))
+        msgs = msgs[1:]
+    if tools:
+        body = system + _TOOLS_HEADER
+        for t in tools:
+            body += "\n" + json.dumps(t, ensure_ascii=False)
+        out.append("<|im_start|>system\n" + body + _TOOLS_FOOTER + "<|im_end|>\n")
+    elif system:
+        out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
+    i = 0
+    while i < len(msgs):
+        m = msgs[i]
+        role = m.get("role")
+        if role == "tool":
+            parts = []
+            while i < len(msgs) and msgs[i].get("role") == "tool":
+                parts.append("<tool_response>\n" + _content(msgs[i].get("content")) + "\n</tool_response>")
+                i += 1
+            out.append("<|im_start|>user\n" + "\n".join(parts) + "<|im_end|>\n")
+            continue
+        if role == "assistant":
+            text = _content(m.get("content"))
+            calls = [render_tool_call((tc.get("function") or {}).get("name", ""), (tc.get("function") or {}).get("arguments", "")) for tc in m.get("tool_calls") or ()]
+            if calls:
+                text = (text + "\n" if text else "") + "\n".join(calls)
+            out.append("<|im_start|>assistant\n" + text + "<|im_end|>\n")
+        else:
+            out.append("<|im_start|>" + str(role) + "\n" + _content(m.get("content")) + "<|im_end|>\n")
+        i += 1
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+

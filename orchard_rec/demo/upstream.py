@@ -1,0 +1,325 @@
+"""A small vLLM-compatible model server for the demo and the tests.
+
+Speaks vLLM's OpenAI server wire format, including its extensions: ``return_token_ids``
+(root ``prompt_token_ids`` and ``choices[i].token_ids``; when streaming, the prompt ids
+on the first chunk and per-chunk ``token_ids`` deltas), per-token ``logprobs``,
+Hermes-style tool calls parsed into ``tool_calls`` with ``chatcmpl-tool-`` ids, and
+``reasoning_content`` from ``<think>`` blocks. ``/v1/responses`` and ``/v1/messages``
+are served the way vLLM does: through chat completions underneath. The generated ids
+include the end-of-turn token, as vLLM's do.
+
+It keeps ``log``: every request body it received, so tests can check what the proxy
+sent upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from orchard_rec.demo.model import Generation, ScriptedModel
+from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
+
+__all__ = ["DemoUpstream", "build_upstream_app"]
+
+MODEL_NAME = "orchard-demo"
+
+
+def _err(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class DemoUpstream:
+    def __init__(self, *, drift: bool = False, think: bool = False, chunk_delay: float = 0.0, model_name: str = MODEL_NAME) -> None:
+        self.model = ScriptedModel(drift=drift, think=think)
+        self.chunk_delay = chunk_delay
+        self.model_name = model_name
+        self.log: list[tuple[str, Any]] = []
+        """Every request body received, with its path."""
+        self.sent: list[bytes] = []
+        """Every response body sent (streams: all frames joined), in order."""
+        self.aborted = 0
+        """Streams the client (the proxy) hung up on before the end."""
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _logprobs_content(self, ids: list[int], start: int) -> list[dict[str, Any]]:
+        out = []
+        for k, i in enumerate(ids):
+            tok = self.model.decode([i])
+            out.append({"token": tok, "logprob": self.model.logprob(start + k, i), "bytes": list(tok.encode()), "top_logprobs": []})
+        return out
+
+    def _message(self, gen: Generation) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": gen.content, "refusal": None, "annotations": None, "audio": None, "function_call": None}
+        calls = gen.tool_calls
+        msg["tool_calls"] = [
+            {"id": "chatcmpl-tool-" + uuid.uuid4().hex[:16], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls
+        ]
+        if gen.reasoning is not None:
+            msg["reasoning_content"] = gen.reasoning
+        return msg
+
+    @staticmethod
+    def _usage(gen: Generation) -> dict[str, Any]:
+        n = len(gen.ids)
+        return {"prompt_tokens": len(gen.prompt_ids), "total_tokens": len(gen.prompt_ids) + n, "completion_tokens": n, "prompt_tokens_details": None}
+
+    def _generate(self, body: dict[str, Any]) -> Generation:
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return self.model.generate(body.get("messages") or [], body.get("tools"), max_tokens=max_tokens)
+
+    # -- chat -----------------------------------------------------------------------------------
+
+    def chat_object(self, body: dict[str, Any], gen: Generation) -> dict[str, Any]:
+        ids = gen.ids
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": self._message(gen),
+            "logprobs": {"content": self._logprobs_content(ids, 0)} if body.get("logprobs") else None,
+            "finish_reason": gen.finish_reason,
+            "stop_reason": None,
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        out: dict[str, Any] = {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": self._usage(gen),
+            "prompt_logprobs": None,
+            "prompt_token_ids": gen.prompt_ids if body.get("return_token_ids") else None,
+            "kv_transfer_params": None,
+        }
+        return out
+
+    def chat_chunks(self, body: dict[str, Any], gen: Generation) -> list[dict[str, Any]]:
+        """The chunks vLLM would stream for this generation (one token per chunk)."""
+        rid = "chatcmpl-" + uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or self.model_name
+        want_ids = bool(body.get("return_token_ids"))
+        want_lp = bool(body.get("logprobs"))
+        opts = body.get("stream_options") or {}
+
+        def chunk(delta: dict[str, Any], ids: list[int], pos: int, finish: str | None = None) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": self._logprobs_content(ids, pos)} if want_lp and ids else None, "finish_reason": finish}
+            if finish is not None:
+                c["stop_reason"] = None
+            if want_ids:
+                c["token_ids"] = ids
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [c]}
+
+        first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+        if want_ids:
+            first["prompt_token_ids"] = gen.prompt_ids
+        out = [first]
+        pos = 0
+        tool_index = 0
+        for s in gen.sections:
+            if s.kind == "eos":
+                continue
+            if s.kind == "tool_call" and s.call is not None:
+                half = max(1, len(s.ids) // 2)
+                tid = "chatcmpl-tool-" + uuid.uuid4().hex[:16]
+                out.append(chunk({"tool_calls": [{"index": tool_index, "id": tid, "type": "function", "function": {"name": s.call["name"], "arguments": ""}}]}, s.ids[:half], pos))
+                pos += half
+                rest = s.ids[half:]
+                args = s.call["arguments"]
+                pieces = min(3, max(1, len(rest)))
+                step = -(-len(args) // pieces) if args else 1
+                arg_parts = [args[i : i + step] for i in range(0, len(args), step)] or [""]
+                id_parts = [rest[i * len(rest) // len(arg_parts) : (i + 1) * len(rest) // len(arg_parts)] for i in range(len(arg_parts))]
+                for a, ids in zip(arg_parts, id_parts):
+                    out.append(chunk({"tool_calls": [{"index": tool_index, "function": {"arguments": a}}]}, ids, pos))
+                    pos += len(ids)
+                tool_index += 1
+                continue
+            key = "reasoning_content" if s.kind == "reasoning" else "content"
+            prev = ""
+            for k in range(len(s.ids)):
+                if not s.text:  # tag tokens: ids only, as vLLM sends for control tokens with return_token_ids
+                    out.append(chunk({}, [s.ids[k]], pos))
+                    pos += 1
+                    continue
+                now = self.model.decode(s.ids[: k + 1])
+                piece = now[len(prev):]
+                prev = now
+                out.append(chunk({key: piece} if piece else {}, [s.ids[k]], pos))
+                pos += 1
+        eos = [i for s in gen.sections if s.kind == "eos" for i in s.ids]
+        out.append(chunk({"content": ""} if eos else {}, eos, pos, gen.finish_reason))
+        if opts.get("include_usage"):
+            out.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": self._usage(gen)})
+        return out
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body.get("messages"), list):
+            return _err(400, "messages: field required (a list)")
+        gen = self._generate(body)
+        if not body.get("stream"):
+            return self._json(self.chat_object(body, gen))
+        return await self._stream(request, (_sse(c) for c in self.chat_chunks(body, gen)), done=True)
+
+    # -- completions ---------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = self.model.encode(prompt)
+        elif isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+            prompt_ids = list(prompt)
+        else:
+            return _err(400, "prompt: expected a string or a list of token ids")
+        text = " The answer is 42."
+        ids = self.model._noncanonical(self.model.encode(text)) + [self.model.eos]
+        finish = "stop"
+        max_tokens = body.get("max_tokens") or 16
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        want_lp = body.get("logprobs") is not None and body.get("logprobs") is not False
+        want_ids = bool(body.get("return_token_ids"))
+        rid = "cmpl-" + uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or self.model_name
+
+        def lp(ids_: list[int], pos: int) -> dict[str, Any] | None:
+            if not want_lp:
+                return None
+            toks = [self.model.decode([i]) for i in ids_]
+            return {"text_offset": list(range(pos, pos + len(ids_))), "token_logprobs": [self.model.logprob(pos + k, i) for k, i in enumerate(ids_)], "tokens": toks, "top_logprobs": [{t: self.model.logprob(pos + k, i)} for k, (t, i) in enumerate(zip(toks, ids_))]}
+
+        usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(ids), "completion_tokens": len(ids), "prompt_tokens_details": None}
+        if not body.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "text": self.model.tok.decode(ids), "logprobs": lp(ids, 0), "finish_reason": finish, "stop_reason": None, "prompt_logprobs": None}
+            if want_ids:
+                choice["prompt_token_ids"] = prompt_ids
+                choice["token_ids"] = ids
+            obj = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None}
+            return self._json(obj)
+        chunks = []
+        prev = ""
+        for k, i in enumerate(ids):
+            now = self.model.tok.decode(ids[: k + 1])
+            c: dict[str, Any] = {"index": 0, "text": now[len(prev):], "logprobs": lp([i], k), "finish_reason": finish if k == len(ids) - 1 else None, "stop_reason": None}
+            prev = now
+            if want_ids:
+                if k == 0:
+                    c["prompt_token_ids"] = prompt_ids
+                c["token_ids"] = [i]
+            chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [c]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage})
+        return await self._stream(request, (_sse(c) for c in chunks), done=True)
+
+    # -- Responses and Messages (through chat, as vLLM serves them) --------------------------
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if body.get("input") is None:
+            return _err(400, "input: field required")
+        chat = responses_to_chat(body)
+        chat["stream_options"] = {"include_usage": True}
+        gen = self._generate(chat)
+        if not body.get("stream"):
+            return self._json(chat_to_responses(self.chat_object(chat, gen), body))
+        tr = ResponsesStream(body)
+        events = [e for c in self.chat_chunks(chat, gen) for e in tr.feed(c)] + tr.finish()
+        return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body.get("messages"), list) or body.get("max_tokens") is None:
+            body_err = {"type": "error", "error": {"type": "invalid_request_error", "message": "messages and max_tokens are required"}}
+            return web.Response(status=400, body=orjson.dumps(body_err), content_type="application/json")
+        chat = messages_to_chat(body)
+        chat["stream_options"] = {"include_usage": True}
+        gen = self._generate(chat)
+        if not body.get("stream"):
+            return self._json(chat_to_messages(self.chat_object(chat, gen), body))
+        tr = MessagesStream(body)
+        events = [e for c in self.chat_chunks({**chat, "return_token_ids": True}, gen) for e in tr.feed(c)] + tr.finish()
+        return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
+
+    async def models(self, request: web.Request) -> web.Response:
+        obj = {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": self.model_name, "parent": None, "max_model_len": 32768, "permission": []}]}
+        return self._json(obj)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _err(400, f"invalid JSON: {exc}")
+        if not isinstance(body, dict):
+            return _err(400, "body must be an object")
+        self.log.append((request.path, body))
+        return body
+
+    def _json(self, obj: Any) -> web.Response:
+        data = orjson.dumps(obj)
+        self.sent.append(data)
+        return web.Response(body=data, content_type="application/json")
+
+    async def _stream(self, request: web.Request, frames: Any, done: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        sent = bytearray()
+        await resp.prepare(request)
+        try:
+            for f in list(frames) + ([b"data: [DONE]\n\n"] if done else []):
+                await resp.write(f)
+                sent += f
+                if self.chunk_delay:
+                    await asyncio.sleep(self.chunk_delay)
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        finally:
+            self.sent.append(bytes(sent))
+        return resp
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+
+def build_upstream_app(**kwargs: Any) -> web.Application:
+    return DemoUpstream(**kwargs).app()

@@ -1,0 +1,3 @@
+"""Adapters for agent harnesses: how each is redirected, tags sessions, and its quirks."""
+
+__all__: list[str] = []

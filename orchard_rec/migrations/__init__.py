@@ -1,0 +1,1 @@
+"""Alembic migrations for orchard-rec's schema, run by ``orchard-rec db upgrade``."""

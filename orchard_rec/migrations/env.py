@@ -1,0 +1,35 @@
+"""Alembic environment: online migrations only, batch mode so SQLite can ALTER."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from orchard_rec.storage.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def run_migrations_online() -> None:
+    engine = config.attributes.get("engine")
+    owned = engine is None
+    if owned:
+        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    try:
+        with engine.begin() as connection:
+            context.configure(
+                connection=connection,
+                target_metadata=target_metadata,
+                render_as_batch=True,
+                compare_type=True,
+            )
+            context.run_migrations()
+    finally:
+        if owned:
+            engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("orchard-rec runs migrations online only: orchard-rec db upgrade --db URL")
+run_migrations_online()

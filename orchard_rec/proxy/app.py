@@ -1,0 +1,306 @@
+"""The proxy as an aiohttp application: routes, the relay, and the lifecycle.
+
+Routes (each also under ``/s/{session_id}``): ``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``, ``/v1/messages`` (``?beta=true`` too),
+``GET /v1/models``, and any other ``/v1/*`` path passed through as ``other``.
+Plus ``GET /healthz`` and ``GET /metrics``.
+
+Policy:
+- The client receives the upstream's status, headers (less hop-by-hop and encoding
+  ones) and body bytes as they arrive; streams are relayed chunk by chunk.
+- Every call that reached a route is recorded, whatever happened: a disconnect mid-stream
+  is ``aborted`` with what had arrived ("record even on disconnect: the tokens were
+  generated"), an unreachable upstream is ``failed``, bad input is ``rejected``.
+- The handler never waits on SQL: it hands a ``Capture`` to the recorder with a
+  synchronous ``put_nowait`` in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from orchard_rec.errors import (
+    BadRequest,
+    NotFound,
+    OrchardError,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+    error_body,
+)
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.identity import SESSION_HEADER, harness_of, public_headers, validate_session_id
+from orchard_rec.proxy.metrics import Metrics
+from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.records import CallOutcome, Dialect
+from orchard_rec.storage.store import Store
+
+__all__ = ["CONFIG", "METRICS", "RECORDER", "STORE", "UPSTREAM", "build_app", "dialect_of"]
+
+log = logging.getLogger("orchard_rec.proxy")
+
+CONFIG = web.AppKey("config", ProxyConfig)
+STORE = web.AppKey("store", Store)
+RECORDER = web.AppKey("recorder", Recorder)
+UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+METRICS = web.AppKey("metrics", Metrics)
+
+_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+     "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "x-orchard-session"}
+)
+_RESP_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
+_ROUTES = {
+    ("POST", "chat/completions"): Dialect.CHAT,
+    ("POST", "completions"): Dialect.COMPLETIONS,
+    ("POST", "responses"): Dialect.RESPONSES,
+    ("POST", "messages"): Dialect.MESSAGES,
+    ("GET", "models"): Dialect.MODELS,
+}
+
+
+def dialect_of(method: str, tail: str) -> Dialect:
+    return _ROUTES.get((method, tail.strip("/")), Dialect.OTHER)
+
+
+def _is_anthropic(path: str, headers: Any) -> bool:
+    return "/messages" in path or "/complete" == path[-9:] or "anthropic-version" in headers
+
+
+# -- middleware: errors in the caller's dialect ----------------------------------------------
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except OrchardError as exc:
+        return _error_response(request, exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 404:
+            err: OrchardError = NotFound(f"no route for {request.method} {request.path}")
+        elif exc.status == 405:
+            err = NotFound(f"method {request.method} not allowed on {request.path}")
+            err.status = 405
+        elif exc.status == 413:
+            err = PayloadTooLarge(exc.text or "request body too large")
+        else:
+            err = BadRequest(exc.text or exc.reason)
+            err.status = exc.status
+        return _error_response(request, err)
+
+
+def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
+    return web.Response(
+        status=exc.status,
+        body=error_body(exc, _is_anthropic(request.path, request.headers)),
+        content_type="application/json",
+    )
+
+
+# -- the relay ---------------------------------------------------------------------------------
+
+
+async def _read_json(request: web.Request, cap: Capture, dialect: Dialect) -> tuple[bytes, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[CONFIG].max_body_bytes
+        raise PayloadTooLarge(f"request body is larger than the proxy's limit of {limit} bytes") from exc
+    cap.bytes_in = len(raw)
+    if not dialect.is_generation:
+        return raw, None
+    ctype = request.headers.get("content-type")
+    if ctype is not None and "json" not in ctype.lower():
+        raise UnsupportedMediaType(f"content-type must be application/json, got {ctype[:100]!r}")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    return raw, body
+
+
+def _upstream_headers(request: web.Request) -> dict[str, str]:
+    out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
+    return out
+
+
+def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in up.headers.items() if k.lower() not in _RESP_DROP]
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    tail = request.match_info["tail"]
+    dialect = dialect_of(request.method, tail)
+    sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER)
+    path = "/v1/" + tail + (("?" + request.query_string) if request.query_string else "")
+    cap = Capture(dialect, request.method, path, None)
+    recorder = app[RECORDER]
+    metrics = app[METRICS]
+    try:
+        if sid is not None:
+            cap.session_id = validate_session_id(sid)
+        cap.headers = public_headers(request.headers)
+        cap.harness, cap.harness_session = harness_of(request.headers)
+        if request.headers.get("upgrade", "").lower() == "websocket":
+            # Codex's built-in provider tries a Responses WebSocket first; a quick refusal makes it
+            # fall back to POST + SSE without retry delays.
+            cap.status_code = 426
+            cap.outcome = CallOutcome.REJECTED
+            exc = BadRequest("WebSocket transport is not supported by this proxy; use HTTP POST with stream=true")
+            exc.status = 426
+            return _error_response(request, exc)
+        raw, body = await _read_json(request, cap, dialect)
+        cap.request = body
+        return await _relay(request, cap, raw, body)
+    except OrchardError as exc:
+        if cap.outcome is CallOutcome.OK:
+            cap.fail(CallOutcome.REJECTED, exc.message)
+        cap.status_code = exc.status
+        raise
+    except asyncio.CancelledError:
+        cap.fail(CallOutcome.ABORTED, "client disconnected")
+        raise
+    finally:
+        cap.done_at = time.time()
+        recorder.submit(cap)
+        metrics.calls.labels(dialect.value, cap.outcome.value).inc()
+        metrics.bytes.labels("in").inc(cap.bytes_in)
+        metrics.bytes.labels("out").inc(cap.bytes_out)
+        metrics.duration.labels(dialect.value).observe(cap.done_at - cap.received_at)
+        if cap.first_byte_at is not None:
+            metrics.ttfb.labels(dialect.value).observe(cap.first_byte_at - cap.received_at)
+        if cap.outcome is not CallOutcome.OK:
+            metrics.errors.labels(dialect.value, cap.outcome.value).inc()
+
+
+async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> web.StreamResponse:
+    app = request.app
+    cfg = app[CONFIG]
+    url = cfg.upstream + "/" + request.match_info["tail"]
+    if request.query_string:
+        url += "?" + request.query_string
+    try:
+        async with app[UPSTREAM].request(
+            request.method, url, data=raw if raw else None, headers=_upstream_headers(request)
+        ) as up:
+            cap.first_byte_at = time.time()
+            cap.status_code = up.status
+            if up.content_type == "text/event-stream":
+                cap.stream = True
+                return await _relay_stream(request, cap, up)
+            data = await up.read()
+            cap.body = data
+            resp = web.Response(status=up.status, body=data, headers=_client_headers(up))
+            await resp.prepare(request)
+            await resp.write_eof()
+            cap.bytes_out = len(data)
+            return resp
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        raise UpstreamUnavailable(f"upstream {cfg.upstream} is unreachable: {exc}") from exc
+    except asyncio.TimeoutError as exc:
+        cap.fail(CallOutcome.FAILED, "upstream timed out")
+        err = UpstreamUnavailable(f"upstream {cfg.upstream} timed out")
+        err.status = 504
+        raise err from exc
+    except aiohttp.ClientError as exc:
+        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        raise UpstreamProtocolError(f"upstream {cfg.upstream} answered something the proxy cannot relay: {exc}") from exc
+
+
+async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientResponse) -> web.StreamResponse:
+    resp = web.StreamResponse(status=up.status, headers=_client_headers(up))
+    await resp.prepare(request)
+    chunks = cap.chunks
+    n = 0
+    try:
+        async for chunk in up.content.iter_any():
+            chunks.append(chunk)
+            await resp.write(chunk)
+            n += len(chunk)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        cap.bytes_out = n
+        cap.fail(CallOutcome.ABORTED, f"client disconnected: {exc}")
+        return resp
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        # The status line is gone already: the only honest signal left is a cut stream.
+        cap.bytes_out = n
+        cap.fail(CallOutcome.FAILED, f"upstream stream broke: {type(exc).__name__}: {exc}")
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    cap.bytes_out = n
+    await resp.write_eof()
+    return resp
+
+
+# -- service routes ------------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    rec = request.app[RECORDER]
+    status = "ok" if rec.healthy else "degraded"
+    body = {"status": status, "queue_depth": rec.depth, "written": rec.written, "mode": request.app[CONFIG].mode}
+    if rec.last_error:
+        body["error"] = rec.last_error
+    return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+# -- lifecycle -------------------------------------------------------------------------------------
+
+
+def build_app(config: ProxyConfig, store: Store | None = None) -> web.Application:
+    """The proxy app. Owns the upstream ``ClientSession`` and the recorder through one cleanup context."""
+    app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    owned_store = store is None
+    app[STORE] = store if store is not None else Store(config.db)
+    recorder = Recorder(app[STORE])
+    app[RECORDER] = recorder
+    app[METRICS] = Metrics(lambda: recorder.depth)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        if owned_store:
+            await asyncio.to_thread(app[STORE].upgrade)
+        recorder.start()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        app[UPSTREAM] = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
+        )
+        yield
+        await app[UPSTREAM].close()
+        await asyncio.to_thread(recorder.close)
+        if owned_store:
+            app[STORE].close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
+    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
+    return app

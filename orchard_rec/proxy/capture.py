@@ -1,0 +1,133 @@
+"""What the response path collects about a call, and how it becomes a ``CallRecord``.
+
+The handler fills a ``Capture`` with cheap appends only (the request body it already
+parsed, the raw response chunks, timestamps). Everything costly — SSE parsing, stream
+reassembly, token extraction — happens in ``to_record``, which the recorder runs on
+its writer thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from orchard_rec.proxy.assemble import assemble, extract_tokens
+from orchard_rec.proxy.sse import parse_sse
+from orchard_rec.records import CallOutcome, CallRecord, Dialect
+
+__all__ = ["Capture"]
+
+
+class Capture:
+    __slots__ = (
+        "call_id", "session_id", "dialect", "method", "path", "headers", "harness", "harness_session",
+        "request", "upstream_request", "stream", "status_code", "outcome", "error",
+        "received_at", "first_byte_at", "done_at", "chunks", "body", "bytes_in", "bytes_out",
+        "response_override", "events_override", "tokens_override",
+    )
+
+    def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
+        self.call_id = uuid.uuid4().hex
+        self.session_id = session_id
+        self.dialect = dialect
+        self.method = method
+        self.path = path
+        self.headers: dict[str, str] = {}
+        self.harness: str | None = None
+        self.harness_session: str | None = None
+        self.request: Any = None
+        self.upstream_request: Any = None
+        self.stream = False
+        self.status_code: int | None = None
+        self.outcome = CallOutcome.OK
+        self.error: str | None = None
+        self.received_at = time.time()
+        self.first_byte_at: float | None = None
+        self.done_at: float | None = None
+        self.chunks: list[bytes] = []
+        """Raw stream bytes as relayed (streams only)."""
+        self.body: bytes | None = None
+        """Raw non-stream response body as relayed."""
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.response_override: Any = None
+        """Set by modes that rebuild the response themselves (translation)."""
+        self.events_override: list[Any] | None = None
+        self.tokens_override: tuple[Any, Any, Any, Any, Any] | None = None
+
+    def fail(self, outcome: CallOutcome, error: str) -> None:
+        self.outcome = outcome
+        self.error = error
+
+    def to_record(self) -> CallRecord:
+        events: list[Any] | None = None
+        response: Any = None
+        if self.stream:
+            parsed = []
+            for name, data in parse_sse(self.chunks):
+                try:
+                    obj: Any = orjson.loads(data) if data and data != "[DONE]" else data
+                except orjson.JSONDecodeError:
+                    obj = data
+                parsed.append((name, obj))
+            events = [[n, d] for n, d in parsed]
+            response = assemble(self.dialect, parsed)
+        elif self.body is not None:
+            try:
+                response = orjson.loads(self.body) if self.body else None
+            except orjson.JSONDecodeError:
+                response = self.body.decode("utf-8", errors="replace")
+        if self.response_override is not None:
+            response = self.response_override
+        if self.events_override is not None:
+            events = self.events_override
+        if self.tokens_override is not None:
+            prompt_ids, completion_ids, logprobs, finish, usage = self.tokens_override
+        else:
+            prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(self.dialect, response)
+        if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
+            self.outcome = CallOutcome.UPSTREAM_ERROR
+        model = None
+        if isinstance(self.request, dict) and isinstance(self.request.get("model"), str):
+            model = self.request["model"][:256]
+        return CallRecord(
+            call_id=self.call_id,
+            session_id=self.session_id,
+            dialect=self.dialect,
+            method=self.method,
+            path=self.path,
+            stream=self.stream,
+            status_code=self.status_code,
+            outcome=self.outcome,
+            received_at=self.received_at,
+            first_byte_at=self.first_byte_at,
+            done_at=self.done_at or time.time(),
+            headers=self.headers,
+            harness=self.harness,
+            harness_session=self.harness_session,
+            model=model,
+            request=self.request,
+            upstream_request=self.upstream_request,
+            response=response,
+            events=events,
+            error=self.error,
+            usage=usage if isinstance(usage, dict) else None,
+            prompt_ids=_ints(prompt_ids),
+            completion_ids=_ints(completion_ids),
+            completion_logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
+            finish_reason=finish if isinstance(finish, str) else None,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+        )
+
+
+def _ints(v: Any) -> tuple[int, ...] | None:
+    if not isinstance(v, list):
+        return None
+    try:
+        return tuple(int(x) for x in v)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,67 @@
+"""Who is calling: session ids from the route or header, the harness from its headers.
+
+Session ids are validated here (charset and length) before they reach anything else;
+they only ever reach SQL as bound parameters. Secret headers are dropped here, before
+a record exists, so no code path can store them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from orchard_rec.errors import BadRequest
+
+__all__ = ["SESSION_HEADER", "harness_of", "public_headers", "validate_session_id"]
+
+SESSION_HEADER = "X-Orchard-Session"
+_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}")
+_SECRET_RE = re.compile(r"authorization|api[-_]?key|cookie|token|secret|password|credential", re.I)
+_DROP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding"})
+
+
+def validate_session_id(sid: str) -> str:
+    if not _SESSION_RE.fullmatch(sid):
+        raise BadRequest(
+            f"invalid session id (1-128 characters of A-Z a-z 0-9 . _ : @ = + -, starting alphanumeric; got {len(sid)} characters)",
+            param="session_id",
+        )
+    return sid
+
+
+def public_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers fit to store: no secrets, no transport noise."""
+    return {k.lower(): v for k, v in headers.items() if k.lower() not in _DROP and not _SECRET_RE.search(k)}
+
+
+def harness_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """``(harness name, harness's own session id)`` from the request headers."""
+    get = headers.get
+    ua = (get("user-agent") or get("User-Agent") or "").lower()
+    sid: str | None = None
+    name: str | None = None
+    if get("x-claude-code-session-id") is not None or ua.startswith("claude-cli"):
+        name, sid = "claude-code", get("x-claude-code-session-id")
+    elif (get("originator") or "").startswith("codex") or ua.startswith("codex"):
+        name, sid = "codex", get("session-id") or get("thread-id")
+    elif "zeroclaw" in ua:
+        name = "zeroclaw"
+    elif "openclaw" in ua:
+        name = "openclaw"
+    elif ua.startswith("openai/python"):
+        name = "openai-python"
+    elif ua.startswith("anthropic/python"):
+        name = "anthropic-python"
+    elif ua.startswith("openai/js"):
+        name = "openai-node"
+    elif ua.startswith("anthropic/js"):
+        name = "anthropic-node"
+    elif ua:
+        name = ua.split("/", 1)[0][:64] or None
+    if sid is None:
+        tp = get("traceparent")
+        if tp:
+            parts = tp.split("-")
+            if len(parts) >= 3 and len(parts[1]) == 32:
+                sid = "trace:" + parts[1]
+    return name, (sid[:256] if sid else None)

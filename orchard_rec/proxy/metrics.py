@@ -1,0 +1,27 @@
+"""Prometheus metrics for one proxy app (own registry, so several apps can share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls = Counter("orchard_calls", "Calls handled", ["dialect", "outcome"], registry=r)
+        self.errors = Counter("orchard_errors", "Calls that ended in an error", ["dialect", "kind"], registry=r)
+        self.bytes = Counter("orchard_bytes", "Body bytes relayed", ["direction"], registry=r)
+        self.duration = Histogram("orchard_call_duration_seconds", "Request received to last byte sent", ["dialect"], buckets=_LATENCY, registry=r)
+        self.ttfb = Histogram("orchard_upstream_ttfb_seconds", "Request received to first upstream byte", ["dialect"], buckets=_LATENCY, registry=r)
+        depth = Gauge("orchard_writer_queue_depth", "Calls waiting to be committed", registry=r)
+        depth.set_function(queue_depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

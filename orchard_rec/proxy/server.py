@@ -1,0 +1,118 @@
+"""Running aiohttp apps: in the foreground (``serve``) or on a background thread.
+
+Handler cancellation is on: when a client disconnects, aiohttp cancels its handler,
+which closes the upstream request; the recorder still gets the call (``aborted``).
+SIGTERM and SIGINT stop accepting, let in-flight calls finish (up to
+``shutdown_timeout``), then drain the recorder before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["BackgroundServer", "run_forever"]
+
+
+def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
+
+
+async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event, ready: Callable[[int], None] | None, shutdown_timeout: float) -> None:
+    runner = _runner(app, shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
+    if ready is not None:
+        ready(bound)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[int], None] | None = None, shutdown_timeout: float = 30.0) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed)."""
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        loop_factory = None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await _serve(app, host, port, stop, ready, shutdown_timeout)
+
+    with asyncio.Runner(loop_factory=loop_factory) as r:
+        r.run(main())
+
+
+class BackgroundServer:
+    """An aiohttp app on a loopback port, in a daemon thread with its own event loop."""
+
+    def __init__(self, app: web.Application | Callable[[], web.Application], host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 10.0) -> None:
+        self._app = app
+        self.host = host
+        self.port = port
+        self.shutdown_timeout = shutdown_timeout
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.app: web.Application | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> BackgroundServer:
+        self._thread = threading.Thread(target=self._main, name="orchard-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError("server did not start within 60 s")
+        if self._error is not None:
+            raise RuntimeError(f"server failed to start: {self._error}") from self._error
+        return self
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self.app = self._app() if callable(self._app) and not isinstance(self._app, web.Application) else self._app  # type: ignore[assignment]
+
+            def ready(port: int) -> None:
+                self.port = port
+                self._ready.set()
+
+            await _serve(self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout)  # type: ignore[arg-type]
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced to start()
+            self._error = exc
+            self._ready.set()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(60)
+            self._thread = None
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

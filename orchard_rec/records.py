@@ -1,0 +1,105 @@
+"""The one record that proxy/, storage/ and reconstruct/ share.
+
+A finished call is built once, after the last byte went to the client (or the call
+failed), and is never mutated afterwards: we record traffic, we do not rewrite it.
+proxy/ builds it, storage/ persists it, reconstruct/ reads it back.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["CallOutcome", "CallRecord", "Dialect"]
+
+
+class Dialect(str, enum.Enum):
+    """Which wire API a call spoke (the client's side of it)."""
+
+    CHAT = "chat"
+    """OpenAI Chat Completions, ``POST /v1/chat/completions``."""
+    COMPLETIONS = "completions"
+    """OpenAI (legacy) Completions, ``POST /v1/completions``."""
+    RESPONSES = "responses"
+    """OpenAI Responses, ``POST /v1/responses``."""
+    MESSAGES = "messages"
+    """Anthropic Messages, ``POST /v1/messages``."""
+    MODELS = "models"
+    """``GET /v1/models``."""
+    OTHER = "other"
+    """Any other ``/v1/*`` path, passed through."""
+
+    @property
+    def is_generation(self) -> bool:
+        return self in (Dialect.CHAT, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.MESSAGES)
+
+
+class CallOutcome(str, enum.Enum):
+    """How a call ended, from the proxy's point of view."""
+
+    OK = "ok"
+    """The upstream answered 2xx and the client received all of it."""
+    UPSTREAM_ERROR = "upstream_error"
+    """The upstream answered with an error status (relayed as is)."""
+    FAILED = "failed"
+    """The upstream could not be reached or broke the protocol; the proxy answered 5xx."""
+    ABORTED = "aborted"
+    """The client went away before the answer was complete; what had arrived is kept."""
+    REJECTED = "rejected"
+    """The proxy refused the request itself (bad input); never forwarded."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One call as the client saw it. Built once, after the last byte."""
+
+    call_id: str
+    """Proxy-assigned id (uuid4 hex); the idempotency key in storage."""
+    session_id: str | None
+    """From the ``/s/{id}`` route prefix or the ``X-Orchard-Session`` header; None if untagged."""
+    dialect: Dialect
+    method: str
+    path: str
+    """The client's path after the session prefix, with its query string (``/v1/messages?beta=true``)."""
+    stream: bool
+    """Whether the answer was relayed as server-sent events."""
+    status_code: int | None
+    """HTTP status the client received (None if it left before any)."""
+    outcome: CallOutcome
+    received_at: float
+    """Wall clock (epoch seconds) when the request arrived."""
+    first_byte_at: float | None
+    """When the upstream's first response byte arrived."""
+    done_at: float
+    """When the last byte was sent to the client, or the call failed."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's request headers; secrets (authorization, api keys, cookies) removed before this object exists."""
+    harness: str | None = None
+    """Best guess of the client program (``codex``, ``claude-code``, ``openclaw``, ``openai-python`` ...)."""
+    harness_session: str | None = None
+    """A session id the harness itself sent (Codex ``session-id``, Claude Code ``X-Claude-Code-Session-Id`` ...)."""
+    model: str | None = None
+    request: Any = None
+    """The client's body, parsed (None when it was not JSON)."""
+    upstream_request: Any = None
+    """The body actually sent upstream, when the proxy changed it (injected fields, translation)."""
+    response: Any = None
+    """What the client received: the JSON body, or for streams the object a non-stream call would have returned."""
+    events: list[Any] | None = None
+    """For streams: the raw server-sent events in order, as ``[event_name_or_None, data]``."""
+    error: str | None = None
+    usage: Mapping[str, Any] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    """Token ids of the prompt as the server tokenised it (None when it did not say)."""
+    completion_ids: tuple[int, ...] | None = None
+    """Token ids the server generated (choice 0), None when it did not say."""
+    completion_logprobs: tuple[float, ...] | None = None
+    """Log-probability of each generated token, aligned with ``completion_ids``."""
+    finish_reason: str | None = None
+    bytes_in: int = 0
+    """Request body size."""
+    bytes_out: int = 0
+    """Response bytes relayed to the client."""
+    seq: int | None = None
+    """1-based position in its session, assigned by storage when the call is committed (None before)."""

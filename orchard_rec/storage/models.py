@@ -1,0 +1,85 @@
+"""The SQL schema: typed SQLAlchemy 2.0 models, one ``Base`` with a naming convention.
+
+Alembic migrations in ``orchard_rec/migrations`` create exactly this schema; a test
+runs ``alembic check`` against it on SQLite and PostgreSQL, so the two cannot drift.
+JSON columns use the plain ``JSON`` type on every backend (not PostgreSQL ``JSONB``):
+it keeps the recorded text as it was, key order included.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Optional
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "Call", "Session"]
+
+Json = Annotated[Any, mapped_column(JSON(none_as_null=True), nullable=True)]
+Timestamp = Annotated[datetime, mapped_column(DateTime(timezone=True))]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Session(Base):
+    """One agent session: the calls that share a session id, and their outcome."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[Timestamp]
+    updated_at: Mapped[Timestamp]
+    call_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    """Calls recorded so far; also the counter that hands out gap-free sequence numbers."""
+    harness: Mapped[Optional[str]] = mapped_column(String(64))
+
+
+class Call(Base):
+    """One recorded call (see ``orchard_rec.records.CallRecord`` for each field's meaning)."""
+
+    __tablename__ = "calls"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq"),
+        Index("ix_calls_received_at", "received_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[Optional[str]] = mapped_column(ForeignKey("sessions.id"), index=True)
+    seq: Mapped[Optional[int]] = mapped_column(BigInteger)
+    """1-based position in the session, assigned by the database writer in completion order."""
+    dialect: Mapped[str] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(Text)
+    stream: Mapped[bool]
+    status_code: Mapped[Optional[int]]
+    outcome: Mapped[str] = mapped_column(String(16))
+    received_at: Mapped[Timestamp]
+    first_byte_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    done_at: Mapped[Timestamp]
+    harness: Mapped[Optional[str]] = mapped_column(String(64))
+    harness_session: Mapped[Optional[str]] = mapped_column(String(256), index=True)
+    model: Mapped[Optional[str]] = mapped_column(String(256))
+    headers: Mapped[Json]
+    request: Mapped[Json]
+    upstream_request: Mapped[Json]
+    response: Mapped[Json]
+    events: Mapped[Json]
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    usage: Mapped[Json]
+    prompt_ids: Mapped[Json]
+    completion_ids: Mapped[Json]
+    completion_logprobs: Mapped[Json]
+    finish_reason: Mapped[Optional[str]] = mapped_column(String(32))
+    bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,0 +1,251 @@
+"""The database behind the proxy: engine set-up, batched writes, and reads.
+
+Writes come only from ``write_batch`` (called by the recorder's writer thread, never
+on the event loop). Sequence numbers are handed out by the database itself: one
+``INSERT .. ON CONFLICT DO UPDATE SET call_count = call_count + n RETURNING`` per
+session and batch takes the session row's lock until commit, so several writers
+(threads or proxy replicas on one PostgreSQL) never hand out the same number and
+never leave a gap. ``write_batch`` is idempotent by call id: a record already stored
+is skipped, so replaying a batch after a failure stores each call exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.storage.models import Call, Session
+
+__all__ = ["SessionSummary", "Store", "default_db_url"]
+
+
+def default_db_url() -> str:
+    return "sqlite:///./orchard.db"
+
+
+def _ts(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def _epoch(dt: datetime | None) -> float | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:  # SQLite hands back naive datetimes; we only ever store UTC
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    id: str
+    call_count: int
+    harness: str | None
+    created_at: float
+    updated_at: float
+
+
+class Store:
+    """One database, SQLite or PostgreSQL, by SQLAlchemy URL."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = url
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration (creates a new database)."""
+        from orchard_rec.storage.migrate import upgrade
+
+        upgrade(self.url, engine=self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def write_batch(self, records: Sequence[CallRecord]) -> int:
+        """Store records that are not stored yet, in one transaction. Returns how many were new."""
+        if not records:
+            return 0
+        with self._sessions.begin() as db:
+            ids = [r.call_id for r in records]
+            existing = set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
+            fresh: dict[str, CallRecord] = {}
+            for r in records:
+                if r.call_id not in existing and r.call_id not in fresh:
+                    fresh[r.call_id] = r
+            if not fresh:
+                return 0
+            by_session: dict[str, list[CallRecord]] = defaultdict(list)
+            for r in fresh.values():
+                if r.session_id is not None:
+                    by_session[r.session_id].append(r)
+            seqs: dict[str, int] = {}
+            now = datetime.now(timezone.utc)
+            for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
+                group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
+                last = self._bump_session(db, sid, len(group), now, group[0].harness)
+                for i, r in enumerate(group):
+                    seqs[r.call_id] = last - len(group) + 1 + i
+            db.execute(Call.__table__.insert(), [_row(r, seqs.get(r.call_id)) for r in fresh.values()])
+            return len(fresh)
+
+    def _bump_session(self, db: Any, sid: str, n: int, now: datetime, harness: str | None) -> int:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        table = Session.__table__
+        stmt = insert(table).values(id=sid, created_at=now, updated_at=now, call_count=n, harness=harness)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[table.c.id],
+            set_={
+                "call_count": table.c.call_count + n,
+                "updated_at": now,
+                "harness": func.coalesce(table.c.harness, stmt.excluded.harness),
+            },
+        ).returning(table.c.call_count)
+        return int(db.execute(stmt).scalar_one())
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def sessions(self) -> list[SessionSummary]:
+        with self._sessions() as db:
+            rows = db.scalars(select(Session).order_by(Session.created_at, Session.id))
+            return [
+                SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0)
+                for s in rows
+            ]
+
+    def session(self, session_id: str) -> SessionSummary | None:
+        with self._sessions() as db:
+            s = db.get(Session, session_id)
+            if s is None:
+                return None
+            return SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0)
+
+    def calls(self, session_id: str | None = None, *, untagged: bool = False) -> list[CallRecord]:
+        return list(self.iter_calls(session_id, untagged=untagged))
+
+    def iter_calls(self, session_id: str | None = None, *, untagged: bool = False, batch: int = 500) -> Iterator[CallRecord]:
+        """Calls in session order (seq), streamed from the database in batches."""
+        stmt = select(Call)
+        if session_id is not None:
+            stmt = stmt.where(Call.session_id == session_id).order_by(Call.seq)
+        elif untagged:
+            stmt = stmt.where(Call.session_id.is_(None)).order_by(Call.received_at, Call.id)
+        else:
+            stmt = stmt.order_by(Call.session_id, Call.seq, Call.received_at, Call.id)
+        with self._sessions() as db:
+            for row in db.scalars(stmt.execution_options(yield_per=batch)):
+                yield _record(row)
+
+    def count_calls(self) -> int:
+        with self._sessions() as db:
+            return int(db.scalar(select(func.count()).select_from(Call)) or 0)
+
+    def get_call(self, call_id: str) -> CallRecord | None:
+        with self._sessions() as db:
+            row = db.get(Call, call_id)
+            return None if row is None else _record(row)
+
+    def seq_of(self, call_id: str) -> int | None:
+        with self._sessions() as db:
+            return db.scalar(select(Call.seq).where(Call.id == call_id))
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _tuple(v: Any) -> tuple[Any, ...] | None:
+    return None if v is None else tuple(v)
+
+
+def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
+    return {
+        "id": r.call_id,
+        "session_id": r.session_id,
+        "seq": seq,
+        "dialect": r.dialect.value,
+        "method": r.method,
+        "path": r.path,
+        "stream": r.stream,
+        "status_code": r.status_code,
+        "outcome": r.outcome.value,
+        "received_at": _ts(r.received_at),
+        "first_byte_at": _ts(r.first_byte_at),
+        "done_at": _ts(r.done_at),
+        "harness": r.harness,
+        "harness_session": r.harness_session,
+        "model": r.model,
+        "headers": dict(r.headers),
+        "request": r.request,
+        "upstream_request": r.upstream_request,
+        "response": r.response,
+        "events": r.events,
+        "error": r.error,
+        "usage": None if r.usage is None else dict(r.usage),
+        "prompt_ids": None if r.prompt_ids is None else list(r.prompt_ids),
+        "completion_ids": None if r.completion_ids is None else list(r.completion_ids),
+        "completion_logprobs": None if r.completion_logprobs is None else list(r.completion_logprobs),
+        "finish_reason": r.finish_reason,
+        "bytes_in": r.bytes_in,
+        "bytes_out": r.bytes_out,
+    }
+
+
+def _record(c: Call) -> CallRecord:
+    return CallRecord(
+        call_id=c.id,
+        session_id=c.session_id,
+        dialect=Dialect(c.dialect),
+        method=c.method,
+        path=c.path,
+        stream=c.stream,
+        status_code=c.status_code,
+        outcome=CallOutcome(c.outcome),
+        received_at=_epoch(c.received_at) or 0.0,
+        first_byte_at=_epoch(c.first_byte_at),
+        done_at=_epoch(c.done_at) or 0.0,
+        headers=c.headers or {},
+        harness=c.harness,
+        harness_session=c.harness_session,
+        model=c.model,
+        request=c.request,
+        upstream_request=c.upstream_request,
+        response=c.response,
+        events=c.events,
+        error=c.error,
+        usage=c.usage,
+        prompt_ids=_tuple(c.prompt_ids),
+        completion_ids=_tuple(c.completion_ids),
+        completion_logprobs=_tuple(c.completion_logprobs),
+        finish_reason=c.finish_reason,
+        bytes_in=c.bytes_in,
+        bytes_out=c.bytes_out,
+        seq=c.seq,
+    )

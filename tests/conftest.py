@@ -1,0 +1,108 @@
+"""Shared fixtures: a real PostgreSQL cluster, the vLLM-faithful demo upstream, and proxies.
+
+Every test that touches storage takes ``db_url``, which runs it twice: on a fresh
+SQLite file and on a fresh database of the throwaway PostgreSQL cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pg import PgCluster  # noqa: E402
+
+from orchard_rec.demo.upstream import DemoUpstream  # noqa: E402
+from orchard_rec.proxy.app import RECORDER, build_app  # noqa: E402
+from orchard_rec.proxy.config import ProxyConfig  # noqa: E402
+from orchard_rec.proxy.server import BackgroundServer  # noqa: E402
+from orchard_rec.storage.store import Store  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgCluster]:
+    cluster = PgCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'orchard.db'}"
+    return request.getfixturevalue("pg").new_database()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'orchard.db'}"
+
+
+@dataclass
+class Upstream:
+    server: BackgroundServer
+    fake: DemoUpstream
+
+    @property
+    def url(self) -> str:
+        return self.server.url + "/v1"
+
+
+@pytest.fixture
+def upstream_factory() -> Iterator[Callable[..., Upstream]]:
+    started: list[BackgroundServer] = []
+
+    def make(**kwargs: Any) -> Upstream:
+        fake = DemoUpstream(**kwargs)
+        srv = BackgroundServer(fake.app()).start()
+        started.append(srv)
+        return Upstream(srv, fake)
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def upstream(upstream_factory: Callable[..., Upstream]) -> Upstream:
+    return upstream_factory()
+
+
+@dataclass
+class Proxy:
+    server: BackgroundServer
+    config: ProxyConfig
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def flush(self) -> None:
+        assert self.server.app is not None
+        assert self.server.app[RECORDER].flush(30), "recorder did not drain"
+
+    def store(self) -> Store:
+        return Store(self.config.db)
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[Callable[..., Proxy]]:
+    started: list[BackgroundServer] = []
+
+    def make(upstream_url: str, db: str, **kwargs: Any) -> Proxy:
+        cfg = ProxyConfig(upstream=upstream_url, db=db, **kwargs)
+        srv = BackgroundServer(lambda: build_app(cfg)).start()
+        started.append(srv)
+        return Proxy(srv, cfg)
+
+    yield make
+    for s in started:
+        s.stop()

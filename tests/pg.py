@@ -1,0 +1,85 @@
+"""A throwaway PostgreSQL cluster for the test suite, started from the server binaries.
+
+PostgreSQL refuses to run as root; as root the cluster is run as the ``postgres``
+system user (created by Debian's package). The cluster lives in a temp folder, listens
+on loopback on a free port, and is stopped (immediate mode) at the end of the session.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+
+def _bindir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+    if found:
+        return Path(found[0]).parent
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).resolve().parent
+    raise RuntimeError("PostgreSQL server binaries not found: apt-get install -y postgresql (.ci/run does this)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgCluster:
+    def __init__(self) -> None:
+        self.bindir = _bindir()
+        self.root = Path(tempfile.mkdtemp(prefix="orchard-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self.user = "postgres"
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            self._as = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.root, "postgres", "postgres")
+            os.chmod(self.root, 0o755)
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self) -> PgCluster:
+        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync")
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        return self
+
+    def stop(self, mode: str = "immediate") -> None:
+        subprocess.run([*self._as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def restart(self) -> None:
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def admin_dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user={self.user} dbname=postgres"
+
+    def new_database(self) -> str:
+        """A fresh empty database; returns its SQLAlchemy URL."""
+        name = "t_" + uuid.uuid4().hex[:12]
+        for _ in range(50):
+            try:
+                with psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
+                    conn.execute(f'CREATE DATABASE "{name}"')
+                break
+            except psycopg.OperationalError:
+                time.sleep(0.1)
+        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{name}"
