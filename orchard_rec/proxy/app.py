@@ -156,6 +156,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     cap = Capture(dialect, request.method, path, None)
     recorder = app[RECORDER]
     metrics = app[METRICS]
+    recorder.begin()
     try:
         if sid is not None:
             cap.session_id = validate_session_id(sid)

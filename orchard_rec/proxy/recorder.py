@@ -36,6 +36,8 @@ class Recorder:
         self.write_errors = 0
         self.last_error: str | None = None
         self._closing = False
+        self.inflight = 0
+        """Calls whose handler has started but not yet submitted (event-loop thread only)."""
 
     @property
     def depth(self) -> int:
@@ -50,13 +52,19 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="orchard-writer", daemon=True)
         self._thread.start()
 
+    def begin(self) -> None:
+        """A handler started a call; ``submit`` ends it."""
+        self.inflight += 1
+
     def submit(self, item: Capture | CallRecord) -> None:
         self._q.put_nowait(item)
+        if isinstance(item, Capture):
+            self.inflight -= 1
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Block until everything submitted so far is committed (tests, shutdown)."""
+        """Block until every call started so far is committed (tests, shutdown)."""
         deadline = time.monotonic() + timeout
-        while self._q.unfinished_tasks:
+        while self.inflight or self._q.unfinished_tasks:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.002)

@@ -1,0 +1,29 @@
+"""Every subpackage declares ``__all__``, and every name in it exists."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PACKAGES = [
+    "orchard_rec", "orchard_rec.proxy", "orchard_rec.storage", "orchard_rec.reconstruct", "orchard_rec.exporters",
+    "orchard_rec.trainers", "orchard_rec.harnesses", "orchard_rec.demo",
+]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_declared_and_resolves(name: str) -> None:
+    mod = importlib.import_module(name)
+    assert hasattr(mod, "__all__"), name
+    for member in mod.__all__:
+        assert hasattr(mod, member), f"{name}.{member}"
+
+
+def test_torch_is_not_imported_by_the_core() -> None:
+    import subprocess
+    import sys
+
+    code = "import orchard_rec.proxy, orchard_rec.storage, orchard_rec.reconstruct, orchard_rec.exporters, orchard_rec.cli, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
