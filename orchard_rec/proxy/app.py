@@ -42,6 +42,7 @@ from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.identity import SESSION_HEADER, harness_of, public_headers, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store
 
@@ -197,9 +198,18 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG]
-    url = cfg.upstream + "/" + request.match_info["tail"]
-    if request.query_string:
-        url += "?" + request.query_string
+    plan = plan_for(cfg.mode, cap.dialect, body)
+    if plan is None:
+        url = cfg.upstream + "/" + request.match_info["tail"]
+        if request.query_string:
+            url += "?" + request.query_string
+    else:
+        url = cfg.upstream + "/" + plan.upstream_path
+        if not plan.translated and request.query_string:
+            url += "?" + request.query_string
+        raw = orjson.dumps(plan.body)
+        cap.upstream_request = plan.body
+        cap.upstream_dialect = plan.upstream
     try:
         async with app[UPSTREAM].request(
             request.method, url, data=raw if raw else None, headers=_upstream_headers(request)
@@ -208,10 +218,13 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
             cap.status_code = up.status
             if up.content_type == "text/event-stream":
                 cap.stream = True
-                return await _relay_stream(request, cap, up)
+                return await _relay_stream(request, cap, up, plan)
             data = await up.read()
             cap.body = data
-            resp = web.Response(status=up.status, body=data, headers=_client_headers(up))
+            headers = _client_headers(up)
+            if plan is not None:
+                data, cap.client_response = plan.client_body_bytes(data, up.status)
+            resp = web.Response(status=up.status, body=data, headers=headers)
             await resp.prepare(request)
             await resp.write_eof()
             cap.bytes_out = len(data)
@@ -229,16 +242,27 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
         raise UpstreamProtocolError(f"upstream {cfg.upstream} answered something the proxy cannot relay: {exc}") from exc
 
 
-async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientResponse) -> web.StreamResponse:
+async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientResponse, plan: Plan | None = None) -> web.StreamResponse:
+    """Relay an event stream chunk by chunk. With a token-mode plan, the client gets the
+    upstream's events less what we injected, or translated; the record keeps the upstream's."""
     resp = web.StreamResponse(status=up.status, headers=_client_headers(up))
+    filt = plan.stream_filter() if plan is not None else None
+    if plan is not None and plan.translated:
+        resp.headers["Content-Type"] = "text/event-stream; charset=utf-8"
+        cap.client_events = filt.client_events  # type: ignore[union-attr]
     await resp.prepare(request)
     chunks = cap.chunks
     n = 0
     try:
         async for chunk in up.content.iter_any():
             chunks.append(chunk)
-            await resp.write(chunk)
-            n += len(chunk)
+            out = chunk if filt is None else filt.feed(chunk)
+            if out:
+                await resp.write(out)
+                n += len(out)
+        if filt is not None and (out := filt.finish()):
+            await resp.write(out)
+            n += len(out)
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
         cap.bytes_out = n
         cap.fail(CallOutcome.ABORTED, f"client disconnected: {exc}")

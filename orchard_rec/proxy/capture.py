@@ -26,7 +26,7 @@ class Capture:
         "call_id", "session_id", "dialect", "method", "path", "headers", "harness", "harness_session",
         "request", "upstream_request", "stream", "status_code", "outcome", "error",
         "received_at", "first_byte_at", "done_at", "chunks", "body", "bytes_in", "bytes_out",
-        "response_override", "events_override", "tokens_override",
+        "upstream_dialect", "client_response", "client_events",
     )
 
     def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
@@ -53,10 +53,12 @@ class Capture:
         """Raw non-stream response body as relayed."""
         self.bytes_in = 0
         self.bytes_out = 0
-        self.response_override: Any = None
-        """Set by modes that rebuild the response themselves (translation)."""
-        self.events_override: list[Any] | None = None
-        self.tokens_override: tuple[Any, Any, Any, Any, Any] | None = None
+        self.upstream_dialect = dialect
+        """The dialect spoken upstream (chat, when token mode translates Responses or Messages)."""
+        self.client_response: Any = None
+        """Translated calls: the object the client received (non-stream)."""
+        self.client_events: list[Any] | None = None
+        """Translated calls: the events the client received (stream)."""
 
     def fail(self, outcome: CallOutcome, error: str) -> None:
         self.outcome = outcome
@@ -64,7 +66,7 @@ class Capture:
 
     def to_record(self) -> CallRecord:
         events: list[Any] | None = None
-        response: Any = None
+        upstream_obj: Any = None
         if self.stream:
             parsed = []
             for name, data in parse_sse(self.chunks):
@@ -74,20 +76,22 @@ class Capture:
                     obj = data
                 parsed.append((name, obj))
             events = [[n, d] for n, d in parsed]
-            response = assemble(self.dialect, parsed)
+            upstream_obj = assemble(self.upstream_dialect, parsed)
         elif self.body is not None:
             try:
-                response = orjson.loads(self.body) if self.body else None
+                upstream_obj = orjson.loads(self.body) if self.body else None
             except orjson.JSONDecodeError:
-                response = self.body.decode("utf-8", errors="replace")
-        if self.response_override is not None:
-            response = self.response_override
-        if self.events_override is not None:
-            events = self.events_override
-        if self.tokens_override is not None:
-            prompt_ids, completion_ids, logprobs, finish, usage = self.tokens_override
-        else:
-            prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(self.dialect, response)
+                upstream_obj = self.body.decode("utf-8", errors="replace")
+        prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(self.upstream_dialect, upstream_obj)
+        response = upstream_obj
+        if self.upstream_dialect is not self.dialect:  # translated: keep what the client saw
+            if self.client_events is not None:
+                events = self.client_events
+                response = assemble(self.dialect, [(n, d) for n, d in self.client_events])
+            elif self.client_response is not None:
+                response = self.client_response
+            if isinstance(response, dict):
+                finish = response.get("stop_reason") or response.get("status") or finish
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         model = None

@@ -1,0 +1,190 @@
+"""Token mode: ask a vLLM-style upstream for token ids and logprobs, hide that from the client.
+
+A ``Plan`` says what one call sends upstream and how the answer is turned back into
+what the client asked for:
+- chat and completions stay native; ``return_token_ids`` and ``logprobs`` are injected
+  unless the client asked for them itself, and exactly the injected fields are removed
+  again from the body or from every streamed chunk;
+- Responses and Anthropic Messages are translated to chat completions (the dialect
+  token-aware servers answer with ids) and the answer translated back, object or events.
+
+The record keeps the upstream's own answer (with the ids) and, for translated calls,
+the events the client received.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from orchard_rec.proxy.sse import SSEParser
+from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
+from orchard_rec.records import Dialect
+
+__all__ = ["Plan", "plan_for"]
+
+
+class Plan:
+    """How one call is carried out in token mode."""
+
+    def __init__(self, client: Dialect, upstream: Dialect, body: dict[str, Any], client_body: dict[str, Any], inject_ids: bool, inject_logprobs: bool) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.body = body
+        """The body sent upstream."""
+        self.client_body = client_body
+        self.inject_ids = inject_ids
+        self.inject_logprobs = inject_logprobs
+
+    @property
+    def translated(self) -> bool:
+        return self.client is not self.upstream
+
+    @property
+    def upstream_path(self) -> str:
+        return {Dialect.CHAT: "chat/completions", Dialect.COMPLETIONS: "completions"}[self.upstream]
+
+    # -- non-stream ---------------------------------------------------------------------------
+
+    def client_body_bytes(self, data: bytes, status: int) -> tuple[bytes, Any]:
+        """The body the client gets for the upstream's ``data``, and its parsed form (translated calls)."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data, None
+        if not isinstance(obj, dict):
+            return data, None
+        if status >= 400:
+            if self.client is Dialect.MESSAGES:
+                err = obj.get("error") if isinstance(obj.get("error"), dict) else {}
+                msg = err.get("message") or obj.get("message") or data.decode("utf-8", "replace")
+                out = {"type": "error", "error": {"type": "invalid_request_error" if status < 500 else "api_error", "message": msg}}
+                return orjson.dumps(out), out
+            return data, None
+        if self.client is Dialect.RESPONSES:
+            out = chat_to_responses(obj, self.client_body)
+            return orjson.dumps(out), out
+        if self.client is Dialect.MESSAGES:
+            out = chat_to_messages(obj, self.client_body)
+            return orjson.dumps(out), out
+        if self._strip(obj):
+            return orjson.dumps(obj), None
+        return data, None
+
+    def _strip(self, obj: dict[str, Any]) -> bool:
+        """Remove what we injected; True if anything changed."""
+        changed = False
+        if self.inject_ids:
+            if "prompt_token_ids" in obj:
+                del obj["prompt_token_ids"]
+                changed = True
+        for c in obj.get("choices") or ():
+            if not isinstance(c, dict):
+                continue
+            if self.inject_ids:
+                for k in ("token_ids", "prompt_token_ids"):
+                    if k in c:
+                        del c[k]
+                        changed = True
+            if self.inject_logprobs and c.get("logprobs") is not None:
+                c["logprobs"] = None
+                changed = True
+        return changed
+
+    # -- stream ----------------------------------------------------------------------------------
+
+    def stream_filter(self) -> StreamFilter:
+        return StreamFilter(self)
+
+
+class StreamFilter:
+    """Feed upstream SSE bytes, get the bytes the client should see."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.parser = SSEParser()
+        self.translator: ResponsesStream | MessagesStream | None = None
+        if plan.client is Dialect.RESPONSES:
+            self.translator = ResponsesStream(plan.client_body)
+        elif plan.client is Dialect.MESSAGES:
+            self.translator = MessagesStream(plan.client_body)
+        self.client_events: list[list[Any]] | None = [] if self.translator is not None else None
+        """The events the client received (translated calls only)."""
+
+    def _emit(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        out = bytearray()
+        for name, data in events:
+            self.client_events.append([name, data])  # type: ignore[union-attr]
+            out += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        return bytes(out)
+
+    def feed(self, chunk: bytes) -> bytes:
+        events = self.parser.feed(chunk)
+        if not events:
+            return b""
+        out = bytearray()
+        for name, data in events:
+            out += self._one(name, data)
+        return bytes(out)
+
+    def _one(self, name: str | None, data: str) -> bytes:
+        if data == "[DONE]":
+            return b"" if self.translator is not None else b"data: [DONE]\n\n"
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if self.translator is None:
+            if isinstance(obj, dict) and self.plan._strip(obj):
+                data = orjson.dumps(obj).decode()
+            head = f"event: {name}\n" if name else ""
+            return (head + "data: " + data + "\n\n").encode()
+        if not isinstance(obj, dict):
+            return b""
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+            if self.plan.client is Dialect.MESSAGES:
+                return self._emit([("error", {"type": "error", "error": {"type": "api_error", "message": err.get("message", "")}})])
+            return self._emit([("error", {"type": "error", "code": err.get("code"), "message": err.get("message", ""), "param": err.get("param"), "sequence_number": self.translator.seq if isinstance(self.translator, ResponsesStream) else 0})])
+        return self._emit(self.translator.feed(obj))
+
+    def finish(self) -> bytes:
+        tail = b"".join(self._one(n, d) for n, d in self.parser.flush())
+        if self.translator is not None:
+            tail += self._emit(self.translator.finish())
+        return tail
+
+    @property
+    def final(self) -> Any:
+        """The object a non-stream call would have returned to the client (Responses only; None otherwise)."""
+        return getattr(self.translator, "final", None)
+
+
+def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
+    """The token-mode plan for a call, or None to relay it natively."""
+    if mode != "token" or not isinstance(body, dict):
+        return None
+    if dialect is Dialect.CHAT:
+        up = dict(body)
+        inject_ids = not body.get("return_token_ids")
+        inject_lp = not body.get("logprobs")
+        up["return_token_ids"] = True
+        up["logprobs"] = True
+        return Plan(dialect, Dialect.CHAT, up, body, inject_ids, inject_lp)
+    if dialect is Dialect.COMPLETIONS:
+        up = dict(body)
+        inject_ids = not body.get("return_token_ids")
+        inject_lp = body.get("logprobs") is None or body.get("logprobs") is False
+        up["return_token_ids"] = True
+        if inject_lp:
+            up["logprobs"] = 0
+        return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
+    if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
+        chat = responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
+        chat["return_token_ids"] = True
+        chat["logprobs"] = True
+        if chat.get("stream"):
+            chat["stream_options"] = {"include_usage": True}
+        return Plan(dialect, Dialect.CHAT, chat, body, True, True)
+    return None
