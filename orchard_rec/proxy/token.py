@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec.errors import BadRequest
 from orchard_rec.proxy.sse import SSEParser
 from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
 from orchard_rec.records import Dialect
@@ -181,6 +182,7 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
             up["logprobs"] = 0
         return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
     if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
+        _validate_translated(dialect, body)
         chat = responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
         chat["return_token_ids"] = True
         chat["logprobs"] = True
@@ -188,3 +190,22 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
             chat["stream_options"] = {"include_usage": True}
         return Plan(dialect, Dialect.CHAT, chat, body, True, True)
     return None
+
+
+def _validate_translated(dialect: Dialect, body: dict[str, Any]) -> None:
+    """The checks the real API makes before generating: we answer in its place."""
+    if dialect is Dialect.MESSAGES:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") for m in msgs):
+            raise BadRequest("messages: must be a list of {role: user|assistant, content} objects", param="messages")
+        if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool) or body["max_tokens"] < 1:
+            raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
+        if not isinstance(body.get("model"), str):
+            raise BadRequest("model: a string is required", param="model")
+    else:
+        inp = body.get("input")
+        if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not all(isinstance(i, dict) for i in inp)):
+            raise BadRequest("input: a string or a list of input items is required", param="input")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools: must be a list of tool objects", param="tools")
