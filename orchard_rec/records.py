@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["CallOutcome", "CallRecord", "Dialect"]
+__all__ = ["CallOutcome", "CallRecord", "Dialect", "Outcome", "SESSION_STATUSES"]
 
 
 class Dialect(str, enum.Enum):
@@ -103,3 +103,19 @@ class CallRecord:
     """Response bytes relayed to the client."""
     seq: int | None = None
     """1-based position in its session, assigned by storage when the call is committed (None before)."""
+
+
+SESSION_STATUSES = ("completed", "truncated", "aborted", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a session ended, as a harness runner or grader reports it (``POST /sessions/{id}/outcome``)."""
+
+    reward: float | Mapping[str, float] | None = None
+    """A number, or named rewards; flows into every exported sample of the session."""
+    status: str | None = None
+    """One of ``SESSION_STATUSES``; None lets reconstruction decide from the calls."""
+    step_values: tuple[float, ...] | None = None
+    """A value estimate after each model turn, for value-based credit assignment."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)

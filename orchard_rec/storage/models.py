@@ -43,6 +43,14 @@ class Session(Base):
     call_count: Mapped[int] = mapped_column(BigInteger, default=0)
     """Calls recorded so far; also the counter that hands out gap-free sequence numbers."""
     harness: Mapped[Optional[str]] = mapped_column(String(64))
+    reward: Mapped[Json]
+    """A number or an object of named rewards, from ``POST /sessions/{id}/outcome``."""
+    status: Mapped[Optional[str]] = mapped_column(String(16))
+    """completed | truncated | aborted | failed, as the harness or grader reported it."""
+    step_values: Mapped[Json]
+    """One value per model turn (value-based credit assignment)."""
+    outcome_metadata: Mapped[Json]
+    outcome_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
 
 
 class Call(Base):

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage.models import Call, Session
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
@@ -50,6 +50,18 @@ class SessionSummary:
     harness: str | None
     created_at: float
     updated_at: float
+    outcome: Outcome | None = None
+
+
+def _summary(s: Session) -> SessionSummary:
+    outcome = None
+    if s.outcome_at is not None:
+        outcome = Outcome(
+            reward=s.reward, status=s.status,
+            step_values=None if s.step_values is None else tuple(float(v) for v in s.step_values),
+            metadata=s.outcome_metadata or {},
+        )
+    return SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0, outcome)
 
 
 class Store:
@@ -128,20 +140,39 @@ class Store:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def sessions(self) -> list[SessionSummary]:
+    def set_outcome(self, session_id: str, outcome: Outcome) -> None:
+        """Attach (or replace) a session's outcome; the session row is created if no call came yet."""
+        if outcome.status is not None and outcome.status not in SESSION_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(SESSION_STATUSES)}, got {outcome.status!r}")
+        now = datetime.now(timezone.utc)
+        with self._sessions.begin() as db:
+            s = db.get(Session, session_id, with_for_update=self.dialect == "postgresql")
+            if s is None:
+                s = Session(id=session_id, created_at=now, updated_at=now, call_count=0)
+                db.add(s)
+            s.reward = dict(outcome.reward) if isinstance(outcome.reward, dict) else outcome.reward
+            s.status = outcome.status
+            s.step_values = None if outcome.step_values is None else list(outcome.step_values)
+            s.outcome_metadata = dict(outcome.metadata)
+            s.outcome_at = now
+
+    def sessions(
+        self, ids: Sequence[str] | None = None, *, since: float | None = None, harness: str | None = None
+    ) -> list[SessionSummary]:
+        stmt = select(Session).order_by(Session.created_at, Session.id)
+        if ids:
+            stmt = stmt.where(Session.id.in_(list(ids)))
+        if since is not None:
+            stmt = stmt.where(Session.updated_at >= _ts(since))
+        if harness is not None:
+            stmt = stmt.where(Session.harness == harness)
         with self._sessions() as db:
-            rows = db.scalars(select(Session).order_by(Session.created_at, Session.id))
-            return [
-                SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0)
-                for s in rows
-            ]
+            return [_summary(s) for s in db.scalars(stmt)]
 
     def session(self, session_id: str) -> SessionSummary | None:
         with self._sessions() as db:
             s = db.get(Session, session_id)
-            if s is None:
-                return None
-            return SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0)
+            return None if s is None else _summary(s)
 
     def calls(self, session_id: str | None = None, *, untagged: bool = False) -> list[CallRecord]:
         return list(self.iter_calls(session_id, untagged=untagged))

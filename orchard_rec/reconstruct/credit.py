@@ -1,0 +1,108 @@
+"""Credit policies: which generated tokens a sample trains on, and how much.
+
+A policy only ever turns mask-1 positions off or weights them: it never credits a token
+the model did not generate (invariant 2 holds for every policy by construction).
+
+- ``assistant`` (default): every generated token.
+- ``last-turn``: only the last generation of each sample.
+- ``turn-weights``: a weight per generation turn (``token_weights``), mask 0 where 0.
+- ``value``: value-based segment credit as in credit-assignment SFT: given the value
+  after each step (``Outcome.step_values``, one per generation in session order), credit
+  only the turns where the value rises over the previous step (the first turn against
+  ``baseline``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from orchard_rec.records import Outcome
+from orchard_rec.reconstruct.sample import Sample
+
+__all__ = ["AssistantCredit", "CREDIT_POLICIES", "CreditPolicy", "LastTurnCredit", "TurnWeightsCredit", "ValueCredit", "credit_policy"]
+
+
+class CreditPolicy(Protocol):
+    name: str
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        """Adjust ``sample.loss_mask`` / ``sample.token_weights`` in place."""
+
+
+def _keep_turns(sample: Sample, keep: Sequence[bool]) -> None:
+    for turn, k in zip(sample.turns, keep):
+        if not k:
+            for i in range(turn.start, turn.end):
+                sample.loss_mask[i] = 0
+
+
+class AssistantCredit:
+    name = "assistant"
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        sample.metadata["credit"] = self.name
+
+
+class LastTurnCredit:
+    name = "last-turn"
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        _keep_turns(sample, [i == len(sample.turns) - 1 for i in range(len(sample.turns))])
+        sample.metadata["credit"] = self.name
+
+
+class TurnWeightsCredit:
+    """Weights per generation turn, in sample order; missing weights count as 1."""
+
+    name = "turn-weights"
+
+    def __init__(self, weights: Sequence[float] | None = None) -> None:
+        self.weights = list(weights) if weights is not None else None
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        weights = self.weights
+        if weights is None and outcome is not None and outcome.metadata.get("turn_weights") is not None:
+            weights = list(outcome.metadata["turn_weights"])
+        weights = weights or []
+        tw = [0.0] * sample.response_length
+        for k, turn in enumerate(sample.turns):
+            w = float(weights[k]) if k < len(weights) else 1.0
+            for i in range(turn.start, turn.end):
+                if sample.loss_mask[i]:
+                    tw[i] = w
+                    if w == 0.0:
+                        sample.loss_mask[i] = 0
+        sample.token_weights = tw
+        sample.metadata["credit"] = self.name
+
+
+class ValueCredit:
+    name = "value"
+
+    def __init__(self, baseline: float = 0.0) -> None:
+        self.baseline = baseline
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        values = list(outcome.step_values) if outcome is not None and outcome.step_values is not None else None
+        if values is None:
+            sample.metadata["credit"] = self.name + ":no-step-values"
+            return
+        order = sample.metadata.get("turn_steps")  # session-order step index of each turn, when set
+        steps = order if order is not None else list(range(len(sample.turns)))
+        keep = []
+        for s in steps:
+            prev = values[s - 1] if s - 1 >= 0 and s - 1 < len(values) else self.baseline
+            keep.append(s < len(values) and values[s] > prev)
+        _keep_turns(sample, keep)
+        sample.metadata["credit"] = self.name
+
+
+CREDIT_POLICIES = {"assistant": AssistantCredit, "last-turn": LastTurnCredit, "turn-weights": TurnWeightsCredit, "value": ValueCredit}
+
+
+def credit_policy(name: str) -> CreditPolicy:
+    try:
+        return CREDIT_POLICIES[name]()  # type: ignore[no-any-return]
+    except KeyError:
+        raise ValueError(f"unknown credit policy {name!r}; known: {', '.join(CREDIT_POLICIES)}") from None

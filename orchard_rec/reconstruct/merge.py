@@ -1,0 +1,157 @@
+"""Rebuild one session's calls into samples: exact token ids, never fabricated.
+
+Calls are taken in sequence order. A call whose prompt ids start with an open sample's
+full token list extends it: the prompt tokens in between are observation (mask 0), the
+completion ids follow (mask 1, with their logprobs). The longest such sample wins, so
+interleaved sub-agents each grow their own line. A linear session therefore gives ONE
+sample whose tokens equal the last call's prompt + completion.
+
+When no sample is extended, the ``on_mismatch`` policy decides:
+- ``split`` (default): start a new sample from this call's prompt, linked to the sample it
+  diverged from in ``metadata`` (``reason``: ``fork`` when the prompt re-uses an earlier
+  fork point of a sample, a retry or a branch; ``mismatch`` otherwise: re-tokenization
+  drift, a template that drops reasoning from history, compaction);
+- ``realign``: keep one sample: after the exact generated ids, append the observation
+  tokens the chat template put after the previous turn in the new prompt (found by the
+  count of the turn-closing token), and flag it in ``metadata.realigned``. Falls back to
+  split when no sample's original prompt starts the new one.
+
+Only calls that finished (outcome ``ok``) with token ids take part; others are listed in
+``metadata.skipped_calls``. Pure code: records in, samples out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from orchard_rec.records import CallOutcome, CallRecord, Outcome
+from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
+from orchard_rec.reconstruct.sample import Sample, SampleBuilder
+
+__all__ = ["MismatchPolicy", "reconstruct_session"]
+
+MismatchPolicy = Literal["split", "realign"]
+
+
+def _status(b: SampleBuilder, calls: dict[str, CallRecord]) -> str:
+    if b.last_finish in ("length", "max_tokens", "incomplete"):
+        return "truncated"
+    return "completed"
+
+
+def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[SampleBuilder, int] | None:
+    """The sample this prompt continues despite drift, and where the new observation starts."""
+    best: tuple[SampleBuilder, int] | None = None
+    for b in builders:
+        if not b.turns or len(prompt) < b.prompt_length or prompt[: b.prompt_length] != b.tokens[: b.prompt_length]:
+            continue
+        closer = b.tokens[-1]  # the token that ended the last generation (end-of-turn)
+        n = b.tokens.count(closer)
+        seen = 0
+        cut = -1
+        for i, t in enumerate(prompt):
+            if t == closer:
+                seen += 1
+                if seen == n:
+                    cut = i + 1
+                    break
+        if cut < 0:
+            continue
+        if best is None or b.prompt_length > best[0].prompt_length:
+            best = (b, cut)
+    return best
+
+
+def reconstruct_session(
+    calls: Iterable[CallRecord],
+    *,
+    on_mismatch: MismatchPolicy = "split",
+    credit: CreditPolicy | None = None,
+    outcome: Outcome | None = None,
+    session_id: str | None = None,
+) -> list[Sample]:
+    """Samples of one session, in order of their first call."""
+    builders: list[SampleBuilder] = []
+    by_id: dict[str, CallRecord] = {}
+    skipped: list[str] = []
+    step_of: dict[str, int] = {}
+    sid = session_id
+    for call in calls:
+        sid = sid or call.session_id or ""
+        if not call.dialect.is_generation:
+            continue
+        if call.outcome is not CallOutcome.OK or call.prompt_ids is None or call.completion_ids is None:
+            skipped.append(call.call_id)
+            continue
+        by_id[call.call_id] = call
+        step_of[call.call_id] = len(step_of)
+        prompt = list(call.prompt_ids)
+        completion = call.completion_ids
+        target: SampleBuilder | None = None
+        for b in builders:
+            if b.extends(prompt) and (target is None or len(b.tokens) > len(target.tokens)):
+                target = b
+        if target is not None:
+            target.append_observation(prompt[len(target.tokens) :])
+            target.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
+            continue
+        if on_mismatch == "realign":
+            found = _realign_target(builders, prompt)
+            if found is not None:
+                b, cut = found
+                b.append_observation(prompt[cut:])
+                b.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
+                b.metadata.setdefault("realigned", []).append(call.call_id)
+                continue
+        nb = SampleBuilder(sid or "", prompt)
+        parent, reason = _divergence(builders, prompt)
+        if parent is not None:
+            nb.metadata["split_from"] = parent
+            nb.metadata["reason"] = reason
+        nb.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
+        builders.append(nb)
+    policy = credit or AssistantCredit()
+    samples: list[Sample] = []
+    for k, b in enumerate(builders):
+        s = b.build()
+        s.index = k
+        s.status = _status(b, by_id)
+        s.metadata["call_ids"] = list(b.call_ids)
+        s.metadata["token_source"] = "server"
+        s.metadata["branch"] = k
+        s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
+        if b.missing_logprobs:
+            s.metadata["missing_logprobs"] = True
+        if outcome is not None:
+            s.reward = dict(outcome.reward) if isinstance(outcome.reward, dict) else outcome.reward
+            if outcome.status is not None and s.status == "completed":
+                s.status = outcome.status
+        policy.apply(s, outcome)
+        samples.append(s)
+    if samples and skipped:
+        samples[0].metadata["skipped_calls"] = skipped
+    return samples
+
+
+def _divergence(builders: Sequence[SampleBuilder], prompt: list[int]) -> tuple[int | None, str]:
+    """Which earlier sample this prompt branches from, and why.
+
+    ``fork``: the prompt is exactly the prompt of an earlier call (a retry, or a branch
+    from the same point); ``mismatch``: it shares a prefix with a sample but departs from it
+    inside what was generated or observed (drift, edited or compacted history).
+    """
+    best: tuple[int, int] | None = None  # (builder index, common prefix length)
+    for k, b in enumerate(builders):
+        if len(prompt) in b.prompt_ends and prompt == b.tokens[: len(prompt)]:
+            return k, "fork"
+        n = 0
+        for x, y in zip(prompt, b.tokens):
+            if x != y:
+                break
+            n += 1
+        if n and (best is None or n > best[1]):
+            best = (k, n)
+    if best is not None:
+        return best[0], "mismatch"
+    return None, "new"

@@ -1,0 +1,146 @@
+"""The training sample, and the one builder that grows it.
+
+``Sample`` mirrors slime's ``Sample`` where the names overlap (``tokens`` = prompt +
+response, ``response_length``, ``loss_mask`` over ``tokens[-response_length:]``,
+``rollout_log_probs`` aligned with it, ``reward``, ``status``, ``index``,
+``group_index``, ``metadata``). Only ``SampleBuilder`` appends tokens, and it appends
+mask and log-prob entries in the same call, so ``len(loss_mask) == response_length``
+holds by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Sample", "SampleBuilder", "Turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One generation inside a sample, in response coordinates (``tokens[prompt_length + start : prompt_length + end]``)."""
+
+    call_id: str
+    start: int
+    end: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class Sample:
+    session_id: str
+    tokens: list[int]
+    """Prompt ids followed by the response (generations and the observations between them)."""
+    response_length: int
+    loss_mask: list[int]
+    """1 where the model generated the token and it is credited, 0 on observations; len = response_length."""
+    rollout_log_probs: list[float]
+    """The server's log-probability of each response token; 0.0 on observations; len = response_length."""
+    turns: list[Turn]
+    status: str = "completed"
+    """completed | truncated | aborted | failed (slime's ``Sample.Status`` values)."""
+    reward: float | dict[str, float] | None = None
+    index: int = 0
+    group_index: int | None = None
+    token_weights: list[float] | None = None
+    """Per-token credit weights (len = response_length) when the credit policy sets any."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.tokens[: self.prompt_length]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The jsonl row (see ``orchard_rec.exporters.jsonl``)."""
+        d: dict[str, Any] = {
+            "session_id": self.session_id,
+            "index": self.index,
+            "group_index": self.group_index,
+            "tokens": self.tokens,
+            "response_length": self.response_length,
+            "loss_mask": self.loss_mask,
+            "rollout_log_probs": self.rollout_log_probs,
+            "reward": self.reward,
+            "status": self.status,
+            "metadata": {**self.metadata, "turns": [[t.call_id, t.start, t.end] for t in self.turns]},
+        }
+        if self.token_weights is not None:
+            d["token_weights"] = self.token_weights
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
+        meta = dict(d.get("metadata") or {})
+        turns = [Turn(c, s, e) for c, s, e in meta.pop("turns", [])]
+        return cls(
+            session_id=d["session_id"], tokens=list(d["tokens"]), response_length=d["response_length"],
+            loss_mask=list(d["loss_mask"]), rollout_log_probs=list(d["rollout_log_probs"]), turns=turns,
+            status=d.get("status", "completed"), reward=d.get("reward"), index=d.get("index", 0),
+            group_index=d.get("group_index"), token_weights=d.get("token_weights"), metadata=meta,
+        )
+
+
+class SampleBuilder:
+    """Grows one sample call by call. Observations get mask 0 and log-prob 0.0."""
+
+    __slots__ = ("session_id", "tokens", "prompt_length", "loss_mask", "log_probs", "turns", "call_ids", "prompt_ends", "metadata", "last_finish", "missing_logprobs")
+
+    def __init__(self, session_id: str, prompt_ids: Sequence[int]) -> None:
+        self.session_id = session_id
+        self.tokens: list[int] = list(prompt_ids)
+        self.prompt_length = len(self.tokens)
+        self.loss_mask: list[int] = []
+        self.log_probs: list[float] = []
+        self.turns: list[Turn] = []
+        self.call_ids: list[str] = []
+        self.prompt_ends: set[int] = set()
+        """Where each call's prompt ended (a later call with exactly that prompt is a fork)."""
+        self.metadata: dict[str, Any] = {}
+        self.last_finish: str | None = None
+        self.missing_logprobs = False
+
+    def append_observation(self, ids: Sequence[int]) -> None:
+        self.tokens.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.log_probs.extend([0.0] * len(ids))
+
+    def append_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None, call_id: str, finish_reason: str | None = None) -> None:
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"call {call_id}: {len(logprobs)} logprobs for {len(ids)} generated tokens")
+        start = len(self.tokens) - self.prompt_length
+        self.prompt_ends.add(len(self.tokens))
+        self.tokens.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        if logprobs is None:
+            self.missing_logprobs = True
+            self.log_probs.extend([0.0] * len(ids))
+        else:
+            self.log_probs.extend(float(x) for x in logprobs)
+        self.turns.append(Turn(call_id, start, start + len(ids), finish_reason))
+        self.call_ids.append(call_id)
+        self.last_finish = finish_reason
+
+    def extends(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether ``prompt_ids`` starts with this sample's full token list."""
+        n = len(self.tokens)
+        return len(prompt_ids) >= n and prompt_ids[:n] == self.tokens
+
+    def build(self) -> Sample:
+        response_length = len(self.tokens) - self.prompt_length
+        assert len(self.loss_mask) == response_length == len(self.log_probs), (
+            f"loss_mask length {len(self.loss_mask)} / log_probs {len(self.log_probs)} != response_length {response_length}"
+        )
+        return Sample(
+            session_id=self.session_id, tokens=list(self.tokens), response_length=response_length,
+            loss_mask=list(self.loss_mask), rollout_log_probs=list(self.log_probs), turns=list(self.turns),
+            metadata=dict(self.metadata),
+        )
