@@ -140,7 +140,101 @@ def demo(
     console.print(f"[bold]Recorded session[/bold] {res.session_id!r}: {len(res.calls)} calls in {res.db_url}")
     _print_calls(res.calls)
     console.print(f"The agent's tool really ran: marker.txt = {res.marker!r}")
-    console.print(f"Explore: orchard-rec calls {res.session_id} --db {res.db_url}")
+    from orchard_rec.reconstruct.render import render_sample
+    from orchard_rec.demo.tokenizer import build_tokenizer
+
+    for s in res.samples:
+        console.print(render_sample(s, build_tokenizer(), prompt_chars=300))
+    trained = sum(sum(s.loss_mask) for s in res.samples)
+    console.print(f"Reconstructed {len(res.calls)} calls into {len(res.samples)} sample(s), {trained} trained tokens; jsonl: {res.jsonl}")
+    console.print(f"Explore: orchard-rec show {res.session_id} --db {res.db_url} --tokenizer demo")
+
+
+@app.command()
+def export(
+    fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output file."),
+    db: str = DbOpt,
+    session: Optional[list[str]] = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
+    since: Optional[datetime] = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC)."),
+    harness: Optional[str] = typer.Option(None, "--harness"),
+    on_mismatch: str = typer.Option("split", "--on-mismatch", help="split | realign"),
+    credit: str = typer.Option("assistant", "--credit", help="assistant | last-turn | turn-weights | value"),
+) -> None:
+    """Reconstruct sessions into training samples and write them in a trainer's format."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from orchard_rec.exporters.base import ExportError
+    from orchard_rec.exporters.pipeline import export as run_export
+    from orchard_rec.storage import Store
+
+    if on_mismatch not in ("split", "realign"):
+        raise typer.BadParameter("--on-mismatch must be split or realign")
+    since_ts = since.replace(tzinfo=since.tzinfo or timezone.utc).timestamp() if since else None
+    total = len(Store(db).sessions(session, since=since_ts, harness=harness))
+    progress = Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"), TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True)
+    try:
+        with progress:
+            task = progress.add_task("export", total=total)
+            stats = run_export(
+                db, fmt, out, sessions=session, since=since_ts, harness=harness, on_mismatch=on_mismatch,  # type: ignore[arg-type]
+                credit=credit, on_session=lambda _s: progress.advance(task),
+            )
+    except (ExportError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {', '.join(map(str, stats.files))}")
+
+
+@app.command()
+def show(
+    session: str = typer.Argument(..., help="Session id."),
+    db: str = DbOpt,
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); ids are shown without it."),
+    on_mismatch: str = typer.Option("split", "--on-mismatch"),
+    credit: str = typer.Option("assistant", "--credit"),
+    prompt_chars: int = typer.Option(600, "--prompt-chars", help="Show at most this many characters of each prompt (its end)."),
+) -> None:
+    """Print a session's samples with the trained tokens highlighted."""
+    from orchard_rec.reconstruct.render import render_sample
+    from orchard_rec.reconstruct.stream import iter_samples
+    from orchard_rec.reconstruct.credit import credit_policy
+    from orchard_rec.storage import Store
+
+    store = Store(db)
+    if store.session(session) is None:
+        console.print(f"[red]no session {session!r} in {db}[/red]")
+        raise typer.Exit(1)
+    tok = None
+    if tokenizer:
+        from orchard_rec.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    for s in iter_samples(store, sessions=[session], on_mismatch=on_mismatch, credit=credit_policy(credit)):  # type: ignore[arg-type]
+        console.print(render_sample(s, tok, prompt_chars=prompt_chars))
+
+
+@app.command()
+def outcome(
+    session: str = typer.Argument(..., help="Session id."),
+    reward: Optional[float] = typer.Option(None, "--reward"),
+    reward_json: Optional[str] = typer.Option(None, "--reward-json", help='Named rewards, e.g. \'{"tests": 1, "style": 0.5}\'.'),
+    status: Optional[str] = typer.Option(None, "--status", help="completed | truncated | aborted | failed"),
+    step_values: Optional[str] = typer.Option(None, "--step-values", help="Comma-separated value per model turn."),
+    db: str = DbOpt,
+) -> None:
+    """Attach a reward/status to a session (flows into every export)."""
+    from orchard_rec.records import Outcome
+    from orchard_rec.storage import Store
+
+    r: object = json.loads(reward_json) if reward_json else reward
+    sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
+    try:
+        Store(db).set_outcome(session, Outcome(reward=r, status=status, step_values=sv))  # type: ignore[arg-type]
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"session {session}: reward={r} status={status}")
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """``orchard-rec demo``: the whole loop on embedded defaults, in a temp folder.
 
 Starts the demo upstream and the proxy (SQLite) on loopback ports, drives the scripted
-agent through ``/s/demo/v1`` with the real openai SDK, waits for the recorder, and
-returns what was recorded.
+agent through ``/s/demo/v1`` with the real openai SDK, waits for the recorder, grades
+the session (reward 1 when the agent's tool really wrote the marker file), reconstructs
+it into samples and writes a jsonl export.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.proxy.app import RECORDER, build_app
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer
-from orchard_rec.records import CallRecord
+from orchard_rec.exporters import get
+from orchard_rec.reconstruct import Sample, iter_samples
+from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
 
 __all__ = ["DemoResult", "run_demo"]
@@ -30,6 +33,8 @@ class DemoResult:
     session_id: str
     calls: list[CallRecord]
     marker: str
+    samples: list[Sample]
+    jsonl: Path
 
 
 def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
@@ -46,8 +51,12 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
             proxy.app[RECORDER].flush()
     store = Store(db_url)
     try:
+        store.set_outcome(SESSION, Outcome(reward=1.0 if (sandbox / "marker.txt").exists() else 0.0, status="completed"))
         calls = store.calls(SESSION)
+        samples = list(iter_samples(store, sessions=[SESSION]))
     finally:
         store.close()
+    jsonl = workdir / "samples.jsonl"
+    get("jsonl").write(samples, jsonl)
     marker = (sandbox / "marker.txt").read_text().strip() if (sandbox / "marker.txt").exists() else ""
-    return DemoResult(workdir, db_url, SESSION, calls, marker)
+    return DemoResult(workdir, db_url, SESSION, calls, marker, samples, jsonl)

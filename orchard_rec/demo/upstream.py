@@ -48,7 +48,7 @@ class DemoUpstream:
         self.log: list[tuple[str, Any]] = []
         """Every request body received, with its path."""
         self.sent: list[bytes] = []
-        """Every response body sent (streams: all frames joined), in order."""
+        """Every response body, in order (streams: all frames joined, logged as the stream starts)."""
         self.aborted = 0
         """Streams the client (the proxy) hung up on before the end."""
 
@@ -294,21 +294,19 @@ class DemoUpstream:
         return web.Response(body=data, content_type="application/json")
 
     async def _stream(self, request: web.Request, frames: Any, done: bool) -> web.StreamResponse:
+        frames = list(frames) + ([b"data: [DONE]\n\n"] if done else [])
+        self.sent.append(b"".join(frames))  # logged before sending, so a test never races the handler
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        sent = bytearray()
         await resp.prepare(request)
         try:
-            for f in list(frames) + ([b"data: [DONE]\n\n"] if done else []):
+            for f in frames:
                 await resp.write(f)
-                sent += f
                 if self.chunk_delay:
                     await asyncio.sleep(self.chunk_delay)
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.aborted += 1
             raise
-        finally:
-            self.sent.append(bytes(sent))
         return resp
 
     def app(self) -> web.Application:

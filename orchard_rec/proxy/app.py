@@ -61,6 +61,7 @@ _HOP = frozenset(
      "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "x-orchard-session"}
 )
 _RESP_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
+_TERMINAL_EVENTS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
 _ROUTES = {
     ("POST", "chat/completions"): Dialect.CHAT,
     ("POST", "completions"): Dialect.COMPLETIONS,
@@ -180,7 +181,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         cap.status_code = exc.status
         raise
     except asyncio.CancelledError:
-        cap.fail(CallOutcome.ABORTED, "client disconnected")
+        if not cap.complete:  # a client that hangs up after the last event (as SDKs do at [DONE]) got it all
+            cap.fail(CallOutcome.ABORTED, "client disconnected")
         raise
     finally:
         cap.done_at = time.time()
@@ -228,6 +230,7 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
             await resp.prepare(request)
             await resp.write_eof()
             cap.bytes_out = len(data)
+            cap.complete = True
             return resp
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
@@ -260,9 +263,13 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
             if out:
                 await resp.write(out)
                 n += len(out)
+                if any(t in out for t in _TERMINAL_EVENTS):
+                    # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
+                    cap.complete = True
         if filt is not None and (out := filt.finish()):
             await resp.write(out)
             n += len(out)
+        cap.complete = True
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
         cap.bytes_out = n
         cap.fail(CallOutcome.ABORTED, f"client disconnected: {exc}")
@@ -275,7 +282,10 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
             request.transport.close()
         return resp
     cap.bytes_out = n
-    await resp.write_eof()
+    try:
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass  # the client had every event already
     return resp
 
 

@@ -110,6 +110,7 @@ class StreamFilter:
             self.translator = ResponsesStream(plan.client_body)
         elif plan.client is Dialect.MESSAGES:
             self.translator = MessagesStream(plan.client_body)
+        self.finished = False
         self.client_events: list[list[Any]] | None = [] if self.translator is not None else None
         """The events the client received (translated calls only)."""
 
@@ -131,7 +132,9 @@ class StreamFilter:
 
     def _one(self, name: str | None, data: str) -> bytes:
         if data == "[DONE]":
-            return b"" if self.translator is not None else b"data: [DONE]\n\n"
+            if self.translator is None:
+                return b"data: [DONE]\n\n"
+            return self._finish_translation()
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -150,11 +153,16 @@ class StreamFilter:
             return self._emit([("error", {"type": "error", "code": err.get("code"), "message": err.get("message", ""), "param": err.get("param"), "sequence_number": self.translator.seq if isinstance(self.translator, ResponsesStream) else 0})])
         return self._emit(self.translator.feed(obj))
 
+    def _finish_translation(self) -> bytes:
+        if self.finished or self.translator is None:
+            return b""
+        self.finished = True
+        return self._emit(self.translator.finish())
+
     def finish(self) -> bytes:
+        """At the upstream's EOF: anything left, and the closing events if [DONE] never came."""
         tail = b"".join(self._one(n, d) for n, d in self.parser.flush())
-        if self.translator is not None:
-            tail += self._emit(self.translator.finish())
-        return tail
+        return tail + self._finish_translation()
 
     @property
     def final(self) -> Any:
