@@ -160,6 +160,7 @@ def export(
     harness: Optional[str] = typer.Option(None, "--harness"),
     on_mismatch: str = typer.Option("split", "--on-mismatch", help="split | realign"),
     credit: str = typer.Option("assistant", "--credit", help="assistant | last-turn | turn-weights | value"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer (path or 'demo') to give ids to calls recorded without them (passthrough)."),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -172,13 +173,22 @@ def export(
         raise typer.BadParameter("--on-mismatch must be split or realign")
     since_ts = since.replace(tzinfo=since.tzinfo or timezone.utc).timestamp() if since else None
     total = len(Store(db).sessions(session, since=since_ts, harness=harness))
+    tok = None
+    if tokenizer:
+        from orchard_rec.tokenizer import load_hf_tokenizer
+
+        try:
+            tok = load_hf_tokenizer(tokenizer)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]error:[/red] cannot load tokenizer {tokenizer!r}: {exc}")
+            raise typer.Exit(2) from None
     progress = Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"), TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True)
     try:
         with progress:
             task = progress.add_task("export", total=total)
             stats = run_export(
                 db, fmt, out, sessions=session, since=since_ts, harness=harness, on_mismatch=on_mismatch,  # type: ignore[arg-type]
-                credit=credit, on_session=lambda _s: progress.advance(task),
+                credit=credit, on_session=lambda _s: progress.advance(task), tokenizer=tok,
             )
     except (ExportError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_tokenizer"]
+__all__ = ["load_hf_tokenizer", "load_tokenizer"]
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -30,4 +30,19 @@ def load_tokenizer(name_or_path: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ValueError(f"no tokenizer.json at {name_or_path!r}, and transformers is not installed: pip install 'orchard-rec[hf]'") from exc
+    return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+
+
+def load_hf_tokenizer(name_or_path: str) -> Any:
+    """A ``transformers`` tokenizer (with ``apply_chat_template``), from local files only."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ValueError("retokenizing needs transformers: pip install 'orchard-rec[hf]'") from exc
+    if name_or_path == "demo":
+        import tempfile
+
+        from orchard_rec.demo.tokenizer import save_tokenizer
+
+        name_or_path = str(save_tokenizer(tempfile.mkdtemp(prefix="orchard-tok-")))
     return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)

@@ -2,7 +2,10 @@
 
 Like Qwen3's template, reasoning (``reasoning_content``) of earlier assistant turns
 is dropped when the history is rendered, and tool results are wrapped in
-``<tool_response>`` inside a user turn.
+``<tool_response>`` inside a user turn. ``CHAT_TEMPLATE`` is the same template in Jinja
+(saved with the demo tokenizer, for ``transformers``' ``apply_chat_template``); a test
+checks that both render every conversation identically. Like vLLM, callers hand the
+Jinja template tool-call arguments as objects, not JSON strings.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["render", "render_tool_call"]
+__all__ = ["CHAT_TEMPLATE", "render", "render_tool_call"]
 
 _TOOLS_HEADER = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -88,3 +91,32 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = 
         out.append("<|im_start|>assistant\n")
     return "".join(out)
 
+
+
+_NL = "{{ '\\n' }}"
+CHAT_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' -%}"
+    "{%- set system = messages[0].content or '' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set system = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- if tools -%}"
+    "<|im_start|>system" + _NL + "{{ system }}" + _TOOLS_HEADER.replace("\n", _NL)
+    + "{%- for t in tools -%}" + _NL + "{{ t | tojson }}{%- endfor -%}"
+    + _TOOLS_FOOTER.replace("\n", _NL).replace("{\"name\"", "{{ '{' }}\"name\"").replace("object>}", "object>{{ '}' }}")
+    + "<|im_end|>" + _NL
+    + "{%- elif system -%}<|im_start|>system" + _NL + "{{ system }}<|im_end|>" + _NL + "{%- endif -%}"
+    "{%- for m in loop_messages -%}"
+    "{%- if m.role == 'tool' -%}"
+    "{%- if loop.first or loop_messages[loop.index0 - 1].role != 'tool' -%}<|im_start|>user" + _NL + "{%- else -%}" + _NL + "{%- endif -%}"
+    "<tool_response>" + _NL + "{{ m.content }}" + _NL + "</tool_response>"
+    "{%- if loop.last or loop_messages[loop.index0 + 1].role != 'tool' -%}<|im_end|>" + _NL + "{%- endif -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "<|im_start|>assistant" + _NL + "{{ m.content or '' }}"
+    "{%- for tc in m.tool_calls or [] -%}"
+    "{%- if m.content or not loop.first -%}" + _NL + "{%- endif -%}"
+    "<tool_call>" + _NL + "{{ '{' }}\"name\": {{ tc.function.name | tojson }}, \"arguments\": {{ tc.function.arguments | tojson }}{{ '}' }}" + _NL + "</tool_call>"
+    "{%- endfor -%}"
+    "<|im_end|>" + _NL
+    + "{%- else -%}<|im_start|>{{ m.role }}" + _NL + "{{ m.content }}<|im_end|>" + _NL + "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant" + _NL + "{%- endif -%}"
+)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from orchard_rec.demo.template import CHAT_TEMPLATE
+
 __all__ = ["SPECIAL_TOKENS", "build_tokenizer", "save_tokenizer"]
 
 SPECIAL_TOKENS = [
@@ -73,6 +75,7 @@ def save_tokenizer(directory: str | Path) -> Path:
                 "unk_token": None,
                 "additional_special_tokens": SPECIAL_TOKENS[3:],
                 "model_max_length": 131072,
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

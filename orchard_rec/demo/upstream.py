@@ -92,8 +92,7 @@ class DemoUpstream:
             "finish_reason": gen.finish_reason,
             "stop_reason": None,
         }
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
+        choice["token_ids"] = ids if body.get("return_token_ids") else None
         out: dict[str, Any] = {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
@@ -122,14 +121,12 @@ class DemoUpstream:
             c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": self._logprobs_content(ids, pos)} if want_lp and ids else None, "finish_reason": finish}
             if finish is not None:
                 c["stop_reason"] = None
-            if want_ids:
-                c["token_ids"] = ids
+            c["token_ids"] = ids if want_ids else None
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [c]}
 
         first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
-        if want_ids:
-            first["prompt_token_ids"] = gen.prompt_ids
+        first["prompt_token_ids"] = gen.prompt_ids if want_ids else None
         out = [first]
         pos = 0
         tool_index = 0
@@ -218,10 +215,8 @@ class DemoUpstream:
 
         usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(ids), "completion_tokens": len(ids), "prompt_tokens_details": None}
         if not body.get("stream"):
-            choice: dict[str, Any] = {"index": 0, "text": self.model.tok.decode(ids), "logprobs": lp(ids, 0), "finish_reason": finish, "stop_reason": None, "prompt_logprobs": None}
-            if want_ids:
-                choice["prompt_token_ids"] = prompt_ids
-                choice["token_ids"] = ids
+            choice: dict[str, Any] = {"index": 0, "text": self.model.tok.decode(ids), "logprobs": lp(ids, 0), "finish_reason": finish, "stop_reason": None, "prompt_logprobs": None,
+                                      "prompt_token_ids": prompt_ids if want_ids else None, "token_ids": ids if want_ids else None}
             obj = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None}
             return self._json(obj)
         chunks = []
@@ -230,10 +225,9 @@ class DemoUpstream:
             now = self.model.tok.decode(ids[: k + 1])
             c: dict[str, Any] = {"index": 0, "text": now[len(prev):], "logprobs": lp([i], k), "finish_reason": finish if k == len(ids) - 1 else None, "stop_reason": None}
             prev = now
-            if want_ids:
-                if k == 0:
-                    c["prompt_token_ids"] = prompt_ids
-                c["token_ids"] = [i]
+            if k == 0:
+                c["prompt_token_ids"] = prompt_ids if want_ids else None
+            c["token_ids"] = [i] if want_ids else None
             chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [c]})
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage})

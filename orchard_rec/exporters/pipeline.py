@@ -25,10 +25,11 @@ def select_samples(
     on_mismatch: MismatchPolicy = "split",
     credit: str = "assistant",
     on_session: Callable[[Any], None] | None = None,
+    tokenizer: Any = None,
 ) -> Iterator[Sample]:
     yield from iter_samples(
         store, sessions=sessions, since=since, harness=harness, on_mismatch=on_mismatch,
-        credit=credit_policy(credit), on_session=on_session,
+        credit=credit_policy(credit), on_session=on_session, tokenizer=tokenizer,
     )
 
 

@@ -74,19 +74,21 @@ class Plan:
         return data, None
 
     def _strip(self, obj: dict[str, Any]) -> bool:
-        """Remove what we injected; True if anything changed."""
+        """Undo what we injected: the fields read as vLLM writes them when not asked (null).
+
+        True if anything changed.
+        """
         changed = False
-        if self.inject_ids:
-            if "prompt_token_ids" in obj:
-                del obj["prompt_token_ids"]
-                changed = True
+        if self.inject_ids and obj.get("prompt_token_ids") is not None:
+            obj["prompt_token_ids"] = None
+            changed = True
         for c in obj.get("choices") or ():
             if not isinstance(c, dict):
                 continue
             if self.inject_ids:
                 for k in ("token_ids", "prompt_token_ids"):
-                    if k in c:
-                        del c[k]
+                    if c.get(k) is not None:
+                        c[k] = None
                         changed = True
             if self.inject_logprobs and c.get("logprobs") is not None:
                 c["logprobs"] = None

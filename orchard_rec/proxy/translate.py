@@ -26,6 +26,8 @@ import orjson
 
 __all__ = [
     "MessagesStream",
+    "assistant_message",
+    "chat_request_of",
     "ResponsesStream",
     "chat_to_messages",
     "chat_to_responses",
@@ -638,3 +640,62 @@ class MessagesStream:
         evs.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": self.stop_sequence}, "usage": {"output_tokens": usage["output_tokens"]}}))
         evs.append(("message_stop", {"type": "message_stop"}))
         return evs
+
+
+# ==== any dialect's answer -> the assistant chat message ============================================
+
+
+def assistant_message(dialect: str, response: Any) -> dict[str, Any] | None:
+    """The assistant turn a response represents, as a chat message (for retokenization)."""
+    if not isinstance(response, dict):
+        return None
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: list[dict[str, Any]] = []
+    if dialect == "chat":
+        m = ((response.get("choices") or [{}])[0] or {}).get("message") or {}
+        msg["content"] = m.get("content")
+        if m.get("reasoning_content") or m.get("reasoning"):
+            msg["reasoning_content"] = m.get("reasoning_content") or m.get("reasoning")
+        calls = list(m.get("tool_calls") or [])
+    elif dialect == "responses":
+        texts: list[str] = []
+        for item in response.get("output") or ():
+            kind = item.get("type")
+            if kind == "message":
+                texts.append(_text_of(item.get("content")))
+            elif kind == "reasoning":
+                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (_text_of(item.get("content")) or _text_of(item.get("summary")))
+            elif kind == "function_call":
+                calls.append({"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}})
+            elif kind == "custom_tool_call":
+                calls.append({"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": orjson.dumps({"input": item.get("input", "")}).decode()}})
+        msg["content"] = "".join(texts) or None
+    elif dialect == "messages":
+        texts = []
+        for b in response.get("content") or ():
+            kind = b.get("type")
+            if kind == "text":
+                texts.append(b.get("text", ""))
+            elif kind == "thinking":
+                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
+            elif kind == "tool_use":
+                calls.append({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()}})
+        msg["content"] = "".join(texts) or None
+    else:
+        return None
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def chat_request_of(dialect: str, request: Any) -> dict[str, Any] | None:
+    """The chat-completions view of a recorded request of any generation dialect."""
+    if not isinstance(request, dict):
+        return None
+    if dialect == "chat":
+        return request
+    if dialect == "responses":
+        return responses_to_chat(request)
+    if dialect == "messages":
+        return messages_to_chat(request)
+    return None

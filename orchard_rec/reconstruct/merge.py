@@ -23,10 +23,11 @@ Only calls that finished (outcome ``ok``) with token ids take part; others are l
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from orchard_rec.records import CallOutcome, CallRecord, Outcome
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
+from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import Sample, SampleBuilder
 
 __all__ = ["MismatchPolicy", "reconstruct_session"]
@@ -70,8 +71,13 @@ def reconstruct_session(
     credit: CreditPolicy | None = None,
     outcome: Outcome | None = None,
     session_id: str | None = None,
+    tokenizer: Any = None,
 ) -> list[Sample]:
-    """Samples of one session, in order of their first call."""
+    """Samples of one session, in order of their first call.
+
+    ``tokenizer`` (a Hugging Face tokenizer with a chat template) gives ids to calls
+    recorded without them; without one, such calls are skipped.
+    """
     builders: list[SampleBuilder] = []
     by_id: dict[str, CallRecord] = {}
     skipped: list[str] = []
@@ -81,9 +87,16 @@ def reconstruct_session(
         sid = sid or call.session_id or ""
         if not call.dialect.is_generation:
             continue
-        if call.outcome is not CallOutcome.OK or call.prompt_ids is None or call.completion_ids is None:
+        if call.outcome is not CallOutcome.OK:
             skipped.append(call.call_id)
             continue
+        source = "server"
+        if call.prompt_ids is None or call.completion_ids is None:
+            fixed = retokenize(call, tokenizer) if tokenizer is not None else None
+            if fixed is None:
+                skipped.append(call.call_id)
+                continue
+            call, source = fixed, "retokenized"
         by_id[call.call_id] = call
         step_of[call.call_id] = len(step_of)
         prompt = list(call.prompt_ids)
@@ -95,6 +108,7 @@ def reconstruct_session(
         if target is not None:
             target.append_observation(prompt[len(target.tokens) :])
             target.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
+            target.sources.add(source)
             continue
         if on_mismatch == "realign":
             found = _realign_target(builders, prompt)
@@ -103,6 +117,7 @@ def reconstruct_session(
                 b.append_observation(prompt[cut:])
                 b.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
                 b.metadata.setdefault("realigned", []).append(call.call_id)
+                b.sources.add(source)
                 continue
         nb = SampleBuilder(sid or "", prompt)
         parent, reason = _divergence(builders, prompt)
@@ -110,6 +125,7 @@ def reconstruct_session(
             nb.metadata["split_from"] = parent
             nb.metadata["reason"] = reason
         nb.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
+        nb.sources.add(source)
         builders.append(nb)
     policy = credit or AssistantCredit()
     samples: list[Sample] = []
@@ -118,7 +134,7 @@ def reconstruct_session(
         s.index = k
         s.status = _status(b, by_id)
         s.metadata["call_ids"] = list(b.call_ids)
-        s.metadata["token_source"] = "server"
+        s.metadata["token_source"] = b.sources.pop() if len(b.sources) == 1 else "mixed"
         s.metadata["branch"] = k
         s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
         if b.missing_logprobs:

@@ -92,7 +92,7 @@ class Sample:
 class SampleBuilder:
     """Grows one sample call by call. Observations get mask 0 and log-prob 0.0."""
 
-    __slots__ = ("session_id", "tokens", "prompt_length", "loss_mask", "log_probs", "turns", "call_ids", "prompt_ends", "metadata", "last_finish", "missing_logprobs")
+    __slots__ = ("session_id", "tokens", "prompt_length", "loss_mask", "log_probs", "turns", "call_ids", "prompt_ends", "metadata", "last_finish", "missing_logprobs", "sources")
 
     def __init__(self, session_id: str, prompt_ids: Sequence[int]) -> None:
         self.session_id = session_id
@@ -107,6 +107,8 @@ class SampleBuilder:
         self.metadata: dict[str, Any] = {}
         self.last_finish: str | None = None
         self.missing_logprobs = False
+        self.sources: set[str] = set()
+        """Where the ids came from: ``server`` and/or ``retokenized``."""
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)

@@ -8,6 +8,7 @@ session at a time, whatever the database size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from orchard_rec.reconstruct.credit import CreditPolicy
 from orchard_rec.reconstruct.merge import MismatchPolicy, reconstruct_session
@@ -26,11 +27,12 @@ def iter_samples(
     on_mismatch: MismatchPolicy = "split",
     credit: CreditPolicy | None = None,
     on_session: Callable[[SessionSummary], None] | None = None,
+    tokenizer: Any = None,
 ) -> Iterator[Sample]:
     index = 0
     for summary in store.sessions(sessions, since=since, harness=harness):
         calls = store.iter_calls(summary.id)
-        for s in reconstruct_session(calls, on_mismatch=on_mismatch, credit=credit, outcome=summary.outcome, session_id=summary.id):
+        for s in reconstruct_session(calls, on_mismatch=on_mismatch, credit=credit, outcome=summary.outcome, session_id=summary.id, tokenizer=tokenizer):
             s.index = index
             index += 1
             yield s

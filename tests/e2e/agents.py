@@ -16,7 +16,7 @@ TURNS = ("Please run `echo one` and then run `echo two`", "Finally run `echo thr
 CHAT_TOOL = {"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
 RESP_TOOL = {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 ANTH_TOOL = {"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
-INJECTED = ('"token_ids"', '"prompt_token_ids"', '"logprob":')
+INJECTED = ('"token_ids": [', '"prompt_token_ids": [', '"logprob":')
 
 
 def tool_output(cmd: str) -> str:

@@ -1,0 +1,85 @@
+"""Token ids for calls recorded without them (passthrough mode, commercial APIs).
+
+The prompt is rendered with the model's Hugging Face chat template (with the recorded
+tools), the way vLLM does it: tool-call arguments handed to the template as objects,
+list contents flattened to text. The completion is the template's rendering of the
+answer's assistant turn (plus a ``<think>`` block for recorded reasoning), cut after the
+end-of-turn token. Such ids are a best effort, not what the model saw: samples built
+from them carry ``metadata.token_source = "retokenized"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from orchard_rec.proxy.translate import assistant_message, chat_request_of
+from orchard_rec.records import CallRecord, Dialect
+
+__all__ = ["retokenize"]
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"))
+    return str(content)
+
+
+def _for_template(m: dict[str, Any]) -> dict[str, Any]:
+    out = dict(m)
+    out["content"] = _text(m.get("content"))
+    if m.get("tool_calls"):
+        calls = []
+        for tc in m["tool_calls"]:
+            fn = dict(tc.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    fn["arguments"] = json.loads(args) if args else {}
+                except json.JSONDecodeError:
+                    pass
+            calls.append({**tc, "function": fn})
+        out["tool_calls"] = calls
+    return out
+
+
+def _ids(x: Any) -> list[int]:
+    if isinstance(x, dict) or hasattr(x, "input_ids"):
+        x = x["input_ids"]
+    return list(x)
+
+
+def retokenize(call: CallRecord, tokenizer: Any) -> CallRecord | None:
+    """A copy of ``call`` with prompt and completion ids from ``tokenizer`` (None if it cannot)."""
+    if call.dialect is Dialect.COMPLETIONS:
+        req = call.request if isinstance(call.request, dict) else {}
+        resp = call.response if isinstance(call.response, dict) else {}
+        prompt = req.get("prompt")
+        text = ((resp.get("choices") or [{}])[0] or {}).get("text")
+        if not isinstance(prompt, str) or not isinstance(text, str):
+            return None
+        p = tokenizer.encode(prompt, add_special_tokens=False)
+        c = tokenizer.encode(text, add_special_tokens=False)
+        return dataclasses.replace(call, prompt_ids=tuple(p), completion_ids=tuple(c), completion_logprobs=None)
+    chat = chat_request_of(call.dialect.value, call.request)
+    answer = assistant_message(call.dialect.value, call.response)
+    if chat is None or answer is None:
+        return None
+    messages = [_for_template(m) for m in chat.get("messages") or ()]
+    tools = chat.get("tools") or None
+    prompt = _ids(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True))
+    full = _ids(tokenizer.apply_chat_template(messages + [_for_template(answer)], tools=tools, add_generation_prompt=False, tokenize=True))
+    if full[: len(prompt)] == prompt:
+        completion = full[len(prompt) :]
+    else:  # a template that renders the history differently once an answer follows
+        completion = tokenizer.encode(_text(answer.get("content")) or "", add_special_tokens=False)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and eos in completion:
+        completion = completion[: len(completion) - completion[::-1].index(eos)]
+    reasoning = answer.get("reasoning_content")
+    if reasoning:
+        completion = tokenizer.encode("<think>\n" + reasoning.strip("\n") + "\n</think>\n\n", add_special_tokens=False) + completion
+    return dataclasses.replace(call, prompt_ids=tuple(prompt), completion_ids=tuple(completion), completion_logprobs=None)
