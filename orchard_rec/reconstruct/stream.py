@@ -30,8 +30,7 @@ def iter_samples(
     tokenizer: Any = None,
 ) -> Iterator[Sample]:
     index = 0
-    for summary in store.sessions(sessions, since=since, harness=harness):
-        calls = store.iter_calls(summary.id)
+    for summary, calls in store.iter_sessions_calls(sessions, since=since, harness=harness):
         for s in reconstruct_session(calls, on_mismatch=on_mismatch, credit=credit, outcome=summary.outcome, session_id=summary.id, tokenizer=tokenizer):
             s.index = index
             index += 1

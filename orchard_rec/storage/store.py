@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import orjson
 from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
@@ -69,7 +70,11 @@ class Store:
 
     def __init__(self, url: str, *, echo: bool = False) -> None:
         self.url = url
-        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        kwargs: dict[str, Any] = {
+            "echo": echo,
+            "json_serializer": _dumps,
+            "json_deserializer": _loads,
+        }
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
@@ -190,6 +195,39 @@ class Store:
             for row in db.scalars(stmt.execution_options(yield_per=batch)):
                 yield _record(row)
 
+    def iter_sessions_calls(
+        self, ids: Sequence[str] | None = None, *, since: float | None = None, harness: str | None = None, batch: int = 2000
+    ) -> Iterator[tuple[SessionSummary, list[CallRecord]]]:
+        """Each selected session with its calls (light records, see ``iter_calls``), one session
+        in memory at a time, from ONE streaming query ordered by session and sequence."""
+        summaries = {s.id: s for s in self.sessions(ids, since=since, harness=harness)}
+        if not summaries:
+            return
+        t = Call.__table__
+        cols = [t.c[name] for name in _LIGHT_COLUMNS]
+        stmt = select(*cols).join(Session.__table__, Session.__table__.c.id == t.c.session_id)
+        if ids:
+            stmt = stmt.where(t.c.session_id.in_(list(ids)))
+        if since is not None:
+            stmt = stmt.where(Session.__table__.c.updated_at >= _ts(since))
+        if harness is not None:
+            stmt = stmt.where(Session.__table__.c.harness == harness)
+        stmt = stmt.order_by(t.c.session_id, t.c.seq)
+        current: str | None = None
+        calls: list[CallRecord] = []
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=batch).execute(stmt):
+                rec = _light_record(row)
+                if rec.prompt_ids is None or rec.completion_ids is None:
+                    rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
+                if rec.session_id != current:
+                    if current is not None:
+                        yield summaries[current], calls
+                    current, calls = rec.session_id, []
+                calls.append(rec)
+        if current is not None:
+            yield summaries[current], calls
+
     def count_calls(self) -> int:
         with self._sessions() as db:
             return int(db.scalar(select(func.count()).select_from(Call)) or 0)
@@ -202,6 +240,15 @@ class Store:
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
             return db.scalar(select(Call.seq).where(Call.id == call_id))
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _loads(v: Any) -> Any:
+    # SQLite gives a JSON column numeric affinity: a stored bare number comes back as int/float.
+    return orjson.loads(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else v
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -247,6 +294,23 @@ def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
         "bytes_in": r.bytes_in,
         "bytes_out": r.bytes_out,
     }
+
+
+_LIGHT_COLUMNS = (
+    "id", "session_id", "seq", "dialect", "method", "path", "stream", "status_code", "outcome", "harness",
+    "model", "error", "prompt_ids", "completion_ids", "completion_logprobs", "finish_reason",
+)
+
+
+def _light_record(c: Any) -> CallRecord:
+    """A record without bodies or timings: what reconstruction reads."""
+    return CallRecord(
+        call_id=c.id, session_id=c.session_id, dialect=Dialect(c.dialect), method=c.method, path=c.path,
+        stream=c.stream, status_code=c.status_code, outcome=CallOutcome(c.outcome),
+        received_at=0.0, first_byte_at=None, done_at=0.0, harness=c.harness, model=c.model, error=c.error,
+        prompt_ids=_tuple(c.prompt_ids), completion_ids=_tuple(c.completion_ids),
+        completion_logprobs=_tuple(c.completion_logprobs), finish_reason=c.finish_reason, seq=c.seq,
+    )
 
 
 def _record(c: Call) -> CallRecord:
