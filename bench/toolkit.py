@@ -1,6 +1,6 @@
 """Toolkit benchmark: reconstruction calls/s and export samples/s with peak memory.
 
-    python bench/toolkit.py [--calls 100000] [--turns 10] [--formats jsonl]
+    python bench/toolkit.py [--calls 100000] [--turns 10] [--formats jsonl,parquet,slime]
 
 Builds a SQLite database of synthetic recorded sessions (``--calls`` calls, ``--turns``
 calls per session, growing prompts, exact ids and logprobs), then measures, each in a
@@ -72,7 +72,8 @@ def _measure(kind: str, url: str, out_dir: str) -> dict[str, float]:
         store.close()
     else:
         fmt = kind.split(":", 1)[1]
-        stats = export(url, fmt, Path(out_dir) / f"out.{fmt}")
+        options = {"rollout_size": 4096} if fmt == "slime" else {}  # one rollout file per 4096 samples
+        stats = export(url, fmt, Path(out_dir) / f"out.{fmt}", format_options=options)
         n_samples = stats.samples
         n_calls = stats.samples * 0  # not counted by exporters
     wall = time.perf_counter() - t

@@ -147,13 +147,15 @@ def demo(
         console.print(render_sample(s, build_tokenizer(), prompt_chars=300))
     trained = sum(sum(s.loss_mask) for s in res.samples)
     console.print(f"Reconstructed {len(res.calls)} calls into {len(res.samples)} sample(s), {trained} trained tokens; jsonl: {res.jsonl}")
+    kind = "slime rollout (torch.load-able, --load-debug-rollout-data)" if res.trainer_export.suffix == ".pt" else "parquet"
+    console.print(f"Trainer export, {kind}: {res.trainer_export}")
     console.print(f"Explore: orchard-rec show {res.session_id} --db {res.db_url} --tokenizer demo")
 
 
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file."),
     db: str = DbOpt,
     session: Optional[list[str]] = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
     since: Optional[datetime] = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC)."),
@@ -161,6 +163,12 @@ def export(
     on_mismatch: str = typer.Option("split", "--on-mismatch", help="split | realign"),
     credit: str = typer.Option("assistant", "--credit", help="assistant | last-turn | turn-weights | value"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer (path or 'demo') to give ids to calls recorded without them (passthrough)."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="Outcome metadata key whose value groups sessions (GRPO groups), or 'session'."),
+    status: Optional[list[str]] = typer.Option(None, "--status", help="Keep samples with this status (repeatable)."),
+    min_reward: Optional[float] = typer.Option(None, "--min-reward"),
+    pass_rate: Optional[str] = typer.Option(None, "--pass-rate", help="LO:HI - keep groups whose pass rate is in [LO, HI] (needs --group-by)."),
+    rollout_size: Optional[int] = typer.Option(None, "--rollout-size", help="slime: samples per file (files out_0.pt, out_1.pt, ... or a {rollout_id} template)."),
+    list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -169,8 +177,24 @@ def export(
     from orchard_rec.exporters.pipeline import export as run_export
     from orchard_rec.storage import Store
 
+    from orchard_rec.exporters.base import available
+
+    if list_formats:
+        for name, target in sorted(available().items()):
+            typer.echo(f"{name}\t{target}")
+        return
+    if out is None:
+        raise typer.BadParameter("--out is required", param_hint="--out")
     if on_mismatch not in ("split", "realign"):
         raise typer.BadParameter("--on-mismatch must be split or realign")
+    window = None
+    if pass_rate:
+        try:
+            lo, hi = (float(x) for x in pass_rate.split(":"))
+        except ValueError:
+            raise typer.BadParameter("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
+        window = (lo, hi)
+    options = {"rollout_size": rollout_size} if fmt == "slime" and rollout_size else {}
     since_ts = since.replace(tzinfo=since.tzinfo or timezone.utc).timestamp() if since else None
     total = len(Store(db).sessions(session, since=since_ts, harness=harness))
     tok = None
@@ -188,9 +212,10 @@ def export(
             task = progress.add_task("export", total=total)
             stats = run_export(
                 db, fmt, out, sessions=session, since=since_ts, harness=harness, on_mismatch=on_mismatch,  # type: ignore[arg-type]
-                credit=credit, on_session=lambda _s: progress.advance(task), tokenizer=tok,
+                credit=credit, on_session=lambda _s: progress.advance(task), tokenizer=tok, format_options=options,
+                group_by=group_by, statuses=status, min_reward=min_reward, pass_rate=window,
             )
-    except (ExportError, ValueError) as exc:
+    except (ExportError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     console.print(f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {', '.join(map(str, stats.files))}")

@@ -53,6 +53,6 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     assert "marker.txt = 'orchard'" in r.output
     recs = Store(f"sqlite:///{tmp_path / 'orchard.db'}").calls("demo")
     assert len(recs) == 5 and [r.seq for r in recs] == [1, 2, 3, 4, 5]
-    assert "into 1 sample(s)" in r.output and (tmp_path / "samples.jsonl").exists()
+    assert "into 1 sample(s)" in r.output and (tmp_path / "samples.jsonl").exists() and (tmp_path / "rollout_0.pt").exists()
     [row] = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert row["tokens"] == list(recs[-1].prompt_ids) + list(recs[-1].completion_ids) and row["reward"] == 1.0

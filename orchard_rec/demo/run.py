@@ -3,7 +3,8 @@
 Starts the demo upstream and the proxy (SQLite) on loopback ports, drives the scripted
 agent through ``/s/demo/v1`` with the real openai SDK, waits for the recorder, grades
 the session (reward 1 when the agent's tool really wrote the marker file), reconstructs
-it into samples and writes a jsonl export.
+it into samples and writes a jsonl export, plus a slime rollout file (torch installed)
+or a parquet file.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class DemoResult:
     marker: str
     samples: list[Sample]
     jsonl: Path
+    trainer_export: Path
+    """slime torch file when torch is installed, else generic parquet."""
 
 
 def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
@@ -58,5 +61,13 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
         store.close()
     jsonl = workdir / "samples.jsonl"
     get("jsonl").write(samples, jsonl)
+    try:
+        import torch  # noqa: F401
+
+        trainer_export = workdir / "rollout_0.pt"
+        get("slime").write(samples, trainer_export)
+    except ImportError:
+        trainer_export = workdir / "samples.parquet"
+        get("parquet").write(samples, trainer_export)
     marker = (sandbox / "marker.txt").read_text().strip() if (sandbox / "marker.txt").exists() else ""
-    return DemoResult(workdir, db_url, SESSION, calls, marker, samples, jsonl)
+    return DemoResult(workdir, db_url, SESSION, calls, marker, samples, jsonl, trainer_export)

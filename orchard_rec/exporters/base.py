@@ -47,6 +47,14 @@ class Exporter(Protocol):
 
 EXPORTERS: dict[str, str] = {
     "jsonl": "orchard_rec.exporters.jsonl:JsonlExporter",
+    "parquet": "orchard_rec.exporters.parquet:ParquetExporter",
+    "slime": "orchard_rec.exporters.slime:SlimeExporter",
+    "slime-sft": "orchard_rec.exporters.slime:SlimeSftExporter",
+    "verl": "orchard_rec.exporters.verl:VerlExporter",
+    "verl-sft": "orchard_rec.exporters.verl:VerlSftExporter",
+    "trl": "orchard_rec.exporters.trl:TrlExporter",
+    "trl-grpo": "orchard_rec.exporters.trl:TrlGrpoExporter",
+    "openrlhf": "orchard_rec.exporters.openrlhf:OpenRLHFExporter",
 }
 
 

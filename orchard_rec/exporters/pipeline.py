@@ -1,36 +1,39 @@
-"""Database → samples → a file of some format, streaming, with optional progress."""
+"""Database → samples → a file of some format (selection and filters: ``reconstruct.stream``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.exporters.base import ExportStats, get
-from orchard_rec.reconstruct.credit import credit_policy
-from orchard_rec.reconstruct.merge import MismatchPolicy
+from orchard_rec.exporters.base import ExportError, ExportStats, get
+from orchard_rec.proxy.translate import assistant_message, chat_request_of
 from orchard_rec.reconstruct.sample import Sample
 from orchard_rec.reconstruct.stream import iter_samples
 from orchard_rec.storage.store import Store
 
-__all__ = ["export", "select_samples"]
+__all__ = ["attach_messages", "export", "select_samples"]
 
 
-def select_samples(
-    store: Store,
-    *,
-    sessions: Sequence[str] | None = None,
-    since: float | None = None,
-    harness: str | None = None,
-    on_mismatch: MismatchPolicy = "split",
-    credit: str = "assistant",
-    on_session: Callable[[Any], None] | None = None,
-    tokenizer: Any = None,
-) -> Iterator[Sample]:
-    yield from iter_samples(
-        store, sessions=sessions, since=since, harness=harness, on_mismatch=on_mismatch,
-        credit=credit_policy(credit), on_session=on_session, tokenizer=tokenizer,
-    )
+def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
+    try:
+        yield from iter_samples(store, with_messages=attach_messages if with_messages else None, **selection)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+
+
+def attach_messages(store: Store, s: Sample) -> None:
+    """Give a sample its conversation: the chat view of its last call's request plus the answer."""
+    last = store.get_call(s.turns[-1].call_id) if s.turns else None
+    if last is None:
+        return
+    chat = chat_request_of(last.dialect.value, last.request) or {}
+    answer = assistant_message(last.dialect.value, last.response)
+    msgs = [dict(m) for m in chat.get("messages") or ()]
+    if answer is not None:
+        msgs.append(answer)
+    s.messages = msgs
+    s.tools = chat.get("tools") or []
 
 
 def export(
@@ -45,6 +48,7 @@ def export(
     exporter = get(fmt, **(format_options or {}))
     store = Store(db_url)
     try:
-        return exporter.write(select_samples(store, on_session=on_session, **selection), out)
+        samples = select_samples(store, on_session=on_session, with_messages=getattr(exporter, "needs_messages", False), **selection)
+        return exporter.write(samples, out)
     finally:
         store.close()

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "SampleBuilder", "Turn"]
+__all__ = ["Sample", "SampleBuilder", "Turn", "numeric_reward"]
+
+
+def numeric_reward(reward: Any) -> float | None:
+    """A reward as one number (None for named rewards or none)."""
+    if isinstance(reward, (bool, int, float)):
+        return float(reward)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,21 @@ class Sample:
     token_weights: list[float] | None = None
     """Per-token credit weights (len = response_length) when the credit policy sets any."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
+    """The conversation as chat messages (last call's request + its answer), attached by
+    exporters that need text (``needs_messages``); never part of the jsonl row."""
+    tools: list[dict[str, Any]] | None = None
+
+    def messages_prompt(self) -> list[dict[str, Any]] | str:
+        """The messages before the first assistant turn, or "" when no messages are attached."""
+        if not self.messages:
+            return ""
+        out = []
+        for m in self.messages:
+            if m.get("role") == "assistant":
+                break
+            out.append(m)
+        return out
 
     @property
     def prompt_length(self) -> int:

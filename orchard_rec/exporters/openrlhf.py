@@ -1,0 +1,64 @@
+"""``openrlhf``: jsonl rows of what OpenRLHF's agent executor returns per episode.
+
+OpenRLHF 0.11 (openrlhf/utils/agent.py ``AgentExecutorBase.execute``) hands
+``_process_response_into_experience`` (ppo_utils/samples_generator.py) a dict with
+``observation_tokens`` (prompt + every action and feedback token), ``action_ranges``
+(``[start, end)`` of each model action in ``observation_tokens``), ``rollout_log_probs``
+(one per observation token: 0.0 on prompt and feedback, the action's logprob on actions;
+the experience maker shifts it by one), ``reward``, ``scores``, ``truncated``, ``prompt``,
+``label`` and ``extra_logs``. Action ranges are the credited runs of each generation, so a
+credit policy that drops a turn drops its range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.parquet import numeric_reward
+from orchard_rec.reconstruct.sample import Sample
+
+__all__ = ["OpenRLHFExporter", "openrlhf_row"]
+
+
+def openrlhf_row(s: Sample) -> dict[str, Any]:
+    p = s.prompt_length
+    ranges: list[list[int]] = []
+    for i, m in enumerate(s.loss_mask):
+        if m:
+            if ranges and ranges[-1][1] == p + i:
+                ranges[-1][1] += 1
+            else:
+                ranges.append([p + i, p + i + 1])
+    reward = numeric_reward(s.reward)
+    return {
+        "prompt": s.messages_prompt(),
+        "label": None,
+        "observation_tokens": s.tokens,
+        "action_ranges": ranges,
+        "rollout_log_probs": [0.0] * p + s.rollout_log_probs,
+        "reward": reward,
+        "scores": reward,
+        "truncated": s.status == "truncated",
+        "extra_logs": {},
+        "session_id": s.session_id,
+        "index": s.index,
+        "group_index": s.group_index,
+    }
+
+
+class OpenRLHFExporter:
+    name = "openrlhf"
+
+    def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
+        stats = ExportStats(files=[Path(out)])
+        with atomic_output(Path(out)) as f:
+            for s in samples:
+                f.write(orjson.dumps(openrlhf_row(s)))
+                f.write(b"\n")
+                stats.add(s)
+        return stats

@@ -1,0 +1,105 @@
+"""``slime`` and ``slime-sft``.
+
+``slime``: torch files that slime's ``--load-debug-rollout-data`` loads:
+``torch.load(path.format(rollout_id=...), weights_only=False)["samples"]``, each dict
+passed to ``Sample.from_dict`` (slime/ray/rollout.py ``_get_rollout_data``). The file is
+``{"rollout_id": int, "samples": [Sample.to_dict(), ...]}`` with exactly slime's fields
+(``orchard_rec.trainers.slime_compat``). ``--out`` may hold ``{rollout_id}``; with
+``rollout_size`` the samples are split into files of that many samples, rollout ids
+0, 1, ... (``out_0.pt, out_1.pt`` when ``--out`` has no template). torch is needed only
+here, at write time (the ``train`` extra). Memory holds one file's samples at a time.
+
+``slime-sft``: jsonl rows ``{"messages": [...], "tools": [...]}`` for slime's SFT path,
+each message with ``step_loss_mask`` (1 on assistant turns the credit policy trains on,
+0 elsewhere), as slime's ``MultiTurnLossMaskGenerator`` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from orchard_rec.exporters.base import ExportError, ExportStats, atomic_output
+from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.trainers.slime_compat import to_slime_dict
+
+__all__ = ["SlimeExporter", "SlimeSftExporter", "turn_flagged_messages"]
+
+
+class SlimeExporter:
+    name = "slime"
+
+    def __init__(self, rollout_size: int | None = None, rollout_id: int = 0) -> None:
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ExportError("format 'slime' writes torch files and needs torch: pip install 'orchard-rec[train]'") from exc
+        if rollout_size is not None and rollout_size < 1:
+            raise ExportError("--rollout-size must be at least 1")
+        self.rollout_size = rollout_size
+        self.first_rollout_id = rollout_id
+
+    def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
+        import torch
+
+        out = Path(out)
+        stats = ExportStats()
+        it = iter(samples)
+        size = self.rollout_size
+        chunks = iter(lambda: list(islice(it, size)), []) if size else iter([list(it)])
+        many = size is not None
+        for k, chunk in enumerate(chunks):
+            if not chunk and k > 0:
+                break
+            rollout_id = self.first_rollout_id + k
+            if "{rollout_id}" in str(out):
+                path = Path(str(out).format(rollout_id=rollout_id))
+            elif many:
+                path = out.with_name(f"{out.stem}_{k}{out.suffix}")
+            else:
+                path = out
+            payload = {"rollout_id": rollout_id, "samples": [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk]}
+            with atomic_output(path) as f:
+                torch.save(payload, f)
+            for s in chunk:
+                stats.add(s)
+            stats.files.append(path)
+        return stats
+
+
+class SlimeSftExporter:
+    name = "slime-sft"
+    needs_messages = True
+
+    def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
+        stats = ExportStats(files=[Path(out)])
+        with atomic_output(Path(out)) as f:
+            for s in samples:
+                if s.messages is None:
+                    raise ExportError(f"sample {s.index} of session {s.session_id} has no messages to export")
+                row: dict[str, Any] = {"messages": turn_flagged_messages(s, "step_loss_mask"), "tools": s.tools or []}
+                row.update(session_id=s.session_id, index=s.index, group_index=s.group_index, reward=s.reward, status=s.status)
+                f.write(orjson.dumps(row))
+                f.write(b"\n")
+                stats.add(s)
+        return stats
+
+
+def turn_flagged_messages(s: Sample, key: str) -> list[dict[str, Any]]:
+    """The sample's conversation, each message flagged 1 if it is a credited assistant turn."""
+    credited = [any(s.loss_mask[t.start : t.end]) for t in s.turns]
+    out = []
+    k = 0
+    for m in s.messages or ():
+        m = dict(m)
+        if m.get("role") == "assistant":
+            m[key] = int(credited[k]) if k < len(credited) else 0
+            k += 1
+        else:
+            m[key] = 0
+        out.append(m)
+    return out

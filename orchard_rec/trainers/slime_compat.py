@@ -1,0 +1,133 @@
+"""slime's ``Sample`` contract, without importing slime or torch.
+
+Field names, defaults and ``Status`` values are those of ``slime/utils/types.py`` in
+THUDM/slime (read at commit 0d234f3e3a83c81b7d37209994e0b994deacbb24). slime's
+``Sample.to_dict`` is ``self.__dict__`` with ``status`` as its value and the two info
+objects as dicts; ``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds
+that dict from an orchard sample, with every other field at slime's default, and no key
+slime does not know (``from_dict`` would set unknown keys as stray attributes).
+
+``SlimeSample`` is a field-compatible stand-in used when slime itself is not importable;
+``sample_class()`` returns slime's own class when it is.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchard_rec.reconstruct.sample import Sample
+
+__all__ = ["SLIME_FIELDS", "SLIME_STATUSES", "SlimeSample", "sample_class", "to_slime_dict"]
+
+SLIME_STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
+
+
+def _defaults() -> dict[str, Any]:
+    return {
+        "group_index": None,
+        "index": None,
+        "prompt": "",
+        "tokens": [],
+        "multimodal_inputs": None,
+        "multimodal_train_inputs": None,
+        "response": "",
+        "response_length": 0,
+        "label": None,
+        "reward": None,
+        "loss_mask": None,
+        "weight_versions": [],
+        "rollout_log_probs": None,
+        "rollout_routed_experts": None,
+        "remove_sample": False,
+        "teacher_log_probs": None,
+        "mopd_teacher_log_probs": None,
+        "status": "pending",
+        "metadata": {},
+        "generate_function_path": None,
+        "train_metadata": None,
+        "session_id": None,
+        "non_generation_time": 0.0,
+        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0, "completion_token_num": 0},
+        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+    }
+
+
+SLIME_FIELDS = tuple(_defaults())
+
+
+def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[str, Any]:
+    d = _defaults()
+    meta = s.to_dict()["metadata"]
+    d.update(
+        group_index=s.group_index, index=s.index, prompt=prompt, tokens=list(s.tokens), response=response,
+        response_length=s.response_length, reward=s.reward, loss_mask=list(s.loss_mask),
+        rollout_log_probs=list(s.rollout_log_probs), status=s.status if s.status in SLIME_STATUSES else "failed",
+        metadata=meta, session_id=s.session_id,
+    )
+    d["prefix_cache_info"]["total_prompt_tokens"] = s.prompt_length
+    if s.token_weights is not None:
+        d["train_metadata"] = {"token_weights": list(s.token_weights)}
+    return d
+
+
+@dataclass
+class SlimeSample:
+    """Stand-in for ``slime.utils.types.Sample`` (same fields, same dict round trip)."""
+
+    class Status(enum.Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    group_index: int | None = None
+    index: int | None = None
+    prompt: Any = ""
+    tokens: list[int] = field(default_factory=list)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: Any = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: list[list[int]] | None = None
+    remove_sample: bool = False
+    teacher_log_probs: list[float] | None = None
+    mopd_teacher_log_probs: dict[str, list[float]] | None = None
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    generate_function_path: str | None = None
+    train_metadata: dict[str, Any] | None = None
+    session_id: str | None = None
+    non_generation_time: float = 0.0
+    spec_info: dict[str, Any] = field(default_factory=lambda: dict(_defaults()["spec_info"]))
+    prefix_cache_info: dict[str, Any] = field(default_factory=lambda: dict(_defaults()["prefix_cache_info"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        value = dict(self.__dict__)
+        value["status"] = self.status.value
+        return value
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SlimeSample:
+        data = dict(data)
+        unknown = set(data) - set(SLIME_FIELDS)
+        if unknown:
+            raise ValueError(f"keys slime's Sample does not know: {sorted(unknown)}")
+        data["status"] = SlimeSample.Status(data["status"])
+        return SlimeSample(**data)
+
+
+def sample_class() -> Any:
+    """slime's ``Sample`` when slime is importable, else the stand-in."""
+    try:
+        from slime.utils.types import Sample as SlimeNative  # type: ignore[import-not-found]
+    except ImportError:
+        return SlimeSample
+    return SlimeNative
