@@ -17,6 +17,8 @@ from orchard_rec.storage.store import default_db_url
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Record LLM calls of agent harnesses and turn them into training samples.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations shipped in the package).")
 app.add_typer(db_app, name="db")
+harness_app = typer.Typer(no_args_is_help=True, help="Agent harnesses: configuration snippets and installs.")
+app.add_typer(harness_app, name="harness")
 console = Console()
 
 DbOpt = typer.Option(default_db_url(), "--db", envvar="ORCHARD_DB", help="SQLAlchemy URL (sqlite:///... or postgresql+psycopg://...).")
@@ -270,6 +272,86 @@ def outcome(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     console.print(f"session {session}: reward={r} status={status}")
+
+
+@harness_app.command("config")
+def harness_config(
+    name: str = typer.Argument(..., help="codex | claude-code | openclaw | zeroclaw"),
+    base_url: str = typer.Option("http://127.0.0.1:8100", "--base-url", help="The proxy's address."),
+    session: Optional[str] = typer.Option(None, "--session"),
+    model: str = typer.Option("MODEL", "--model"),
+) -> None:
+    """Print what to paste so the harness talks to the proxy."""
+    from orchard_rec.harnesses import get
+
+    try:
+        h = get(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(h.config_snippet(base_url, session, model), nl=False)
+
+
+@harness_app.command("install")
+def harness_install(name: str = typer.Argument("all"), force: bool = typer.Option(False, "--force")) -> None:
+    """Install pinned harness CLIs from the npm registry into the cache ($ORCHARD_HARNESS_CACHE)."""
+    from orchard_rec.harnesses import HARNESSES, get, install
+
+    targets = [h for h in HARNESSES if h.npm] if name == "all" else [get(name)]
+    for h in targets:
+        with console.status(f"installing {h.name} ({', '.join(h.npm)})"):
+            folder = install(h, force=force)
+        console.print(f"{h.name}: {folder}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="codex | claude-code | openclaw | zeroclaw"),
+    session: Optional[str] = typer.Option(None, "--session", help="Session id (default: NAME-<random>)."),
+    proxy: Optional[str] = typer.Option(None, "--proxy", help="A running proxy; else one is started for this run."),
+    upstream: Optional[str] = typer.Option(None, "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server, when starting a proxy."),
+    db: str = DbOpt,
+    mode: str = typer.Option("token", "--mode"),
+    model: str = typer.Option("orchard-model", "--model"),
+    binary: Optional[str] = typer.Option(None, "--bin", help="The harness executable (default: cache, then PATH)."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir"),
+    timeout: float = typer.Option(600.0, "--timeout"),
+) -> None:
+    """Run a harness through the proxy: private home and config, session-tagged URL, outcome recorded.
+
+    Arguments after -- go to the harness (e.g. the prompt).
+    """
+    import uuid
+
+    from orchard_rec.harnesses import get, run_harness
+
+    h = get(name)
+    sid = session or f"{name}-{uuid.uuid4().hex[:8]}"
+    server = None
+    if proxy is None:
+        if not upstream:
+            raise typer.BadParameter("give --proxy URL of a running proxy, or --upstream URL to start one")
+        from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
+
+        cfg = ProxyConfig(upstream=upstream, db=db, mode=mode)  # type: ignore[arg-type]
+        server = BackgroundServer(lambda: build_app(cfg)).start()
+        proxy = server.url
+    try:
+        res = run_harness(h, proxy, sid, list(ctx.args), model=model, binary=binary, workdir=workdir, timeout=timeout)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        if server is not None:
+            from orchard_rec.proxy.app import RECORDER
+
+            if server.app is not None:
+                server.app[RECORDER].flush()
+            server.stop()
+    console.print(f"session {sid}: {h.name} exited {res.exit_code} after {res.duration_s:.1f}s (workdir {res.workdir})")
+    typer.echo(sid)
+    if res.exit_code != 0:
+        raise typer.Exit(res.exit_code)
 
 
 def main() -> None:

@@ -39,11 +39,11 @@ from orchard_rec.errors import (
 )
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.identity import SESSION_HEADER, harness_of, public_headers, validate_session_id
+from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_of, public_headers, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.token import Plan, plan_for
-from orchard_rec.records import CallOutcome, Dialect
+from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
 __all__ = ["CONFIG", "METRICS", "RECORDER", "STORE", "UPSTREAM", "build_app", "dialect_of"]
@@ -174,6 +174,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             return _error_response(request, exc)
         raw, body = await _read_json(request, cap, dialect)
         cap.request = body
+        if cap.session_id is None and body is not None:
+            cap.session_id = derive_session(cap.harness, cap.harness_session, dialect, body)
         return await _relay(request, cap, raw, body)
     except OrchardError as exc:
         if cap.outcome is CallOutcome.OK:
@@ -301,6 +303,34 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
 
 
+async def post_outcome(request: web.Request) -> web.Response:
+    """``POST /sessions/{id}/outcome``: ``{"reward": number|object, "status": ..., "step_values": [...], "metadata": {...}}``."""
+    sid = validate_session_id(request.match_info["sid"])
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"outcome body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("outcome body must be a JSON object")
+    reward = body.get("reward")
+    if reward is not None and not (isinstance(reward, (int, float)) and not isinstance(reward, bool)) and not (
+        isinstance(reward, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward.values())
+    ):
+        raise BadRequest("reward must be a number or an object of numbers", param="reward")
+    status = body.get("status")
+    if status is not None and status not in SESSION_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(SESSION_STATUSES)}", param="status")
+    steps = body.get("step_values")
+    if steps is not None and (not isinstance(steps, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in steps)):
+        raise BadRequest("step_values must be a list of numbers", param="step_values")
+    meta = body.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise BadRequest("metadata must be an object", param="metadata")
+    outcome = Outcome(reward=reward, status=status, step_values=None if steps is None else tuple(float(v) for v in steps), metadata=meta)
+    await asyncio.to_thread(request.app[STORE].set_outcome, sid, outcome)
+    return web.json_response({"session_id": sid, "recorded": True})
+
+
 async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
 
@@ -336,6 +366,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
+    app.router.add_post("/sessions/{sid}/outcome", post_outcome)
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     return app

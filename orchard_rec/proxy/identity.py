@@ -7,12 +7,16 @@ a record exists, so no code path can store them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
+from typing import Any
+
+import orjson
 
 from orchard_rec.errors import BadRequest
 
-__all__ = ["SESSION_HEADER", "harness_of", "public_headers", "validate_session_id"]
+__all__ = ["SESSION_HEADER", "derive_session", "harness_of", "public_headers", "validate_session_id"]
 
 SESSION_HEADER = "X-Orchard-Session"
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}")
@@ -65,3 +69,48 @@ def harness_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
             if len(parts) >= 3 and len(parts[1]) == 32:
                 sid = "trace:" + parts[1]
     return name, (sid[:256] if sid else None)
+
+
+def derive_session(harness: str | None, harness_session: str | None, dialect: Any, body: dict[str, Any]) -> str | None:
+    """A session id for a call that named none: the harness's own session id, else the
+    conversation's opening (system/developer instructions and first user message), hashed.
+
+    Calls of one agent conversation share that opening, so a user who only set a base URL
+    still gets sessions; the ids are prefixed ``h-`` and ``c-`` so they never collide with
+    ids a client chose.
+    """
+    if harness_session:
+        digest = hashlib.sha256(f"{harness}:{harness_session}".encode()).hexdigest()[:24]
+        return f"h-{harness or 'x'}-{digest}"[:128]
+    opening = _opening(dialect, body)
+    if opening is None:
+        return None
+    return "c-" + hashlib.sha256(orjson.dumps(opening)).hexdigest()[:32]
+
+
+def _opening(dialect: Any, body: dict[str, Any]) -> list[Any] | None:
+    name = getattr(dialect, "value", dialect)
+    if name == "completions":
+        return None
+    if name == "responses":
+        inp = body.get("input")
+        items = [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
+        head: list[Any] = [body.get("instructions")]
+    elif name == "messages":
+        items = body.get("messages") if isinstance(body.get("messages"), list) else []
+        head = [body.get("system")]
+    elif name == "chat":
+        items = body.get("messages") if isinstance(body.get("messages"), list) else []
+        head = []
+    else:
+        return None
+    for m in items:
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role == "user":
+            head.append(m.get("content"))
+            return head
+        if role in ("system", "developer"):
+            head.append(m.get("content"))
+    return None

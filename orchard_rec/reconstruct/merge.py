@@ -12,9 +12,10 @@ When no sample is extended, the ``on_mismatch`` policy decides:
   fork point of a sample, a retry or a branch; ``mismatch`` otherwise: re-tokenization
   drift, a template that drops reasoning from history, compaction);
 - ``realign``: keep one sample: after the exact generated ids, append the observation
-  tokens the chat template put after the previous turn in the new prompt (found by the
-  count of the turn-closing token), and flag it in ``metadata.realigned``. Falls back to
-  split when no sample's original prompt starts the new one.
+  tokens the chat template put after the previous assistant turn in the new prompt, and
+  flag it in ``metadata.realigned``. This also merges harnesses that move messages
+  between calls (OpenClaw's trailing internal-context message). Falls back to split when
+  no sample shares the new prompt's opening.
 
 Only calls that finished (outcome ``ok``) with token ids take part; others are listed in
 ``metadata.skipped_calls``. Pure code: records in, samples out.
@@ -41,27 +42,53 @@ def _status(b: SampleBuilder, calls: dict[str, CallRecord]) -> str:
     return "completed"
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _rfind(seq: Sequence[int], sub: Sequence[int], stop: int) -> int:
+    """Start of the last occurrence of ``sub`` in ``seq`` that begins before ``stop``; -1 if none."""
+    k = len(sub)
+    for i in range(min(stop, len(seq) - k), -1, -1):
+        if seq[i : i + k] == sub:
+            return i
+    return -1
+
+
 def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[SampleBuilder, int] | None:
-    """The sample this prompt continues despite drift, and where the new observation starts."""
-    best: tuple[SampleBuilder, int] | None = None
+    """The sample this prompt continues despite drift or moved messages, and where its new
+    observation starts: after the last previous assistant turn in the new prompt, found as
+    the last generation-prompt marker (the tokens every prompt ends with) before the final
+    one, followed by the turn-closing token. A sample qualifies when the new prompt shares at
+    least half of its original prompt (same system prompt and task), so sub-agents with
+    their own instructions are not merged."""
+    best: tuple[SampleBuilder, int, int] | None = None
     for b in builders:
-        if not b.turns or len(prompt) < b.prompt_length or prompt[: b.prompt_length] != b.tokens[: b.prompt_length]:
+        if not b.turns:
             continue
+        shared = _common_prefix(prompt, b.tokens)
+        if shared * 2 < b.prompt_length:
+            continue
+        marker = b.tokens[max(0, b.prompt_length - 3) : b.prompt_length]
         closer = b.tokens[-1]  # the token that ended the last generation (end-of-turn)
-        n = b.tokens.count(closer)
-        seen = 0
-        cut = -1
-        for i, t in enumerate(prompt):
-            if t == closer:
-                seen += 1
-                if seen == n:
-                    cut = i + 1
-                    break
-        if cut < 0:
+        stop = len(prompt) - len(marker)
+        if prompt[stop:] == marker:
+            stop -= 1  # skip the generation prompt this call ends with
+        pos = _rfind(prompt, marker, stop)
+        if pos < 0:
             continue
-        if best is None or b.prompt_length > best[0].prompt_length:
-            best = (b, cut)
-    return best
+        try:
+            cut = prompt.index(closer, pos + len(marker)) + 1
+        except ValueError:
+            continue
+        if best is None or shared > best[2]:
+            best = (b, cut, shared)
+    return None if best is None else (best[0], best[1])
 
 
 def reconstruct_session(

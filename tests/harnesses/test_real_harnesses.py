@@ -1,0 +1,87 @@
+"""The real harness CLIs through the proxy (token mode) against the fake vLLM upstream.
+
+Each runs once, non-interactively, in a private home, on a task that makes it call its
+shell tool (write a marker file) and then answer. Asserted: exit 0, the tool really ran,
+every call is recorded in the one session, the outcome (exit status, duration) is
+recorded, and the session reconstructs with invariants 1-4 into one sample with the
+harness's recommended mismatch policy. The CLIs are installed (pinned) from the npm
+registry into the cache folder on first use; .ci/run does it before the tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchard_rec.harnesses import CLAUDE_CODE, CODEX, OPENCLAW, install, run_harness
+from orchard_rec.reconstruct import reconstruct_session
+from orchard_rec.records import CallOutcome
+
+PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
+
+
+def _invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
+    for c in calls:  # (1)
+        [(s, t)] = [(s, t) for s in samples for t in s.turns if t.call_id == c.call_id]
+        assert s.response_ids[t.start : t.end] == list(c.completion_ids)
+        assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)
+        assert s.rollout_log_probs[t.start : t.end] == list(c.completion_logprobs)
+    for s in samples:  # (2)
+        gen = {i for t in s.turns for i in range(t.start, t.end)}
+        assert {i for i, m in enumerate(s.loss_mask) if m} <= gen
+    assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)
+
+
+@pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
+def test_real_harness_completes_a_tool_task_through_the_proxy(harness, upstream, proxy_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    install(harness)
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
+    sid = f"{harness.name}-run"
+    res = run_harness(harness, proxy.url, sid, [PROMPT], model="fake-model", workdir=tmp_path / "work", home=tmp_path / "home", timeout=150)
+    assert res.exit_code == 0, res.stderr[-3000:]
+    assert (res.workdir / "marker.txt").read_text().strip() == "orchard"  # the tool really ran
+    proxy.flush()
+    store = proxy.store()
+    calls = store.calls(sid)
+    assert store.count_calls() == len(calls) >= 2  # every call of the run is in this one session
+    assert all(c.outcome is CallOutcome.OK and c.harness == (harness.name if harness is not OPENCLAW else c.harness) for c in calls)
+    assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
+    outcome = store.session(sid).outcome  # type: ignore[union-attr]
+    assert outcome.status == "completed" and outcome.metadata["exit_code"] == 0 and outcome.metadata["duration_s"] > 0
+    for policy in ("split", harness.on_mismatch):
+        _invariants(calls, reconstruct_session(calls, on_mismatch=policy))
+    [sample] = reconstruct_session(calls, on_mismatch=harness.on_mismatch)  # the run is one sample
+    assert len(sample.turns) == len(calls)
+    if harness.on_mismatch == "split":  # (3): its prompts extend each other exactly
+        assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+
+
+def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app
+    from orchard_rec.storage import Store
+
+    install(CODEX)
+    db = f"sqlite:///{tmp_path / 'run.db'}"
+    r = CliRunner().invoke(app, ["run", "codex", "--upstream", upstream.url, "--db", db, "--session", "cli-run",
+                                 "--model", "fake-model", "--workdir", str(tmp_path / "w"), "--", PROMPT])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip().splitlines()[-1] == "cli-run"
+    store = Store(db)
+    assert len(store.calls("cli-run")) == 2
+    assert store.session("cli-run").outcome.metadata["harness"] == "codex"  # type: ignore[union-attr]
+
+
+def test_harness_config_snippets() -> None:
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app
+
+    out = CliRunner().invoke(app, ["harness", "config", "codex", "--base-url", "http://127.0.0.1:8100", "--session", "s1"]).output
+    assert 'base_url = "http://127.0.0.1:8100/s/s1/v1"' in out and 'wire_api = "responses"' in out
+    out = CliRunner().invoke(app, ["harness", "config", "claude-code", "--session", "s1"]).output
+    assert "ANTHROPIC_BASE_URL=http://127.0.0.1:8100/s/s1\n" in out
+    out = CliRunner().invoke(app, ["harness", "config", "openclaw", "--session", "s1"]).output
+    assert '"baseUrl": "http://127.0.0.1:8100/s/s1/v1"' in out and '"api": "openai-completions"' in out
+    r = CliRunner().invoke(app, ["harness", "config", "nope"])
+    assert r.exit_code != 0 and "unknown harness 'nope'" in r.output
