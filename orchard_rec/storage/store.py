@@ -54,6 +54,14 @@ class SessionSummary:
     outcome: Outcome | None = None
 
 
+_SESSION_COLUMNS = ("id", "call_count", "harness", "created_at", "updated_at", "reward", "status", "step_values", "outcome_metadata", "outcome_at")
+
+
+def _summary_of_row(row: Any) -> SessionSummary:
+    s = Session(**{name: getattr(row, "s_" + name) for name in _SESSION_COLUMNS})
+    return _summary(s)
+
+
 def _summary(s: Session) -> SessionSummary:
     outcome = None
     if s.outcome_at is not None:
@@ -198,35 +206,35 @@ class Store:
     def iter_sessions_calls(
         self, ids: Sequence[str] | None = None, *, since: float | None = None, harness: str | None = None, batch: int = 2000
     ) -> Iterator[tuple[SessionSummary, list[CallRecord]]]:
-        """Each selected session with its calls (light records, see ``iter_calls``), one session
-        in memory at a time, from ONE streaming query ordered by session and sequence."""
-        summaries = {s.id: s for s in self.sessions(ids, since=since, harness=harness)}
-        if not summaries:
-            return
+        """Each selected session with its calls (light records: no bodies or timings), one
+        session in memory at a time, from ONE streaming query ordered by session and sequence
+        that also carries each session's row (outcome) - memory does not grow with the number
+        of sessions."""
         t = Call.__table__
-        cols = [t.c[name] for name in _LIGHT_COLUMNS]
-        stmt = select(*cols).join(Session.__table__, Session.__table__.c.id == t.c.session_id)
+        st = Session.__table__
+        cols = [t.c[name] for name in _LIGHT_COLUMNS] + [st.c[name].label("s_" + name) for name in _SESSION_COLUMNS]
+        stmt = select(*cols).join(st, st.c.id == t.c.session_id)
         if ids:
             stmt = stmt.where(t.c.session_id.in_(list(ids)))
         if since is not None:
-            stmt = stmt.where(Session.__table__.c.updated_at >= _ts(since))
+            stmt = stmt.where(st.c.updated_at >= _ts(since))
         if harness is not None:
-            stmt = stmt.where(Session.__table__.c.harness == harness)
+            stmt = stmt.where(st.c.harness == harness)
         stmt = stmt.order_by(t.c.session_id, t.c.seq)
-        current: str | None = None
+        current: SessionSummary | None = None
         calls: list[CallRecord] = []
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=batch).execute(stmt):
                 rec = _light_record(row)
                 if rec.prompt_ids is None or rec.completion_ids is None:
                     rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
-                if rec.session_id != current:
+                if current is None or rec.session_id != current.id:
                     if current is not None:
-                        yield summaries[current], calls
-                    current, calls = rec.session_id, []
+                        yield current, calls
+                    current, calls = _summary_of_row(row), []
                 calls.append(rec)
         if current is not None:
-            yield summaries[current], calls
+            yield current, calls
 
     def count_calls(self) -> int:
         with self._sessions() as db:
