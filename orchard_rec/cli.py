@@ -19,6 +19,8 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrat
 app.add_typer(db_app, name="db")
 harness_app = typer.Typer(no_args_is_help=True, help="Agent harnesses: configuration snippets and installs.")
 app.add_typer(harness_app, name="harness")
+train_app = typer.Typer(no_args_is_help=True, help="Reference training loops (needs the train extra: torch).")
+app.add_typer(train_app, name="train")
 console = Console()
 
 DbOpt = typer.Option(default_db_url(), "--db", envvar="ORCHARD_DB", help="SQLAlchemy URL (sqlite:///... or postgresql+psycopg://...).")
@@ -352,6 +354,46 @@ def run(
     typer.echo(sid)
     if res.exit_code != 0:
         raise typer.Exit(res.exit_code)
+
+
+@train_app.command("sft")
+def train_sft_cmd(
+    model: Path = typer.Option(..., "--model", help="A local Hugging Face causal LM folder."),
+    out: Path = typer.Option(..., "--out", help="Where to save the trained checkpoint."),
+    db: str = DbOpt,
+    session: Optional[list[str]] = typer.Option(None, "--session"),
+    credit: str = typer.Option("assistant", "--credit"),
+    on_mismatch: str = typer.Option("split", "--on-mismatch"),
+    steps: int = typer.Option(20, "--steps"),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    lr: float = typer.Option(1e-4, "--lr"),
+) -> None:
+    """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
+    try:
+        from transformers import AutoModelForCausalLM
+
+        from orchard_rec.trainers.sft import train_sft
+    except ImportError as exc:
+        console.print(f"[red]error:[/red] training needs torch and transformers: pip install 'orchard-rec[train,hf]' ({exc})")
+        raise typer.Exit(2) from None
+    from rich.progress import Progress
+
+    from orchard_rec.reconstruct import iter_samples
+    from orchard_rec.reconstruct.credit import credit_policy
+    from orchard_rec.storage import Store
+
+    samples = list(iter_samples(Store(db), sessions=session, credit=credit_policy(credit), on_mismatch=on_mismatch))  # type: ignore[arg-type]
+    lm = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)
+    with Progress(console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("sft", total=steps)
+
+        def step(k: int, loss: float, n: int) -> None:
+            progress.update(task, advance=1, description=f"sft loss {loss:.4f} ({n} credited tokens)")
+            if not console.is_terminal:
+                console.print(f"step {k} loss {loss:.4f} credited_tokens {n}")
+
+        res = train_sft(lm, samples, steps=steps, batch_size=batch_size, lr=lr, out=out, on_step=step)
+    console.print(f"trained {steps} steps on {len(samples)} samples, {res.credited_tokens} credited tokens; loss {res.losses[0]:.4f} -> {res.losses[-1]:.4f}; saved {out}")
 
 
 def main() -> None:

@@ -106,3 +106,28 @@ def proxy_factory() -> Iterator[Callable[..., Proxy]]:
     yield make
     for s in started:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def recorded_db(tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
+    """Six sessions over three dialects, in three groups ("task"), with rewards."""
+    from orchard_rec.demo.upstream import DemoUpstream
+    from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
+    from orchard_rec.proxy.app import RECORDER
+    from orchard_rec.records import Outcome
+    from orchard_rec.storage import Store
+    from e2e.agents import AGENTS
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('rec') / 'o.db'}"
+    with BackgroundServer(DemoUpstream().app()) as up:
+        cfg = ProxyConfig(upstream=up.url + "/v1", db=db)
+        with BackgroundServer(lambda: build_app(cfg)) as proxy:
+            for k, dialect in enumerate(["chat", "responses", "messages", "chat", "responses", "messages"]):
+                AGENTS[dialect](f"{proxy.url}/s/sess-{k}" + ("" if dialect == "messages" else "/v1"), None)
+            proxy.app[RECORDER].flush()
+    store = Store(db)
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    for k, r in enumerate(rewards):
+        store.set_outcome(f"sess-{k}", Outcome(reward=r, status="completed", metadata={"task": f"t{k % 3}"}))
+    store.close()
+    return db

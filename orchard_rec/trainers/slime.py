@@ -1,0 +1,125 @@
+"""slime plug-ins with slime's own signatures (read from THUDM/slime).
+
+- ``generate_rollout(args, rollout_id, data_source, evaluation=False)`` for
+  ``--rollout-function-path``: offline replay of recorded harness traffic. It serves
+  ``args.rollout_batch_size`` groups per rollout id (groups as the exporters make them:
+  ``--group-by`` key ``args.orchard_group_by``, default one group per session), each a
+  list of slime ``Sample`` objects, i.e. slime's ``list[list[Sample]]``. The database is
+  ``args.orchard_db`` or ``$ORCHARD_DB``; ``args.orchard_on_mismatch`` and
+  ``args.orchard_credit`` pick the reconstruction policies.
+- ``async generate(args, sample, sampling_params)`` for ``--custom-generate-function-path``
+  (slime/rollout/sglang_rollout.py awaits it with these three arguments): runs one harness
+  session (``args.orchard_harness``, default ``codex``) through a recording proxy whose
+  upstream is slime's own router (``args.sglang_router_ip``/``port``, OpenAI API under
+  ``/v1``), with ``sample.prompt`` as the task, and returns the sample filled from the
+  reconstruction: ``tokens``, ``response_length``, ``loss_mask``, ``rollout_log_probs``,
+  ``status`` and ``metadata`` (session id, call ids, harness exit code).
+Samples are slime's own class when slime is importable, else the field-compatible
+stand-in (``slime_compat.SlimeSample``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import uuid
+from typing import Any
+
+from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct.stream import iter_samples
+from orchard_rec.storage.store import Store
+from orchard_rec.trainers.slime_compat import sample_class, to_slime_dict
+
+__all__ = ["generate", "generate_rollout", "to_slime_sample"]
+
+
+def _opt(args: Any, name: str, default: Any = None) -> Any:
+    return getattr(args, name, None) if getattr(args, name, None) is not None else default
+
+
+def to_slime_sample(s: Sample) -> Any:
+    return sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt()))
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False) -> list[list[Any]]:
+    """Groups ``rollout_id * batch .. (rollout_id + 1) * batch`` of the recorded sessions."""
+    db = _opt(args, "orchard_db", os.environ.get("ORCHARD_DB", "sqlite:///./orchard.db"))
+    batch = int(_opt(args, "rollout_batch_size", 1))
+    store = Store(db)
+    try:
+        samples = iter_samples(
+            store,
+            group_by=_opt(args, "orchard_group_by", "session"),
+            on_mismatch=_opt(args, "orchard_on_mismatch", "split"),
+            credit=_opt(args, "orchard_credit", "assistant"),
+        )
+        groups = (list(g) for _, g in itertools.groupby(samples, key=lambda s: s.group_index))
+        wanted = itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch)
+        return [[to_slime_sample(s) for s in group] for group in wanted]
+    finally:
+        store.close()
+
+
+_proxies: dict[tuple[str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def _proxy_for(upstream: str, db: str) -> str:
+    """One recording proxy per (upstream, database) in this process, started on first use."""
+    from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
+
+    with _lock:
+        server = _proxies.get((upstream, db))
+        if server is None:
+            cfg = ProxyConfig(upstream=upstream, db=db, mode="token")
+            server = BackgroundServer(lambda: build_app(cfg)).start()
+            _proxies[(upstream, db)] = server
+        return str(server.url)
+
+
+def _flush(proxy_url: str) -> None:
+    from orchard_rec.proxy.app import RECORDER
+
+    for server in _proxies.values():
+        if server.url == proxy_url and server.app is not None:
+            server.app[RECORDER].flush()
+
+
+async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
+    from orchard_rec.harnesses import get as get_harness
+    from orchard_rec.harnesses import run_harness
+    from orchard_rec.reconstruct.merge import reconstruct_session
+
+    upstream = _opt(args, "orchard_upstream") or f"http://{args.sglang_router_ip}:{args.sglang_router_port}/v1"
+    db = _opt(args, "orchard_db", os.environ.get("ORCHARD_DB", "sqlite:///./orchard.db"))
+    harness = get_harness(_opt(args, "orchard_harness", "codex"))
+    proxy = _proxy_for(upstream, db)
+    sid = f"slime-{uuid.uuid4().hex[:12]}"
+    prompt = sample.prompt if isinstance(sample.prompt, str) else "\n".join(m.get("content", "") for m in sample.prompt if isinstance(m, dict))
+    res = await asyncio.to_thread(
+        run_harness, harness, proxy, sid, [prompt], model=_opt(args, "orchard_model", "default"),
+        timeout=float(_opt(args, "orchard_timeout", 600)),
+    )
+    await asyncio.to_thread(_flush, proxy)
+    store = Store(db)
+    try:
+        calls = store.calls(sid)
+    finally:
+        store.close()
+    built = reconstruct_session(calls, on_mismatch=_opt(args, "orchard_on_mismatch", harness.on_mismatch))
+    status_cls = type(sample.status)
+    if not built:
+        sample.status = status_cls("failed")
+        sample.metadata = {**(sample.metadata or {}), "orchard_session": sid, "harness_exit_code": res.exit_code}
+        return sample
+    main = max(built, key=lambda s: len(s.turns))  # the harness's main line (sub-agents aside)
+    sample.tokens = list(main.tokens)
+    sample.response_length = main.response_length
+    sample.loss_mask = list(main.loss_mask)
+    sample.rollout_log_probs = list(main.rollout_log_probs)
+    sample.status = status_cls(main.status if res.exit_code == 0 else "failed")
+    sample.metadata = {**(sample.metadata or {}), **main.to_dict()["metadata"], "orchard_session": sid,
+                       "harness_exit_code": res.exit_code, "samples_in_session": len(built)}
+    return sample
