@@ -40,17 +40,33 @@ def serve(
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body accepted."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
     read_timeout: float = typer.Option(600.0, "--read-timeout", help="Longest silence between two upstream bytes."),
+    durability: str = typer.Option("async", "--durability", help="async, or wal: the last byte waits for the fsync'd spool (kill -9 safe)."),
+    spool: Optional[str] = typer.Option(None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."),
+    max_inflight: int = typer.Option(4096, "--max-inflight", help="Calls in flight before 429 (0: no limit)."),
+    api_key: Optional[list[str]] = typer.Option(None, "--api-key", envvar="ORCHARD_API_KEYS", help="Client key, KEY or KEY:SESSION_PREFIX (repeatable; env: comma-separated)."),
+    admin_key: Optional[list[str]] = typer.Option(None, "--admin-key", envvar="ORCHARD_ADMIN_KEYS", help="Key for admin routes (outcomes)."),
+    upstream_key_env: Optional[str] = typer.Option(None, "--upstream-key-env", help="Name of the env var holding the upstream's API key."),
 ) -> None:
     """Run the recording proxy."""
+    import os
     from orchard_rec.proxy import ProxyConfig, build_app, run_forever
 
     if mode not in ("token", "passthrough"):
         raise typer.BadParameter("--mode must be token or passthrough")
+    def _keys(values: Optional[list[str]]) -> tuple[str, ...]:
+        return tuple(k.strip() for v in values or () for k in v.split(",") if k.strip())
+
+    upstream_key = None
+    if upstream_key_env:
+        upstream_key = os.environ.get(upstream_key_env)
+        if not upstream_key:
+            raise typer.BadParameter(f"environment variable {upstream_key_env} is empty or unset", param_hint="--upstream-key-env")
     cfg = ProxyConfig(
         upstream=upstream, db=db, mode=mode, max_body_bytes=int(max_body_mb * 1024 * 1024),  # type: ignore[arg-type]
-        connect_timeout=connect_timeout, read_timeout=read_timeout,
+        connect_timeout=connect_timeout, read_timeout=read_timeout, durability=durability, spool=spool,  # type: ignore[arg-type]
+        max_inflight=max_inflight, api_keys=_keys(api_key), admin_keys=_keys(admin_key), upstream_key=upstream_key,
     )
-    console.print(f"orchard-rec proxy on http://{host}:{port}  ->  {cfg.upstream}  (mode {cfg.mode}, db {db})")
+    console.print(f"orchard-rec proxy on http://{host}:{port}  ->  {cfg.upstream}  (mode {cfg.mode}, durability {cfg.durability}, auth {'on' if cfg.api_keys else 'off'})")
     run_forever(build_app(cfg), host, port, ready=lambda p: console.print(f"ready: OPENAI_BASE_URL=http://{host}:{p}/s/<session>/v1"))
 
 

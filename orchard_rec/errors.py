@@ -5,6 +5,8 @@
     │   └── PayloadTooLarge (413)     body over the configured limit
     ├── NotFound (404)                unknown route
     ├── UnsupportedMediaType (415)    not application/json
+    ├── Unauthorized (401)            missing or wrong proxy API key (403: key bound elsewhere)
+    ├── TooManyRequests (429)         back-pressure: the proxy is at capacity
     ├── UpstreamUnavailable (502)     upstream refused, reset or timed out
     ├── UpstreamProtocolError (502)   upstream answered something we cannot relay
     └── SessionNotFound (404)         admin/read routes
@@ -26,6 +28,8 @@ __all__ = [
     "OrchardError",
     "PayloadTooLarge",
     "SessionNotFound",
+    "TooManyRequests",
+    "Unauthorized",
     "UnsupportedMediaType",
     "UpstreamProtocolError",
     "UpstreamUnavailable",
@@ -70,6 +74,20 @@ class NotFound(OrchardError):
 
 class SessionNotFound(NotFound):
     pass
+
+
+class Unauthorized(OrchardError):
+    status = 401
+    openai_type = "authentication_error"
+    anthropic_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class TooManyRequests(OrchardError):
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    code = "proxy_at_capacity"
 
 
 class UpstreamUnavailable(OrchardError):

@@ -18,8 +18,11 @@ Policy:
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +35,8 @@ from orchard_rec.errors import (
     NotFound,
     OrchardError,
     PayloadTooLarge,
+    TooManyRequests,
+    Unauthorized,
     UnsupportedMediaType,
     UpstreamProtocolError,
     UpstreamUnavailable,
@@ -60,6 +65,7 @@ _HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
      "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "x-orchard-session"}
 )
+_CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
 _RESP_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
 _TERMINAL_EVENTS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
 _ROUTES = {
@@ -77,6 +83,13 @@ def dialect_of(method: str, tail: str) -> Dialect:
 
 def _is_anthropic(path: str, headers: Any) -> bool:
     return "/messages" in path or "/complete" == path[-9:] or "anthropic-version" in headers
+
+
+def default_spool(db_url: str) -> Path:
+    """Beside a SQLite file (``orchard.db.spool``); else ``.orchard-spool/<hash of url>.jsonl`` here."""
+    if db_url.startswith("sqlite:///") and not db_url.endswith(":memory:"):
+        return Path(db_url[len("sqlite:///"):] + ".spool")
+    return Path(".orchard-spool") / (hashlib.sha256(db_url.encode()).hexdigest()[:16] + ".jsonl")
 
 
 # -- middleware: errors in the caller's dialect ----------------------------------------------
@@ -140,9 +153,45 @@ async def _read_json(request: web.Request, cap: Capture, dialect: Dialect) -> tu
 
 
 def _upstream_headers(request: web.Request) -> dict[str, str]:
-    out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    cfg = request.app[CONFIG]
+    drop = _HOP | _CLIENT_AUTH if (cfg.api_keys or cfg.upstream_key) else _HOP
+    out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
+    if cfg.upstream_key:  # the proxy's own credential; a client's key never reaches the upstream
+        out["Authorization"] = f"Bearer {cfg.upstream_key}"
+        if "anthropic-version" in request.headers:
+            out["x-api-key"] = cfg.upstream_key
     return out
+
+
+def _presented_key(request: web.Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key") or request.headers.get("api-key")
+
+
+def _authorize(request: web.Request, session_id: str | None, *, admin: bool = False) -> None:
+    cfg = request.app[CONFIG]
+    if not cfg.api_keys and not cfg.admin_keys:
+        return
+    key = _presented_key(request)
+    if key is None:
+        raise Unauthorized("this proxy requires an API key (Authorization: Bearer KEY or x-api-key)")
+    if admin:
+        admins = cfg.admin_keys or tuple(k for k in cfg.api_keys if ":" not in k)[:1]
+        if not any(hmac.compare_digest(key, a) for a in admins):
+            raise Unauthorized("this route needs the proxy's admin key")
+        return
+    for entry in cfg.api_keys:
+        secret, _, prefix = entry.partition(":")
+        if hmac.compare_digest(key, secret):
+            if prefix and not (session_id or "").startswith(prefix):
+                err = Unauthorized(f"this key may only record sessions whose id starts with {prefix!r}")
+                err.status = 403
+                raise err
+            return
+    raise Unauthorized("invalid API key")
 
 
 def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
@@ -162,6 +211,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     try:
         if sid is not None:
             cap.session_id = validate_session_id(sid)
+        _authorize(request, cap.session_id)
+        cfg = app[CONFIG]
+        if (cfg.max_inflight and recorder.inflight > cfg.max_inflight) or (cfg.max_queue and recorder.depth > cfg.max_queue):
+            raise TooManyRequests(
+                f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records waiting); retry shortly"
+            )
         cap.headers = public_headers(request.headers)
         cap.harness, cap.harness_session = harness_of(request.headers)
         if request.headers.get("upgrade", "").lower() == "websocket":
@@ -187,8 +242,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             cap.fail(CallOutcome.ABORTED, "client disconnected")
         raise
     finally:
-        cap.done_at = time.time()
-        recorder.submit(cap)
+        if not cap.submitted:
+            cap.done_at = time.time()
+            recorder.submit(cap)
         metrics.calls.labels(dialect.value, cap.outcome.value).inc()
         metrics.bytes.labels("in").inc(cap.bytes_in)
         metrics.bytes.labels("out").inc(cap.bytes_out)
@@ -229,9 +285,12 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
             if plan is not None:
                 data, cap.client_response = plan.client_body_bytes(data, up.status)
             resp = web.Response(status=up.status, body=data, headers=headers)
+            cap.bytes_out = len(data)
+            if cfg.durability == "wal":
+                cap.done_at = time.time()
+                await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
-            cap.bytes_out = len(data)
             cap.complete = True
             return resp
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -259,18 +318,29 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
     chunks = cap.chunks
     n = 0
     try:
+        wal = request.app[CONFIG].durability == "wal"
         async for chunk in up.content.iter_any():
             chunks.append(chunk)
             out = chunk if filt is None else filt.feed(chunk)
             if out:
+                terminal = any(t in out for t in _TERMINAL_EVENTS)
+                if terminal and wal and not cap.submitted:
+                    cap.bytes_out = n + len(out)
+                    cap.done_at = time.time()
+                    await request.app[RECORDER].durable(cap)  # recorded before the client has the end
                 await resp.write(out)
                 n += len(out)
-                if any(t in out for t in _TERMINAL_EVENTS):
+                if terminal:
                     # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
                     cap.complete = True
-        if filt is not None and (out := filt.finish()):
-            await resp.write(out)
-            n += len(out)
+        tail = filt.finish() if filt is not None else b""
+        if wal and not cap.submitted:
+            cap.bytes_out = n + len(tail)
+            cap.done_at = time.time()
+            await request.app[RECORDER].durable(cap)
+        if tail:
+            await resp.write(tail)
+            n += len(tail)
         cap.complete = True
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
         cap.bytes_out = n
@@ -297,7 +367,8 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
     status = "ok" if rec.healthy else "degraded"
-    body = {"status": status, "queue_depth": rec.depth, "written": rec.written, "mode": request.app[CONFIG].mode}
+    body = {"status": status, "queue_depth": rec.depth, "spool_depth": rec.spool_depth, "written": rec.written,
+            "mode": request.app[CONFIG].mode, "durability": rec.durability}
     if rec.last_error:
         body["error"] = rec.last_error
     return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
@@ -306,6 +377,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def post_outcome(request: web.Request) -> web.Response:
     """``POST /sessions/{id}/outcome``: ``{"reward": number|object, "status": ..., "step_values": [...], "metadata": {...}}``."""
     sid = validate_session_id(request.match_info["sid"])
+    _authorize(request, sid, admin=True)
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
@@ -344,9 +416,9 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
-    recorder = Recorder(app[STORE])
+    recorder = Recorder(app[STORE], spool=Path(config.spool) if config.spool else default_spool(config.db), durability=config.durability)
     app[RECORDER] = recorder
-    app[METRICS] = Metrics(lambda: recorder.depth)
+    app[METRICS] = Metrics(lambda: recorder.depth, lambda: recorder.spool_depth, lambda: recorder.inflight)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if owned_store:

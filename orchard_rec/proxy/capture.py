@@ -26,7 +26,7 @@ class Capture:
         "call_id", "session_id", "dialect", "method", "path", "headers", "harness", "harness_session",
         "request", "upstream_request", "stream", "status_code", "outcome", "error",
         "received_at", "first_byte_at", "done_at", "chunks", "body", "bytes_in", "bytes_out",
-        "upstream_dialect", "client_response", "client_events", "complete",
+        "upstream_dialect", "client_response", "client_events", "complete", "submitted",
     )
 
     def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
@@ -53,6 +53,8 @@ class Capture:
         """Raw non-stream response body as relayed."""
         self.bytes_in = 0
         self.bytes_out = 0
+        self.submitted = False
+        """Handed to the recorder already (wal durability submits before the last byte)."""
         self.complete = False
         """Every response byte was handed to the client's connection; a disconnect after this is not an abort."""
         self.upstream_dialect = dialect

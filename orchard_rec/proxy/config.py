@@ -24,6 +24,21 @@ class ProxyConfig(BaseModel):
     connect_timeout: float = Field(10.0, gt=0)
     read_timeout: float = Field(600.0, gt=0)
     """Longest silence allowed between two upstream bytes."""
+    durability: Literal["async", "wal"] = "async"
+    """``wal``: the client's last byte waits until the record is fsync'd in the spool (kill -9 safe)."""
+    spool: str | None = None
+    """Spool file (default: ``.orchard-spool/<hash of db>.jsonl`` in the working folder)."""
+    max_inflight: int = Field(4096, ge=0)
+    """Calls in flight before new ones get 429 (0: no limit)."""
+    max_queue: int = Field(100_000, ge=0)
+    """Records waiting for the database before new calls get 429 (0: no limit)."""
+    api_keys: tuple[str, ...] = ()
+    """Keys clients must present (``Authorization: Bearer`` or ``x-api-key``); ``KEY:PREFIX`` binds
+    a key to sessions whose id starts with PREFIX. Empty: no proxy authentication."""
+    admin_keys: tuple[str, ...] = ()
+    """Keys for the admin routes (outcomes); when none is set, the first api key without a prefix."""
+    upstream_key: str | None = Field(None, repr=False)
+    """The upstream's credential, held by the proxy: sent upstream instead of the client's headers."""
 
     @field_validator("upstream")
     @classmethod

@@ -12,7 +12,7 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float]) -> None:
+    def __init__(self, queue_depth: Callable[[], float], spool_depth: Callable[[], float] = lambda: 0, inflight: Callable[[], float] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.calls = Counter("orchard_calls", "Calls handled", ["dialect", "outcome"], registry=r)
@@ -22,6 +22,10 @@ class Metrics:
         self.ttfb = Histogram("orchard_upstream_ttfb_seconds", "Request received to first upstream byte", ["dialect"], buckets=_LATENCY, registry=r)
         depth = Gauge("orchard_writer_queue_depth", "Calls waiting to be committed", registry=r)
         depth.set_function(queue_depth)
+        spool = Gauge("orchard_spool_depth", "Records in the local spool, not yet in the database", registry=r)
+        spool.set_function(spool_depth)
+        busy = Gauge("orchard_inflight_calls", "Calls being relayed", registry=r)
+        busy.set_function(inflight)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
