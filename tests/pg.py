@@ -37,7 +37,9 @@ def _free_port() -> int:
 
 
 class PgCluster:
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        self.durable = durable
+        """Keep synchronous_commit on, so an immediate (crash) stop loses no committed transaction."""
         self.bindir = _bindir()
         self.root = Path(tempfile.mkdtemp(prefix="orchard-pg-"))
         self.data = self.root / "data"
@@ -52,9 +54,13 @@ class PgCluster:
     def _run(self, *args: str) -> None:
         subprocess.run([*self._as, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    def _opts(self) -> str:
+        fast = "" if self.durable else " -c synchronous_commit=off"
+        return f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300" + fast
+
     def start(self) -> PgCluster:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync")
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        opts = self._opts()
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
         return self
 
@@ -62,7 +68,7 @@ class PgCluster:
         subprocess.run([*self._as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def restart(self) -> None:
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        opts = self._opts()
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
 
     def cleanup(self) -> None:

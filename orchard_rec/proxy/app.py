@@ -115,6 +115,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             err = BadRequest(exc.text or exc.reason)
             err.status = exc.status
         return _error_response(request, err)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # a bug of ours: answer in the dialect, log it, never a bare traceback page
+        log.exception("internal error on %s %s", request.method, request.path)
+        err = OrchardError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
+        return _error_response(request, err)
 
 
 def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
@@ -240,6 +246,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:
         if not cap.complete:  # a client that hangs up after the last event (as SDKs do at [DONE]) got it all
             cap.fail(CallOutcome.ABORTED, "client disconnected")
+        raise
+    except Exception as exc:
+        cap.fail(CallOutcome.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        cap.status_code = 500
         raise
     finally:
         if not cap.submitted:

@@ -14,6 +14,7 @@ the events the client received.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -24,6 +25,8 @@ from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to
 from orchard_rec.records import Dialect
 
 __all__ = ["Plan", "plan_for"]
+
+log = logging.getLogger("orchard_rec.proxy.token")
 
 
 class Plan:
@@ -148,6 +151,14 @@ class StreamFilter:
             return (head + "data: " + data + "\n\n").encode()
         if not isinstance(obj, dict):
             return b""
+        try:
+            return self._translate(obj)
+        except (TypeError, AttributeError, KeyError, ValueError):
+            log.exception("untranslatable upstream chunk skipped")
+            return b""
+
+    def _translate(self, obj: dict[str, Any]) -> bytes:
+        assert self.translator is not None
         if "error" in obj and "choices" not in obj:
             err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
             if self.plan.client is Dialect.MESSAGES:
@@ -193,7 +204,10 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
         return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
     if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
         _validate_translated(dialect, body)
-        chat = responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
+        try:
+            chat = responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            raise BadRequest(f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}") from exc
         chat["return_token_ids"] = True
         chat["logprobs"] = True
         if chat.get("stream"):

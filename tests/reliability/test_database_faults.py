@@ -1,0 +1,169 @@
+"""Database faults and process death: the proxy keeps serving, nothing recorded is lost.
+
+- PostgreSQL stopped for 30 s: calls keep succeeding, records go to the spool, /healthz
+  says degraded and /metrics shows the spool depth; when it returns the spool is replayed,
+  each call exactly once.
+- SQLite locked by another writer: responses are not held up; the records land after.
+- kill -9 under load with ``--durability wal``: every call whose response the client fully
+  received is in the database after a restart (replayed from the spool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+from orchard_rec.records import CallOutcome
+from orchard_rec.storage import Store
+
+from pg import PgCluster
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}).encode()
+    req = urllib.request.Request(f"{base}/s/{sid}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+        return r.status
+
+
+def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cluster = PgCluster(durable=True).start()
+    try:
+        db = cluster.new_database()
+        proxy = proxy_factory(upstream.url, db, mode="token", spool=str(tmp_path / "p.spool"))
+        for i in range(5):
+            assert _chat(proxy.url, "pg", f"before {i}") == 200
+        proxy.flush()
+        cluster.stop("immediate")
+        t_down = time.monotonic()
+        sent = 0
+        while time.monotonic() - t_down < 30:  # the outage
+            assert _chat(proxy.url, "pg", f"during {sent}", stream=sent % 2 == 1) == 200
+            sent += 1
+            time.sleep(0.5)
+        proxy.flush()
+        status, health = _get(proxy.url + "/healthz")
+        assert status == 200 and json.loads(health)["status"] == "degraded"
+        _, metrics = _get(proxy.url + "/metrics")
+        spooled = float([l for l in metrics.splitlines() if l.startswith("orchard_spool_depth")][0].split()[1])
+        assert spooled == sent
+        cluster.restart()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and json.loads(_get(proxy.url + "/healthz")[1])["status"] != "ok":
+            time.sleep(0.2)
+        assert json.loads(_get(proxy.url + "/healthz")[1])["spool_depth"] == 0
+        recs = Store(db).calls("pg")
+        texts = [r.request["messages"][0]["content"] for r in recs]
+        expected = {f"before {i}" for i in range(5)} | {f"during {i}" for i in range(sent)}
+        assert set(texts) == expected, sorted(expected - set(texts))
+        assert len(recs) == 5 + sent and len(set(texts)) == len(texts)  # every call, exactly once
+        assert [r.seq for r in recs] == list(range(1, len(recs) + 1))
+        assert all(r.outcome is CallOutcome.OK and r.completion_ids for r in recs)
+    finally:
+        cluster.cleanup()
+
+
+def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "lock.db"
+    proxy = proxy_factory(upstream.url, f"sqlite:///{path}", mode="passthrough")
+    assert _chat(proxy.url, "lk", "warm") == 200
+    proxy.flush()
+    locker = sqlite3.connect(path, timeout=1)
+    locker.execute("BEGIN EXCLUSIVE")
+    t = time.monotonic()
+    for i in range(10):
+        assert _chat(proxy.url, "lk", f"locked {i}") == 200
+    assert time.monotonic() - t < 5  # answered while the database was locked
+    time.sleep(1.0)
+    locker.rollback()
+    locker.close()
+    proxy.flush()
+    assert len(Store(f"sqlite:///{path}").calls("lk")) == 11
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+    p = subprocess.Popen([sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port),
+                          "--durability", "wal", "--spool", str(spool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(400):
+        try:
+            if _get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                return p
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("proxy did not start")
+
+
+def test_kill_9_under_load_loses_no_completed_call_with_wal(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    spool = tmp_path / "k.spool"
+    port = _free_port()
+    proc = _serve(upstream.url, db, port, spool)
+    base = f"http://127.0.0.1:{port}"
+    completed: set[str] = set()
+    attempted = 0
+
+    async def worker(w: int, http: aiohttp.ClientSession, stop: float) -> None:
+        nonlocal attempted
+        k = 0
+        while time.monotonic() < stop:
+            text = f"w{w} call {k}"
+            k += 1
+            attempted += 1
+            try:
+                body = {"model": "m", "messages": [{"role": "user", "content": text}], "stream": k % 2 == 0}
+                async with http.post(f"{base}/s/kill-{w}/v1/chat/completions", json=body) as r:
+                    data = await r.read()
+                    if r.status == 200 and (not body["stream"] or data.endswith(b"data: [DONE]\n\n")):
+                        completed.add(text)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                return
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            stop = time.monotonic() + 60
+            tasks = [asyncio.create_task(worker(w, http, stop)) for w in range(16)]
+            await asyncio.sleep(2.0)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-load, no goodbye
+            await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    proc.wait(10)
+    assert len(completed) > 100
+    restarted = _serve(upstream.url, db, port, spool)  # replays the spool at start-up
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(_get(base + "/healthz")[1])["spool_depth"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        store = Store(db)
+        recorded = {r.request["messages"][0]["content"] for r in store.calls() if r.outcome is CallOutcome.OK}
+        missing = completed - recorded
+        assert not missing, f"{len(missing)} of {len(completed)} completed calls lost"
+        ids = [r.call_id for r in store.calls()]
+        assert len(ids) == len(set(ids))
+    finally:
+        restarted.terminate()
+        restarted.wait(30)
