@@ -94,10 +94,12 @@ class Proxy:
 
 
 @pytest.fixture
-def proxy_factory() -> Iterator[Callable[..., Proxy]]:
+def proxy_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Proxy]]:
     started: list[BackgroundServer] = []
 
     def make(upstream_url: str, db: str, **kwargs: Any) -> Proxy:
+        if kwargs.get("spool") is None:  # each proxy its own spool, outside the work tree
+            kwargs["spool"] = str(tmp_path_factory.mktemp("spool") / "proxy.spool")
         cfg = ProxyConfig(upstream=upstream_url, db=db, **kwargs)
         srv = BackgroundServer(lambda: build_app(cfg)).start()
         started.append(srv)

@@ -1,6 +1,6 @@
 """Rebuild one session's calls into samples: exact token ids, never fabricated.
 
-Calls are taken in sequence order. A call whose prompt ids start with an open sample's
+Calls are taken in the order they were received. A call whose prompt ids start with an open sample's
 full token list extends it: the prompt tokens in between are observation (mask 0), the
 completion ids follow (mask 1, with their logprobs). The longest such sample wins, so
 interleaved sub-agents each grow their own line. A linear session therefore gives ONE
@@ -110,7 +110,8 @@ def reconstruct_session(
     skipped: list[str] = []
     step_of: dict[str, int] = {}
     sid = session_id
-    for call in calls:
+    # causal order: a call sent after another's answer was received after it (seq is commit order)
+    for call in sorted(calls, key=lambda c: (c.received_at, c.seq or 0)):
         sid = sid or call.session_id or ""
         if not call.dialect.is_generation:
             continue

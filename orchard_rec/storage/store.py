@@ -7,6 +7,11 @@ session and batch takes the session row's lock until commit, so several writers
 (threads or proxy replicas on one PostgreSQL) never hand out the same number and
 never leave a gap. ``write_batch`` is idempotent by call id: a record already stored
 is skipped, so replaying a batch after a failure stores each call exactly once.
+
+Sequence numbers follow commit order. With several replicas, a call can commit before
+an earlier call of the same session still queued in another replica, so readers that
+need causal order (reconstruction) sort a session by ``received_at``: a call that
+follows another's answer was received after it.
 """
 
 from __future__ import annotations
@@ -220,7 +225,7 @@ class Store:
             stmt = stmt.where(st.c.updated_at >= _ts(since))
         if harness is not None:
             stmt = stmt.where(st.c.harness == harness)
-        stmt = stmt.order_by(t.c.session_id, t.c.seq)
+        stmt = stmt.order_by(t.c.session_id, t.c.received_at, t.c.seq)
         current: SessionSummary | None = None
         calls: list[CallRecord] = []
         with self.engine.connect() as conn:
@@ -305,7 +310,7 @@ def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
 
 
 _LIGHT_COLUMNS = (
-    "id", "session_id", "seq", "dialect", "method", "path", "stream", "status_code", "outcome", "harness",
+    "id", "session_id", "seq", "received_at", "dialect", "method", "path", "stream", "status_code", "outcome", "harness",
     "model", "error", "prompt_ids", "completion_ids", "completion_logprobs", "finish_reason",
 )
 
@@ -315,7 +320,7 @@ def _light_record(c: Any) -> CallRecord:
     return CallRecord(
         call_id=c.id, session_id=c.session_id, dialect=Dialect(c.dialect), method=c.method, path=c.path,
         stream=c.stream, status_code=c.status_code, outcome=CallOutcome(c.outcome),
-        received_at=0.0, first_byte_at=None, done_at=0.0, harness=c.harness, model=c.model, error=c.error,
+        received_at=_epoch(c.received_at) or 0.0, first_byte_at=None, done_at=0.0, harness=c.harness, model=c.model, error=c.error,
         prompt_ids=_tuple(c.prompt_ids), completion_ids=_tuple(c.completion_ids),
         completion_logprobs=_tuple(c.completion_logprobs), finish_reason=c.finish_reason, seq=c.seq,
     )

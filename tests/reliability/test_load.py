@@ -1,0 +1,112 @@
+"""Load: 500 concurrent streaming sessions with bounded memory; explicit back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+
+from orchard_rec.storage import Store
+
+SESSIONS = 500
+SECONDS = float(os.environ.get("ORCHARD_LOAD_SECONDS", "20"))
+
+
+def _rss_peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    up = upstream_factory(chunk_delay=0.002)
+    db = f"sqlite:///{tmp_path / 'load.db'}"
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", up.url, "--db", db, "--port", str(port), "--mode", "token"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        sent = ok = 0
+        rss: list[float] = []
+
+        async def session(i: int, http: aiohttp.ClientSession, stop: float) -> None:
+            nonlocal sent, ok
+            turn = 0
+            while time.monotonic() < stop:
+                body = {"model": "m", "messages": [{"role": "user", "content": f"session {i} turn {turn}"}], "stream": True}
+                sent += 1
+                async with http.post(f"{base}/s/load-{i}/v1/chat/completions", json=body) as r:
+                    data = await r.read()
+                    ok += r.status == 200 and data.endswith(b"data: [DONE]\n\n")
+                turn += 1
+
+        async def sampler(stop: float) -> None:
+            while time.monotonic() < stop:
+                rss.append(_rss_peak_mb(proc.pid))
+                await asyncio.sleep(1.0)
+
+        async def main() -> None:
+            conn = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
+                stop = time.monotonic() + SECONDS
+                await asyncio.gather(sampler(stop), *(session(i, http, stop) for i in range(SESSIONS)))
+
+        asyncio.run(main())
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if json.loads(urllib.request.urlopen(base + "/healthz").read())["queue_depth"] == 0:
+                break
+            time.sleep(0.2)
+        peak = _rss_peak_mb(proc.pid)
+        print(f"\nload: {SESSIONS} sessions x {SECONDS:.0f}s: sent {sent}, ok {ok}, peak RSS {peak:.0f} MB, samples {rss[:3]}..{rss[-3:]}")
+        assert ok == sent > SESSIONS
+        assert peak < 600, f"peak RSS {peak:.0f} MB"
+        half = rss[len(rss) // 2]
+        assert rss[-1] - half < 0.25 * half + 50  # no steady growth over the second half
+        assert Store(db).count_calls() == sent
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_back_pressure_answers_429_in_the_callers_dialect(upstream_factory, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    up = upstream_factory(chunk_delay=0.05)
+    proxy = proxy_factory(up.url, sqlite_url, mode="passthrough", max_inflight=4)
+
+    async def main() -> list[tuple[int, dict | None]]:  # type: ignore[type-arg]
+        async with aiohttp.ClientSession() as http:
+            async def one(i: int) -> tuple[int, dict | None]:  # type: ignore[type-arg]
+                body = {"model": "m", "messages": [{"role": "user", "content": f"long story {i}"}], "stream": True}
+                async with http.post(f"{proxy.url}/s/bp/v1/chat/completions", json=body) as r:
+                    data = await r.read()
+                    return r.status, (json.loads(data) if r.status != 200 else None)
+            return await asyncio.gather(*(one(i) for i in range(16)))
+
+    results = asyncio.run(main())
+    codes = [c for c, _ in results]
+    assert codes.count(200) >= 4 and codes.count(429) >= 1 and set(codes) <= {200, 429}
+    assert all(b["error"]["type"] == "rate_limit_error" for c, b in results if c == 429)
+    proxy.flush()
+    recs = proxy.store().calls("bp")
+    assert len(recs) == 16 and sum(r.status_code == 429 for r in recs) == codes.count(429)
