@@ -304,7 +304,16 @@ class DemoUpstream:
         return resp
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        @web.middleware
+        async def invalid(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except web.HTTPException:
+                raise
+            except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:  # vLLM's pydantic says 400
+                return _err(400, f"invalid request: {type(exc).__name__}: {exc}")
+
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[invalid])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/responses", self.responses)

@@ -46,6 +46,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_of, public_headers, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
+from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
@@ -449,6 +450,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_post("/sessions/{sid}/outcome", post_outcome)
+    app.router.add_get("/openapi.json", lambda _r: web.json_response(openapi_spec()))
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     return app

@@ -47,11 +47,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory, db_url) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.01)
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", up.url, "--db", db_url, "--port", str(port), "--mode", "passthrough"],
+        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", up.url, "--db", db_url, "--port", str(port), "--mode", "passthrough",
+         "--spool", str(tmp_path / "term.spool")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
