@@ -36,7 +36,10 @@ def serve(
     db: str = DbOpt,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8100, "--port"),
-    mode: str = typer.Option("token", "--mode", help="token (ask the upstream for token ids) or passthrough."),
+    mode: str = typer.Option("token", "--mode", help="token (ask the upstream for token ids), passthrough, or tito (render here, send ids)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tito: the model's HF tokenizer (path, or 'demo')."),
+    upstream_kind: str = typer.Option("vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."),
+    tool_parser: str = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser (hermes)."),
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body accepted."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
     read_timeout: float = typer.Option(600.0, "--read-timeout", help="Longest silence between two upstream bytes."),
@@ -51,8 +54,8 @@ def serve(
     import os
     from orchard_rec.proxy import ProxyConfig, build_app, run_forever
 
-    if mode not in ("token", "passthrough"):
-        raise typer.BadParameter("--mode must be token or passthrough")
+    if mode not in ("token", "passthrough", "tito"):
+        raise typer.BadParameter("--mode must be token, passthrough or tito")
     def _keys(values: Optional[list[str]]) -> tuple[str, ...]:
         return tuple(k.strip() for v in values or () for k in v.split(",") if k.strip())
 
@@ -65,6 +68,7 @@ def serve(
         upstream=upstream, db=db, mode=mode, max_body_bytes=int(max_body_mb * 1024 * 1024),  # type: ignore[arg-type]
         connect_timeout=connect_timeout, read_timeout=read_timeout, durability=durability, spool=spool,  # type: ignore[arg-type]
         max_inflight=max_inflight, api_keys=_keys(api_key), admin_keys=_keys(admin_key), upstream_key=upstream_key,
+        tokenizer=tokenizer, upstream_kind=upstream_kind, tool_parser=tool_parser,  # type: ignore[arg-type]
     )
     console.print(f"orchard-rec proxy on http://{host}:{port}  ->  {cfg.upstream}  (mode {cfg.mode}, durability {cfg.durability}, auth {'on' if cfg.api_keys else 'off'})")
     run_forever(build_app(cfg), host, port, ready=lambda p: console.print(f"ready: OPENAI_BASE_URL=http://{host}:{p}/s/<session>/v1"))

@@ -103,6 +103,8 @@ class CallRecord:
     """Response bytes relayed to the client."""
     seq: int | None = None
     """1-based position in its session, assigned by storage when the call is committed (None before)."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """What the proxy decided about the call (token-in/token-out: ``{"tito": {"branch", "fresh", ...}}``)."""
 
 
 SESSION_STATUSES = ("completed", "truncated", "aborted", "failed")

@@ -118,9 +118,13 @@ class ScriptedModel:
         last = _text(users[-1].get("content")) if users else ""
         return f"Hello! You said: {last[:60]}", []
 
-    def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None) -> Generation:
-        prompt_text = render(messages, tools)
-        gen = Generation(prompt_text, self.encode(prompt_text))
+    def generate(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> Generation:
+        """Answer the conversation; ``prompt_ids`` when the client sent ids (token-in), else rendered here."""
+        prompt_text = render(messages, tools) if prompt_ids is None else self.decode(prompt_ids)
+        gen = Generation(prompt_text, self.encode(prompt_text) if prompt_ids is None else list(prompt_ids))
         text, calls = self.decide(messages, tools)
         secs = gen.sections
         if self.think:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from orchard_rec.demo.chatml import parse_chatml
 from orchard_rec.demo.model import Generation, ScriptedModel
 from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
 
@@ -191,16 +192,22 @@ class DemoUpstream:
             prompt = prompt[0]
         if isinstance(prompt, str):
             prompt_ids = self.model.encode(prompt)
-        elif isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+        elif isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
             prompt_ids = list(prompt)
         else:
             return _err(400, "prompt: expected a string or a list of token ids")
-        text = " The answer is 42."
-        ids = self.model._noncanonical(self.model.encode(text)) + [self.model.eos]
-        finish = "stop"
-        max_tokens = body.get("max_tokens") or 16
-        if len(ids) > max_tokens:
-            ids, finish = ids[:max_tokens], "length"
+        prompt_text = self.model.decode(prompt_ids)
+        if prompt_text.endswith("<|im_start|>assistant\n"):  # a chat rendered by the client (token-in/token-out)
+            messages, tools = parse_chatml(prompt_text)
+            gen = self.model.generate(messages, tools, max_tokens=body.get("max_tokens"), prompt_ids=prompt_ids)
+            ids, finish = gen.ids, ("length" if gen.finish_reason == "length" else "stop")
+        else:
+            text = " The answer is 42."
+            ids = self.model._noncanonical(self.model.encode(text)) + [self.model.eos]
+            finish = "stop"
+            max_tokens = body.get("max_tokens") or 16
+            if len(ids) > max_tokens:
+                ids, finish = ids[:max_tokens], "length"
         want_lp = body.get("logprobs") is not None and body.get("logprobs") is not False
         want_ids = bool(body.get("return_token_ids"))
         rid = "cmpl-" + uuid.uuid4().hex
@@ -232,6 +239,26 @@ class DemoUpstream:
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage})
         return await self._stream(request, (_sse(c) for c in chunks), done=True)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's native ``/generate`` with ``input_ids`` (non-stream)."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        ids_in = body.get("input_ids")
+        if not isinstance(ids_in, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids_in):
+            return _err(400, "input_ids: a list of token ids is required")
+        params = body.get("sampling_params") or {}
+        messages, tools = parse_chatml(self.model.decode(ids_in))
+        gen = self.model.generate(messages, tools, max_tokens=params.get("max_new_tokens"), prompt_ids=ids_in)
+        ids = gen.ids
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex, "finish_reason": {"type": "length" if gen.finish_reason == "length" else "stop"},
+            "prompt_tokens": len(ids_in), "completion_tokens": len(ids), "cached_tokens": 0,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]
+        return self._json({"text": self.model.tok.decode(ids), "output_ids": ids, "meta_info": meta})
 
     # -- Responses and Messages (through chat, as vLLM serves them) --------------------------
 
@@ -319,6 +346,7 @@ class DemoUpstream:
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/generate", self.generate)
         return app
 
 

@@ -48,7 +48,9 @@ from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_o
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.proxy.tito import TitoSessions, chat_completion, chat_of, parse_generation, read_upstream, synth_chunks, upstream_request
 from orchard_rec.proxy.token import Plan, plan_for
+from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -61,6 +63,7 @@ STORE = web.AppKey("store", Store)
 RECORDER = web.AppKey("recorder", Recorder)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", Metrics)
+TITO = web.AppKey("tito", TitoSessions)
 
 _HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -266,9 +269,106 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             metrics.errors.labels(dialect.value, cap.outcome.value).inc()
 
 
+async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) -> web.StreamResponse:
+    """Token-in/token-out: render, reuse the session's exact ids, call the token endpoint, parse back."""
+    app = request.app
+    cfg = app[CONFIG]
+    tito = app[TITO]
+    chat = chat_of(cap.dialect, body)
+    messages, tools = chat["messages"], chat.get("tools")
+    key = cap.session_id
+    prompt, branch, version, decision = await asyncio.to_thread(tito.plan, key, messages, tools)
+    path, up_body = upstream_request(cfg.upstream_kind, chat, prompt)
+    base = cfg.upstream[:-3] if cfg.upstream_kind == "sglang" and cfg.upstream.endswith("/v1") else cfg.upstream
+    cap.upstream_request = up_body
+    cap.upstream_dialect = Dialect.COMPLETIONS
+    headers = _upstream_headers(request)
+    headers["Content-Type"] = "application/json"
+    try:
+        async with app[UPSTREAM].post(f"{base}/{path}", data=orjson.dumps(up_body), headers=headers) as up:
+            cap.first_byte_at = time.time()
+            data = await up.read()
+            status = up.status
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        raise UpstreamUnavailable(f"upstream {cfg.upstream} is unreachable: {exc}") from exc
+    except asyncio.TimeoutError as exc:
+        cap.fail(CallOutcome.FAILED, "upstream timed out")
+        err = UpstreamUnavailable(f"upstream {cfg.upstream} timed out")
+        err.status = 504
+        raise err from exc
+    cap.body = data
+    cap.status_code = status
+    if status >= 400:
+        cap.outcome = CallOutcome.UPSTREAM_ERROR
+        try:
+            detail = orjson.loads(data)
+            msg = (detail.get("error") or {}).get("message") if isinstance(detail.get("error"), dict) else detail.get("message")
+        except (orjson.JSONDecodeError, AttributeError):
+            msg = None
+        err = BadRequest(f"upstream token endpoint answered {status}: {msg or data[:300].decode('utf-8', 'replace')}")
+        err.status = status
+        raise err
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
+    ids, lps, finish = read_upstream(cfg.upstream_kind, obj)
+    answer = parse_generation(tito.tok.decode(ids, skip_special_tokens=False), getattr(tito.tok, "eos_token", None))
+    finish = "tool_calls" if answer.get("tool_calls") else finish
+    chat_obj = chat_completion(body.get("model"), answer, finish, len(prompt), len(ids))
+    branch_index = None
+    if finish != "length":  # a cut-off turn is not a history the template would reproduce
+        branch_index = await asyncio.to_thread(tito.commit, key, branch, version, prompt, ids, messages, answer, tools)
+    cap.metadata = {"tito": {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}}
+    cap.tokens = (prompt, ids, lps, finish)
+    if cap.dialect is Dialect.RESPONSES:
+        client_obj: Any = chat_to_responses(chat_obj, body)
+    elif cap.dialect is Dialect.MESSAGES:
+        client_obj = chat_to_messages(chat_obj, body)
+    else:
+        client_obj = chat_obj
+    if body.get("stream"):
+        cap.stream = True
+        frames = bytearray()
+        events: list[list[Any]] = []
+        translator: Any = ResponsesStream(body) if cap.dialect is Dialect.RESPONSES else MessagesStream(body) if cap.dialect is Dialect.MESSAGES else None
+        for chunk in synth_chunks(chat_obj):
+            if translator is None:
+                events.append([None, chunk])
+                frames += b"data: " + orjson.dumps(chunk) + b"\n\n"
+            else:
+                for name, d in translator.feed(chunk):
+                    events.append([name, d])
+                    frames += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n"
+        if translator is None:
+            frames += b"data: [DONE]\n\n"
+        else:
+            for name, d in translator.finish():
+                events.append([name, d])
+                frames += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n"
+        cap.client_events = events
+        payload, ctype = bytes(frames), "text/event-stream"
+    else:
+        cap.client_response = client_obj
+        payload, ctype = orjson.dumps(client_obj), "application/json"
+    resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
+    cap.bytes_out = len(payload)
+    if cfg.durability == "wal":
+        cap.done_at = time.time()
+        await app[RECORDER].durable(cap)
+    await resp.prepare(request)
+    await resp.write(payload)
+    cap.complete = True
+    await resp.write_eof()
+    return resp
+
+
 async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG]
+    if cfg.mode == "tito" and cap.dialect in (Dialect.CHAT, Dialect.RESPONSES, Dialect.MESSAGES):
+        return await _relay_tito(request, cap, body)
     plan = plan_for(cfg.mode, cap.dialect, body)
     if plan is None:
         url = cfg.upstream + "/" + request.match_info["tail"]
@@ -430,6 +530,12 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     recorder = Recorder(app[STORE], spool=Path(config.spool) if config.spool else default_spool(config.db), durability=config.durability)
     app[RECORDER] = recorder
     app[METRICS] = Metrics(lambda: recorder.depth, lambda: recorder.spool_depth, lambda: recorder.inflight)
+    if config.mode == "tito":
+        from orchard_rec.tokenizer import load_hf_tokenizer
+
+        if not config.tokenizer:
+            raise ValueError("--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)")
+        app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if owned_store:

@@ -26,7 +26,7 @@ class Capture:
         "call_id", "session_id", "dialect", "method", "path", "headers", "harness", "harness_session",
         "request", "upstream_request", "stream", "status_code", "outcome", "error",
         "received_at", "first_byte_at", "done_at", "chunks", "body", "bytes_in", "bytes_out",
-        "upstream_dialect", "client_response", "client_events", "complete", "submitted",
+        "upstream_dialect", "client_response", "client_events", "complete", "submitted", "metadata", "tokens",
     )
 
     def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
@@ -53,6 +53,9 @@ class Capture:
         """Raw non-stream response body as relayed."""
         self.bytes_in = 0
         self.bytes_out = 0
+        self.metadata: dict[str, Any] = {}
+        self.tokens: tuple[Any, Any, Any, Any] | None = None
+        """Token-in/token-out calls set ``(prompt_ids, completion_ids, logprobs, finish)`` themselves."""
         self.submitted = False
         """Handed to the recorder already (wal durability submits before the last byte)."""
         self.complete = False
@@ -87,6 +90,8 @@ class Capture:
             except orjson.JSONDecodeError:
                 upstream_obj = self.body.decode("utf-8", errors="replace")
         prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(self.upstream_dialect, upstream_obj)
+        if self.tokens is not None:
+            prompt_ids, completion_ids, logprobs, finish = self.tokens
         response = upstream_obj
         if self.upstream_dialect is not self.dialect:  # translated: keep what the client saw
             if self.client_events is not None:
@@ -129,6 +134,7 @@ class Capture:
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            metadata=self.metadata,
         )
 
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["Mode", "ProxyConfig"]
 
-Mode = Literal["token", "passthrough"]
+Mode = Literal["token", "passthrough", "tito"]
 
 
 class ProxyConfig(BaseModel):
@@ -19,7 +19,14 @@ class ProxyConfig(BaseModel):
     db: str = "sqlite:///./orchard.db"
     mode: Mode = "token"
     """``token``: ask a vLLM-style upstream for token ids and logprobs (and translate Responses and
-    Messages to chat); ``passthrough``: forward every call natively, byte for byte."""
+    Messages to chat); ``passthrough``: forward every call natively, byte for byte; ``tito``:
+    render prompts here and send token ids (token-in/token-out, see ``proxy/tito.py``)."""
+    tokenizer: str | None = None
+    """Tito: the model's Hugging Face tokenizer (path, or ``demo``)."""
+    upstream_kind: Literal["vllm", "sglang"] = "vllm"
+    """Tito: vLLM ``/v1/completions`` with token-id prompts, or SGLang's native ``/generate``."""
+    tool_parser: Literal["hermes"] = "hermes"
+    """Tito: how tool calls are read from generated text (vLLM's parser names)."""
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0)
     connect_timeout: float = Field(10.0, gt=0)
     read_timeout: float = Field(600.0, gt=0)

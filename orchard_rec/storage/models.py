@@ -91,3 +91,5 @@ class Call(Base):
     finish_reason: Mapped[Optional[str]] = mapped_column(String(32))
     bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
+    call_metadata: Mapped[Json] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
+    """What the proxy decided about the call (token-in/token-out branch, ...)."""

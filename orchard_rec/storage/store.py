@@ -306,6 +306,7 @@ def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
         "finish_reason": r.finish_reason,
         "bytes_in": r.bytes_in,
         "bytes_out": r.bytes_out,
+        "metadata": dict(r.metadata) if r.metadata else None,
     }
 
 
@@ -356,4 +357,5 @@ def _record(c: Call) -> CallRecord:
         bytes_in=c.bytes_in,
         bytes_out=c.bytes_out,
         seq=c.seq,
+        metadata=c.call_metadata or {},
     )

@@ -85,3 +85,19 @@ def test_harness_config_snippets() -> None:
     assert '"baseUrl": "http://127.0.0.1:8100/s/s1/v1"' in out and '"api": "openai-completions"' in out
     r = CliRunner().invoke(app, ["harness", "config", "nope"])
     assert r.exit_code != 0 and "unknown harness 'nope'" in r.output
+
+
+def test_codex_through_tito_is_one_exact_sample(upstream_factory, proxy_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    install(CODEX)
+    up = upstream_factory(drift=True)
+    proxy = proxy_factory(up.url, sqlite_url, mode="tito", tokenizer="demo")
+    res = run_harness(CODEX, proxy.url, "codex-tito", [PROMPT], model="fake-model", workdir=tmp_path / "work", home=tmp_path / "home", timeout=150)
+    assert res.exit_code == 0, res.stderr[-3000:]
+    assert (res.workdir / "marker.txt").read_text().strip() == "orchard"
+    proxy.flush()
+    calls = proxy.store().calls("codex-tito")
+    assert len(calls) >= 2 and [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (len(calls) - 1)
+    assert all(c.upstream_request["prompt"] == list(c.prompt_ids) for c in calls)  # ids, not text, went upstream
+    [sample] = reconstruct_session(calls)
+    assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+    _invariants(calls, [sample])

@@ -1,0 +1,223 @@
+"""Token-in/token-out mode: the proxy renders prompts itself, so sessions never drift.
+
+For chat completions, Responses and Anthropic Messages requests, the conversation is
+rendered with the model's Hugging Face chat template (with tools). Where the rendered
+conversation starts with what this session already produced (the previous prompt ids +
+the ids the model generated, whose rendering is kept as text), those exact ids are
+reused and only the template's tokens for what is new (tool results, user turns) are
+appended; otherwise the call is rendered fresh and starts a new branch, recorded as such
+(``metadata.tito``). The ids go to the upstream's token endpoint (vLLM ``/v1/completions``
+with a token-id ``prompt``, or SGLang's native ``/generate`` with ``input_ids``), and the
+generated ids are parsed back into the client's dialect: text, ``<think>`` reasoning, and
+Hermes/Qwen ``<tool_call>`` JSON (``--tool-parser hermes``).
+
+Non-obvious bits:
+- Prefix matching compares renderings (text), not client JSON: a harness that re-serialises
+  tool arguments or rewrites tool-call ids still matches, because the template renders
+  them the same; a compacted or edited history does not, and forks a new branch.
+- Branch state lives in this process (an LRU of sessions): run one replica per session
+  (sticky routing on the session id) to keep sessions whole.
+- The upstream call is not streamed; a streaming client gets the answer as one burst of
+  well-formed events once generation ends.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from orchard_rec.errors import BadRequest, UpstreamProtocolError
+from orchard_rec.proxy.translate import messages_to_chat, responses_to_chat
+from orchard_rec.reconstruct.retokenize import _for_template
+from orchard_rec.records import Dialect
+
+__all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
+
+
+@dataclass
+class Branch:
+    index: int
+    tokens: list[int]
+    """The last call's prompt ids + the ids the model generated."""
+    text: str
+    """The template's rendering of the conversation up to and including that answer."""
+    version: int = 0
+
+
+@dataclass
+class _Session:
+    branches: list[Branch] = field(default_factory=list)
+    next_index: int = 0
+
+
+class TitoSessions:
+    """Per-session branches of exact token history (thread-safe, bounded)."""
+
+    def __init__(self, tokenizer: Any, *, max_sessions: int = 10_000, max_branches: int = 16) -> None:
+        self.tok = tokenizer
+        self.max_sessions = max_sessions
+        self.max_branches = max_branches
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+        msgs = [_for_template(m) for m in messages]
+        return str(self.tok.apply_chat_template(msgs, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def plan(self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[list[int], Branch | None, int, dict[str, Any]]:
+        """``(prompt_ids, branch or None, branch version, decision)`` for this conversation."""
+        full = self.render(messages, tools, True)
+        best: Branch | None = None
+        if key is not None:
+            with self._lock:
+                sess = self._sessions.get(key)
+                if sess is not None:
+                    self._sessions.move_to_end(key)
+                    for b in sess.branches:
+                        if full.startswith(b.text) and (best is None or len(b.text) > len(best.text)):
+                            best = b
+                    if best is not None:
+                        return best.tokens + self.encode(full[len(best.text):]), best, best.version, {"branch": best.index, "fresh": False}
+                    decision = {"fresh": True, "reason": "history differs from every branch of this session"}
+                else:
+                    decision = {"fresh": True, "reason": "first call of the session"}
+        else:
+            decision = {"fresh": True, "reason": "no session"}
+        return self.encode(full), None, 0, decision
+
+    def commit(self, key: str | None, branch: Branch | None, version: int, prompt: list[int], completion: list[int],
+               messages: list[dict[str, Any]], answer: dict[str, Any], tools: list[dict[str, Any]] | None) -> int | None:
+        """Record the new exact history; returns the branch index (None without a session)."""
+        if key is None:
+            return None
+        text = self.render(messages + [answer], tools, False)
+        with self._lock:
+            sess = self._sessions.get(key)
+            if sess is None:
+                sess = self._sessions[key] = _Session()
+                while len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end(key)
+            if branch is not None and branch in sess.branches and branch.version == version:
+                branch.tokens, branch.text, branch.version = prompt + completion, text, version + 1
+                return branch.index
+            nb = Branch(sess.next_index, prompt + completion, text)  # a fork: a concurrent call or a fresh render
+            sess.next_index += 1
+            sess.branches.append(nb)
+            del sess.branches[: -self.max_branches]
+            return nb.index
+
+
+def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completions view of a client request (messages, tools, max tokens)."""
+    if dialect is Dialect.CHAT:
+        if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
+            raise BadRequest("messages: a list of message objects is required", param="messages")
+        return body
+    from orchard_rec.proxy.token import _validate_translated
+
+    _validate_translated(dialect, body)
+    try:
+        return responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise BadRequest(f"could not read this {dialect.value} request: {type(exc).__name__}: {exc}") from exc
+
+
+def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
+    """The assistant message in generated text (Hermes tool calls, ``<think>`` reasoning)."""
+    if eos_text and eos_text in text:
+        text = text[: text.index(eos_text)]
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    m = _THINK.match(text)
+    if m:
+        msg["reasoning_content"] = m.group(1).strip("\n")
+        text = text[m.end():]
+    calls = []
+    for raw in _CALL.findall(text):
+        try:
+            c = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(c, dict) and isinstance(c.get("name"), str):
+            args = c.get("arguments", {})
+            calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                          "function": {"name": c["name"], "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}})
+    content = _CALL.sub("", text).strip() if calls else text.strip()
+    msg["content"] = content or None
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def chat_completion(model: Any, msg: dict[str, Any], finish: str, n_prompt: int, n_completion: int) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion},
+    }
+
+
+def synth_chunks(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunk stream a chat completion object corresponds to."""
+    base = {"id": obj["id"], "object": "chat.completion.chunk", "created": obj["created"], "model": obj["model"]}
+    choice = obj["choices"][0]
+    msg = choice["message"]
+    out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}]
+    if msg.get("reasoning_content"):
+        out.append({**base, "choices": [{"index": 0, "delta": {"reasoning_content": msg["reasoning_content"]}, "logprobs": None, "finish_reason": None}]})
+    if msg.get("content"):
+        out.append({**base, "choices": [{"index": 0, "delta": {"content": msg["content"]}, "logprobs": None, "finish_reason": None}]})
+    for k, tc in enumerate(msg.get("tool_calls") or ()):
+        head = {"index": k, "id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}
+        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None}]})
+        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": k, "function": {"arguments": tc["function"]["arguments"]}}]}, "logprobs": None, "finish_reason": None}]})
+    out.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}]})
+    out.append({**base, "choices": [], "usage": obj["usage"]})
+    return out
+
+
+def upstream_request(kind: str, chat: dict[str, Any], prompt: list[int]) -> tuple[str, dict[str, Any]]:
+    """``(path, body)`` for the upstream's token endpoint."""
+    max_tokens = chat.get("max_completion_tokens") or chat.get("max_tokens") or 4096
+    if kind == "sglang":
+        params: dict[str, Any] = {"max_new_tokens": max_tokens, "skip_special_tokens": False}
+        for k in ("temperature", "top_p", "top_k", "stop"):
+            if chat.get(k) is not None:
+                params[k] = chat[k]
+        return "generate", {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "stream": False}
+    body: dict[str, Any] = {"model": chat.get("model"), "prompt": prompt, "max_tokens": max_tokens, "return_token_ids": True,
+                            "logprobs": 0, "skip_special_tokens": False, "stream": False}
+    for k in ("temperature", "top_p", "top_k", "stop", "seed"):
+        if chat.get(k) is not None:
+            body[k] = chat[k]
+    return "completions", body
+
+
+def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, str]:
+    """``(generated ids, logprobs, finish_reason)`` from the token endpoint's answer."""
+    try:
+        if kind == "sglang":
+            meta = obj["meta_info"]
+            ids = list(obj.get("output_ids") or [t[1] for t in meta.get("output_token_logprobs") or []])
+            lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []] or None
+            fin = meta.get("finish_reason") or {}
+            return ids, lps, "length" if (fin.get("type") if isinstance(fin, dict) else fin) == "length" else "stop"
+        c = obj["choices"][0]
+        lp = c.get("logprobs") or {}
+        lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []] or None
+        return list(c["token_ids"]), lps, "length" if c.get("finish_reason") == "length" else "stop"
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise UpstreamProtocolError(f"the upstream's token endpoint answered without token ids: {type(exc).__name__}: {exc}") from exc

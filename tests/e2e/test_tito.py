@@ -1,0 +1,64 @@
+"""Token-in/token-out mode: the proxy renders prompts and sends ids, so sessions never drift.
+
+Against the upstream in drift mode (which would re-tokenize text non-canonically), real SDK
+sessions (openai chat and responses, anthropic messages), stream and not, with tools:
+every linear session is exactly one sample, the invariants hold, and the prompts the
+upstream received (its own log) extend each other exactly, turn after turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchard_rec.reconstruct import reconstruct_session
+from orchard_rec.records import CallOutcome
+
+from .agents import AGENTS
+
+
+def _base(url: str, sid: str, dialect: str) -> str:
+    return f"{url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_sessions_are_exact_and_prompts_prefix_consistent(upstream_factory, proxy_factory, sqlite_url, dialect, kind) -> None:  # type: ignore[no-untyped-def]
+    up = upstream_factory(drift=True)
+    proxy = proxy_factory(up.url, sqlite_url, mode="tito", tokenizer="demo", upstream_kind=kind)
+    for k, stream in enumerate([None, True, False]):
+        sid = f"{dialect}-{k}"
+        before = len(up.fake.log)
+        n = AGENTS[dialect](_base(proxy.url, sid, dialect), stream)
+        sent = [b["prompt"] if "prompt" in b else b["input_ids"] for _, b in up.fake.log[before:]]
+        assert len(sent) == n
+        proxy.flush()
+        calls = proxy.store().calls(sid)
+        assert len(calls) == n and all(c.outcome is CallOutcome.OK for c in calls)
+        for a, b, prompt_b in zip(calls, calls[1:], sent[1:]):  # the upstream's own log: each prompt extends the last
+            assert prompt_b[: len(a.prompt_ids) + len(a.completion_ids)] == list(a.prompt_ids) + list(a.completion_ids)
+            assert list(b.prompt_ids) == prompt_b
+        assert [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (n - 1)
+        [sample] = reconstruct_session(calls)  # one exact sample, drift or not
+        assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+        for c in calls:
+            [t] = [t for t in sample.turns if t.call_id == c.call_id]
+            assert sample.response_ids[t.start : t.end] == list(c.completion_ids)
+            assert sample.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)
+
+
+def test_an_edited_history_starts_a_new_branch(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    import openai
+
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo")
+    client = openai.OpenAI(base_url=f"{proxy.url}/s/edit/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]
+    a1 = client.chat.completions.create(model="m", messages=msgs).choices[0].message.content
+    client.chat.completions.create(model="m", messages=msgs + [{"role": "assistant", "content": a1}, {"role": "user", "content": "more"}])
+    # a compacted history: the first exchange summarised away
+    client.chat.completions.create(model="m", messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "summary: said hello. more"}])
+    proxy.flush()
+    calls = proxy.store().calls("edit")
+    decisions = [c.metadata["tito"] for c in calls]
+    assert [d["fresh"] for d in decisions] == [True, False, True]
+    assert decisions[0]["branch"] == decisions[1]["branch"] != decisions[2]["branch"]
+    samples = reconstruct_session(calls)
+    assert len(samples) == 2  # one sample per branch, never a silently wrong prefix
