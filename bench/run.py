@@ -1,0 +1,335 @@
+"""Side-by-side proxy benchmark, in ONE run, interleaving rounds and rotating target order.
+
+    python bench/run.py                 # ~6 minutes on 2 cores; writes bench/RESULTS.md and bench/latency.png
+    python bench/run.py --quick         # one round, fewer requests (a smoke run)
+
+Targets: ``direct`` (client -> fake upstream), ``floor`` (bench/floor.py, a bare aiohttp
+forwarder), orchard-rec ``passthrough`` and ``token`` on SQLite and PostgreSQL (a throwaway
+cluster, when the server binaries are there), ``token+responses`` (Responses -> chat
+translation), ``tito`` (token-in/token-out; the fake upstream answers its completions), and
+LiteLLM's proxy and rllm-model-gateway when their venvs exist under
+``~/.cache/orchard-rec/bench`` (``bench/competitors.sh`` installs them from the package index).
+Loopback only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CACHE = Path(os.environ.get("ORCHARD_BENCH_CACHE", Path.home() / ".cache" / "orchard-rec" / "bench"))
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, benchmark"}]}
+RESP = {"model": "m", "input": "hello there, benchmark"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Target:
+    name: str
+    base: str
+    path: str = "/v1/chat/completions"
+    body: dict = field(default_factory=lambda: CHAT)  # type: ignore[type-arg]
+    proc: subprocess.Popen | None = None  # type: ignore[type-arg]
+    db: str | None = None
+    results: dict = field(default_factory=dict)  # type: ignore[type-arg]
+    sent: int = 0
+
+
+async def closed_loop(t: Target, concurrency: int, *, count: int | None = None, seconds: float | None = None, stream: bool = False) -> dict:  # type: ignore[type-arg]
+    lat: list[float] = []
+    ttft: list[float] = []
+    gaps: list[float] = []
+    errors = 0
+    body = {**t.body, "stream": stream}
+    stop = time.monotonic() + (seconds or 3600)
+    left = [count if count is not None else 10**9]
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        async def worker() -> None:
+            nonlocal errors
+            while left[0] > 0 and time.monotonic() < stop:
+                left[0] -= 1
+                t0 = time.perf_counter()
+                try:
+                    async with http.post(t.base + t.path, json=body, headers={"Authorization": "Bearer sk-bench"}) as r:
+                        if stream:
+                            last = None
+                            async for _ in r.content.iter_any():
+                                now = time.perf_counter()
+                                if last is None:
+                                    ttft.append(now - t0)
+                                else:
+                                    gaps.append(now - last)
+                                last = now
+                        else:
+                            await r.read()
+                        if r.status != 200:
+                            errors += 1
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    errors += 1
+                lat.append(time.perf_counter() - t0)
+                t.sent += 1
+
+        t_start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t_start
+    return {"lat": lat, "ttft": ttft, "gaps": gaps, "errors": errors, "rps": len(lat) / wall if wall else 0.0}
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], list[subprocess.Popen], object | None]:  # type: ignore[type-arg]
+    procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
+    up_port = free_port()
+    procs.append(subprocess.Popen([sys.executable, str(HERE / "fakeupstream.py"), "--port", str(up_port), "--chunk-delay", str(args.chunk_delay)]))
+    upstream = f"http://127.0.0.1:{up_port}/v1"
+    wait_http(upstream + "/models")
+    targets = [Target("direct", f"http://127.0.0.1:{up_port}")]
+    fp = free_port()
+    p = subprocess.Popen([sys.executable, str(HERE / "floor.py"), "--port", str(fp), "--upstream", upstream])
+    procs.append(p)
+    targets.append(Target("floor", f"http://127.0.0.1:{fp}", proc=p))
+
+    pg = None
+    dbs = {"sqlite": lambda n: f"sqlite:///{work / (n + '.db')}"}
+    if not args.no_pg:
+        try:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from pg import PgCluster  # type: ignore[import-not-found]
+
+            pg = PgCluster().start()
+            dbs["pg"] = lambda n: pg.new_database()  # type: ignore[union-attr]
+        except Exception as exc:  # no server binaries: PostgreSQL rows are skipped, and said so
+            print(f"PostgreSQL targets skipped: {exc}", file=sys.stderr)
+
+    def orchard(name: str, mode: str, db: str, extra: list[str] | None = None, path: str = "/v1/chat/completions", body: dict | None = None) -> None:  # type: ignore[type-arg]
+        port = free_port()
+        cmd = [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port), "--mode", mode,
+               "--spool", str(work / f"{name}.spool"), *(extra or [])]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        procs.append(proc)
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        targets.append(Target(name, f"http://127.0.0.1:{port}", path=path, body=body or CHAT, proc=proc, db=db))
+
+    for kind, make in dbs.items():
+        orchard(f"orchard-passthrough-{kind}", "passthrough", make(f"pass-{kind}"))
+        orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))
+    orchard("orchard-token+responses", "token", dbs["sqlite"]("resp"), path="/v1/responses", body=RESP)
+
+    litellm = CACHE / "litellm" / "bin" / "litellm"
+    if litellm.exists() and not args.no_competitors:
+        port = free_port()
+        cfg = work / "litellm.yaml"
+        cfg.write_text(f"model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}\n      api_key: sk-bench\n"
+                       "litellm_settings:\n  telemetry: false\n  drop_params: true\n")
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        proc = subprocess.Popen([str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=120)
+            targets.append(Target("litellm", f"http://127.0.0.1:{port}", proc=proc))
+        except RuntimeError as exc:
+            print(f"litellm skipped: {exc}", file=sys.stderr)
+    rllm = CACHE / "rllm" / "bin" / "rllm-model-gateway"
+    if rllm.exists() and not args.no_competitors:
+        port = free_port()
+        proc = subprocess.Popen([str(rllm), "--port", str(port), "--worker", upstream[: -len("/v1")], "--store", "sqlite",
+                                 "--db-path", str(work / "rllm.db"), "--log-level", "ERROR"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
+            targets.append(Target("rllm-model-gateway", f"http://127.0.0.1:{port}", proc=proc))
+        except RuntimeError as exc:
+            print(f"rllm-model-gateway skipped: {exc}", file=sys.stderr)
+    return targets, procs, pg
+
+
+def recorded(t: Target) -> int | None:
+    if t.db is None:
+        return None
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        h = json.loads(urllib.request.urlopen(t.base + "/healthz").read())
+        if h["queue_depth"] == 0:
+            break
+        time.sleep(0.2)
+    from orchard_rec.storage import Store
+
+    return Store(t.db).count_calls()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--chunk-delay", type=float, default=0.002)
+    ap.add_argument("--no-pg", action="store_true")
+    ap.add_argument("--no-competitors", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = ap.parse_args()
+    rounds = 1 if args.quick else args.rounds
+    n1 = 60 if args.quick else 300
+    secs = 1.0 if args.quick else 3.0
+    work = Path(tempfile.mkdtemp(prefix="orchard-bench-"))
+    targets, procs, pg = start_targets(args, work)
+    phases = [("c1", 1, False), ("stream", 1, True), ("c32", 32, False), ("c256", 256, False)]
+    try:
+        for t in targets:  # warm up connections and caches
+            asyncio.run(closed_loop(t, 4, count=40))
+        for r in range(rounds):
+            order = targets[r % len(targets):] + targets[: r % len(targets)]
+            for t in order:
+                for name, c, stream in phases:
+                    cpu0 = cpu_seconds(t.proc.pid) if t.proc else 0.0
+                    res = asyncio.run(closed_loop(t, c, count=n1 if c == 1 and not stream else (n1 // 3 if stream else None), seconds=None if c == 1 else secs, stream=stream))
+                    res["cpu"] = (cpu_seconds(t.proc.pid) - cpu0) if t.proc else 0.0
+                    t.results.setdefault(name, []).append(res)
+            print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+        for t in targets:
+            t.results["rss"] = rss_mb(t.proc.pid) if t.proc else 0.0
+            t.results["recorded"] = recorded(t)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if pg is not None:
+            pg.cleanup()  # type: ignore[attr-defined]
+    report(targets, rounds, args, work)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: Path) -> None:
+    direct = next(t for t in targets if t.name == "direct")
+    d50 = statistics.median(pct(r["lat"], 50) for r in direct.results["c1"])
+    d99 = statistics.median(pct(r["lat"], 99) for r in direct.results["c1"])
+    dttft = statistics.median(pct(r["ttft"], 50) for r in direct.results["stream"])
+    dgap = statistics.median(statistics.fmean(r["gaps"]) for r in direct.results["stream"] if r["gaps"])
+    drps = {c: statistics.median(r["rps"] for r in direct.results[c]) for c in ("c1", "c32", "c256")}
+    rows = []
+    for t in targets:
+        res = t.results
+        a50 = [pct(r["lat"], 50) - d50 for r in res["c1"]]
+        a99 = [pct(r["lat"], 99) - d99 for r in res["c1"]]
+        ttft = [pct(r["ttft"], 50) - dttft for r in res["stream"]]
+        gap = [statistics.fmean(r["gaps"]) - dgap for r in res["stream"] if r["gaps"]]
+        rps = {c: [r["rps"] for r in res[c]] for c in ("c1", "c32", "c256")}
+        calls32 = sum(len(r["lat"]) for r in res["c32"])
+        cpu_ms = 1000 * sum(r["cpu"] for r in res["c32"]) / calls32 if t.proc and calls32 else 0.0
+        errors = sum(r["errors"] for ph in ("c1", "stream", "c32", "c256") for r in res[ph])
+        rows.append({
+            "target": t.name, "added_p50_ms": statistics.median(a50) * 1e3, "added_p50_range": (min(a50) * 1e3, max(a50) * 1e3),
+            "added_p99_ms": statistics.median(a99) * 1e3, "added_ttft_ms": statistics.median(ttft) * 1e3,
+            "added_gap_ms": statistics.median(gap) * 1e3 if gap else float("nan"),
+            "rps": {c: statistics.median(v) for c, v in rps.items()}, "rps_range": {c: (min(v), max(v)) for c, v in rps.items()},
+            "cpu_ms": cpu_ms, "rss": res["rss"], "sent": t.sent, "recorded": res["recorded"], "errors": errors,
+        })
+    floor = next(r for r in rows if r["target"] == "floor")
+    lines = [
+        "# orchard-rec proxy benchmark", "",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}. Command: `python bench/run.py{' --quick' if args.quick else ''}` ({rounds} interleaved rounds, target order rotated each round; "
+        f"fake upstream: bench/fakeupstream.py, 16 stream chunks {args.chunk_delay * 1e3:.0f} ms apart). Direct: p50 {d50 * 1e3:.3f} ms, p99 {d99 * 1e3:.3f} ms, "
+        f"throughput c=1/32/256: {drps['c1']:.0f}/{drps['c32']:.0f}/{drps['c256']:.0f} req/s.", "",
+        "Added latency is over direct at c=1, non-stream (median of rounds; range across rounds in brackets). Stream: added time to first byte and added mean inter-chunk gap. "
+        "CPU: the proxy process's user+system time per call during the c=32 phase. Throughput is requests/s through the proxy (closed loop, the load generator shares the 2 cores).", "",
+        "| target | added p50 ms | added p99 ms | added TTFT ms | added gap ms | req/s c=1 | c=32 | c=256 | c=32 vs floor | CPU ms/call | RSS MB | recorded / sent | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rec = "-" if r["recorded"] is None else f"{r['recorded']} / {r['sent']}"
+        rel = r["rps"]["c32"] / floor["rps"]["c32"] if floor["rps"]["c32"] else float("nan")
+        lines.append(
+            f"| {r['target']} | {r['added_p50_ms']:.3f} [{r['added_p50_range'][0]:.3f}, {r['added_p50_range'][1]:.3f}] | {r['added_p99_ms']:.3f} | {r['added_ttft_ms']:.3f} | "
+            f"{r['added_gap_ms']:.3f} | {r['rps']['c1']:.0f} | {r['rps']['c32']:.0f} [{r['rps_range']['c32'][0]:.0f}, {r['rps_range']['c32'][1]:.0f}] | "
+            f"{r['rps']['c256']:.0f} | {rel:.2f}x | {r['cpu_ms']:.3f} | {r['rss']:.0f} | {rec} | {r['errors']} |"
+        )
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    json.dump(rows, open(Path(args.out).with_suffix(".json"), "w"), indent=1, default=str)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for t in targets:
+            if t.name == "direct":
+                continue
+            ys = []
+            for c in ("c1", "c32", "c256"):
+                d = statistics.median(pct(r["lat"], 50) for r in direct.results[c])
+                ys.append(max(1e-3, (statistics.median(pct(r["lat"], 50) for r in t.results[c]) - d) * 1e3))
+            ax.plot([1, 32, 256], ys, marker="o", label=t.name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("added p50 latency over direct (ms)")
+        ax.set_title("added latency vs concurrency (non-stream)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(HERE / "latency.png", dpi=110)
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
