@@ -1,6 +1,6 @@
 """Side-by-side proxy benchmark, in ONE run, interleaving rounds and rotating target order.
 
-    python bench/run.py                 # ~6 minutes on 2 cores; writes bench/RESULTS.md and bench/latency.png
+    python bench/run.py                 # ~6-8 minutes on 2 cores; writes bench/RESULTS.md and bench/latency.png
     python bench/run.py --quick         # one round, fewer requests (a smoke run)
 
 Targets: ``direct`` (client -> fake upstream), ``floor`` (bench/floor.py, a bare aiohttp
@@ -93,7 +93,7 @@ async def closed_loop(t: Target, concurrency: int, *, count: int | None = None, 
     stop = time.monotonic() + (seconds or 3600)
     left = [count if count is not None else 10**9]
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as http:
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=10)) as http:
         async def worker() -> None:
             nonlocal errors
             while left[0] > 0 and time.monotonic() < stop:
@@ -176,14 +176,15 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         cfg = work / "litellm.yaml"
         cfg.write_text(f"model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}\n      api_key: sk-bench\n"
                        "litellm_settings:\n  telemetry: false\n  drop_params: true\n")
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-        proc = subprocess.Popen([str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
+        log = open(work / "litellm.log", "w")
+        proc = subprocess.Popen([str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append(proc)
         try:
             wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=120)
             targets.append(Target("litellm", f"http://127.0.0.1:{port}", proc=proc))
         except RuntimeError as exc:
-            print(f"litellm skipped: {exc}", file=sys.stderr)
+            print(f"litellm skipped: {exc}; its log: {(work / 'litellm.log').read_text()[-2000:]}", file=sys.stderr)
     rllm = CACHE / "rllm" / "bin" / "rllm-model-gateway"
     if rllm.exists() and not args.no_competitors:
         port = free_port()
@@ -214,7 +215,7 @@ def recorded(t: Target) -> int | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--chunk-delay", type=float, default=0.002)
     ap.add_argument("--no-pg", action="store_true")
@@ -222,8 +223,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
-    n1 = 60 if args.quick else 300
-    secs = 1.0 if args.quick else 3.0
+    n1 = 60 if args.quick else 200
+    secs = 1.0 if args.quick else 2.0
     work = Path(tempfile.mkdtemp(prefix="orchard-bench-"))
     targets, procs, pg = start_targets(args, work)
     phases = [("c1", 1, False), ("stream", 1, True), ("c32", 32, False), ("c256", 256, False)]

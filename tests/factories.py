@@ -37,3 +37,16 @@ def call(
         completion_logprobs=None if logprobs is None else tuple(logprobs),
         **kw,
     )
+
+
+def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
+    """Invariants 1, 2 and 4 of reconstruction over recorded calls and their samples."""
+    for c in calls:  # (1) each generation verbatim, contiguous, in exactly one sample, mask 1, logprobs aligned
+        [(s, t)] = [(s, t) for s in samples for t in s.turns if t.call_id == c.call_id]
+        assert s.response_ids[t.start : t.end] == list(c.completion_ids)
+        assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)
+        assert s.rollout_log_probs[t.start : t.end] == list(c.completion_logprobs)
+    for s in samples:  # (2) no mask-1 position the model did not generate
+        gen = {i for t in s.turns for i in range(t.start, t.end)}
+        assert {i for i, m in enumerate(s.loss_mask) if m} <= gen
+    assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)

@@ -18,12 +18,13 @@ Policy:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import time
 from pathlib import Path
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -284,19 +285,11 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cap.upstream_dialect = Dialect.COMPLETIONS
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
-    try:
+    with _upstream_errors(cap, cfg.upstream):
         async with app[UPSTREAM].post(f"{base}/{path}", data=orjson.dumps(up_body), headers=headers) as up:
             cap.first_byte_at = time.time()
             data = await up.read()
             status = up.status
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamUnavailable(f"upstream {cfg.upstream} is unreachable: {exc}") from exc
-    except asyncio.TimeoutError as exc:
-        cap.fail(CallOutcome.FAILED, "upstream timed out")
-        err = UpstreamUnavailable(f"upstream {cfg.upstream} timed out")
-        err.status = 504
-        raise err from exc
     cap.body = data
     cap.status_code = status
     if status >= 400:
@@ -381,7 +374,7 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
         raw = orjson.dumps(plan.body)
         cap.upstream_request = plan.body
         cap.upstream_dialect = plan.upstream
-    try:
+    with _upstream_errors(cap, cfg.upstream):
         async with app[UPSTREAM].request(
             request.method, url, data=raw if raw else None, headers=_upstream_headers(request)
         ) as up:
@@ -404,17 +397,25 @@ async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> w
             await resp.write_eof()
             cap.complete = True
             return resp
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@contextlib.contextmanager
+def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
+    """Map the upstream client's failures to the proxy's errors (recorded on the capture)."""
+    try:
+        yield
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamUnavailable(f"upstream {cfg.upstream} is unreachable: {exc}") from exc
+        raise UpstreamUnavailable(f"upstream {upstream} is unreachable: {exc}") from exc
     except asyncio.TimeoutError as exc:
         cap.fail(CallOutcome.FAILED, "upstream timed out")
-        err = UpstreamUnavailable(f"upstream {cfg.upstream} timed out")
+        err = UpstreamUnavailable(f"upstream {upstream} timed out")
         err.status = 504
         raise err from exc
     except aiohttp.ClientError as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamProtocolError(f"upstream {cfg.upstream} answered something the proxy cannot relay: {exc}") from exc
+        raise UpstreamProtocolError(f"upstream {upstream} answered something the proxy cannot relay: {exc}") from exc
 
 
 async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientResponse, plan: Plan | None = None) -> web.StreamResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 import pytest
+from factories import check_invariants
 
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
@@ -43,15 +44,7 @@ def _check(store, sid: str, sent: int, on_mismatch: str, drift: bool) -> None:  
     bad = [(c.seq, c.outcome, c.stream, c.error, c.prompt_ids is None, c.completion_ids is None) for c in calls if not (c.outcome is CallOutcome.OK and c.prompt_ids and c.completion_ids)]
     assert not bad, (sid, bad)
     samples = reconstruct_session(calls, on_mismatch=on_mismatch)  # type: ignore[arg-type]
-    for c in calls:  # (1)
-        [(s, t)] = [(s, t) for s in samples for t in s.turns if t.call_id == c.call_id]
-        assert s.response_ids[t.start : t.end] == list(c.completion_ids)
-        assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)
-        assert s.rollout_log_probs[t.start : t.end] == list(c.completion_logprobs)
-    for s in samples:  # (2)
-        gen = {i for t in s.turns for i in range(t.start, t.end)}
-        assert {i for i, m in enumerate(s.loss_mask) if m} <= gen
-    assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)
+    check_invariants(calls, samples)
     linear = all(
         list(b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]) == list(a.prompt_ids) + list(a.completion_ids)
         for a, b in zip(calls, calls[1:])

@@ -11,24 +11,13 @@ registry into the cache folder on first use; .ci/run does it before the tests.
 from __future__ import annotations
 
 import pytest
+from factories import check_invariants
 
 from orchard_rec.harnesses import CLAUDE_CODE, CODEX, OPENCLAW, install, run_harness
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
 
 PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
-
-
-def _invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
-    for c in calls:  # (1)
-        [(s, t)] = [(s, t) for s in samples for t in s.turns if t.call_id == c.call_id]
-        assert s.response_ids[t.start : t.end] == list(c.completion_ids)
-        assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)
-        assert s.rollout_log_probs[t.start : t.end] == list(c.completion_logprobs)
-    for s in samples:  # (2)
-        gen = {i for t in s.turns for i in range(t.start, t.end)}
-        assert {i for i, m in enumerate(s.loss_mask) if m} <= gen
-    assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)
 
 
 @pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
@@ -48,7 +37,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(harness, upstream,
     outcome = store.session(sid).outcome  # type: ignore[union-attr]
     assert outcome.status == "completed" and outcome.metadata["exit_code"] == 0 and outcome.metadata["duration_s"] > 0
     for policy in ("split", harness.on_mismatch):
-        _invariants(calls, reconstruct_session(calls, on_mismatch=policy))
+        check_invariants(calls, reconstruct_session(calls, on_mismatch=policy))
     [sample] = reconstruct_session(calls, on_mismatch=harness.on_mismatch)  # the run is one sample
     assert len(sample.turns) == len(calls)
     if harness.on_mismatch == "split":  # (3): its prompts extend each other exactly
@@ -100,4 +89,4 @@ def test_codex_through_tito_is_one_exact_sample(upstream_factory, proxy_factory,
     assert all(c.upstream_request["prompt"] == list(c.prompt_ids) for c in calls)  # ids, not text, went upstream
     [sample] = reconstruct_session(calls)
     assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
-    _invariants(calls, [sample])
+    check_invariants(calls, [sample])

@@ -16,7 +16,7 @@ import aiohttp
 from orchard_rec.storage import Store
 
 SESSIONS = 500
-SECONDS = float(os.environ.get("ORCHARD_LOAD_SECONDS", "20"))
+SECONDS = float(os.environ.get("ORCHARD_LOAD_SECONDS", "60"))
 
 
 def _rss_peak_mb(pid: int) -> float:
