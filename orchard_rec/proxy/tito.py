@@ -34,8 +34,7 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
-from orchard_rec.proxy.translate import messages_to_chat, responses_to_chat
-from orchard_rec.reconstruct.retokenize import _for_template
+from orchard_rec.proxy.translate import messages_to_chat, responses_to_chat, template_message
 from orchard_rec.records import Dialect
 
 __all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
@@ -71,7 +70,7 @@ class TitoSessions:
         self._lock = threading.Lock()
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
-        msgs = [_for_template(m) for m in messages]
+        msgs = [template_message(m) for m in messages]
         return str(self.tok.apply_chat_template(msgs, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False))
 
     def encode(self, text: str) -> list[int]:

@@ -26,6 +26,7 @@ import orjson
 
 __all__ = [
     "MessagesStream",
+    "template_message",
     "assistant_message",
     "chat_request_of",
     "ResponsesStream",
@@ -699,3 +700,33 @@ def chat_request_of(dialect: str, request: Any) -> dict[str, Any] | None:
     if dialect == "messages":
         return messages_to_chat(request)
     return None
+
+
+# ==== messages as chat templates read them ========================================================
+
+
+def _template_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"))
+    return str(content)
+
+
+def template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as chat templates want it (as vLLM hands it over): text content, tool-call arguments as objects."""
+    out = dict(m)
+    out["content"] = _template_text(m.get("content"))
+    if m.get("tool_calls"):
+        calls = []
+        for tc in m["tool_calls"]:
+            fn = dict(tc.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    fn["arguments"] = orjson.loads(args) if args else {}
+                except orjson.JSONDecodeError:
+                    pass
+            calls.append({**tc, "function": fn})
+        out["tool_calls"] = calls
+    return out

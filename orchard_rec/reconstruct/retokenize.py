@@ -11,39 +11,12 @@ from them carry ``metadata.token_source = "retokenized"``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
-from orchard_rec.proxy.translate import assistant_message, chat_request_of
+from orchard_rec.proxy.translate import assistant_message, chat_request_of, template_message
 from orchard_rec.records import CallRecord, Dialect
 
 __all__ = ["retokenize"]
-
-
-def _text(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"))
-    return str(content)
-
-
-def _for_template(m: dict[str, Any]) -> dict[str, Any]:
-    out = dict(m)
-    out["content"] = _text(m.get("content"))
-    if m.get("tool_calls"):
-        calls = []
-        for tc in m["tool_calls"]:
-            fn = dict(tc.get("function") or {})
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    fn["arguments"] = json.loads(args) if args else {}
-                except json.JSONDecodeError:
-                    pass
-            calls.append({**tc, "function": fn})
-        out["tool_calls"] = calls
-    return out
 
 
 def _ids(x: Any) -> list[int]:
@@ -68,14 +41,15 @@ def retokenize(call: CallRecord, tokenizer: Any) -> CallRecord | None:
     answer = assistant_message(call.dialect.value, call.response)
     if chat is None or answer is None:
         return None
-    messages = [_for_template(m) for m in chat.get("messages") or ()]
+    messages = [template_message(m) for m in chat.get("messages") or ()]
     tools = chat.get("tools") or None
     prompt = _ids(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True))
-    full = _ids(tokenizer.apply_chat_template(messages + [_for_template(answer)], tools=tools, add_generation_prompt=False, tokenize=True))
+    full = _ids(tokenizer.apply_chat_template(messages + [template_message(answer)], tools=tools, add_generation_prompt=False, tokenize=True))
     if full[: len(prompt)] == prompt:
         completion = full[len(prompt) :]
     else:  # a template that renders the history differently once an answer follows
-        completion = tokenizer.encode(_text(answer.get("content")) or "", add_special_tokens=False)
+        content = answer.get("content")
+        completion = tokenizer.encode(content if isinstance(content, str) else "", add_special_tokens=False)
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None and eos in completion:
         completion = completion[: len(completion) - completion[::-1].index(eos)]
