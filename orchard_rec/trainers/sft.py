@@ -64,7 +64,7 @@ def train_sft(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        result.losses.append(float(loss))
+        result.losses.append(float(loss.detach()))
         result.credited_tokens += int(n)
         if on_step is not None:
             on_step(step, float(loss), int(n))
