@@ -17,7 +17,7 @@ from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.proxy.app import RECORDER, build_app
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer
-from orchard_rec.exporters import get
+from orchard_rec.exporters import ExportError, get
 from orchard_rec.reconstruct import Sample, iter_samples
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
@@ -62,11 +62,9 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
     jsonl = workdir / "samples.jsonl"
     get("jsonl").write(samples, jsonl)
     try:
-        import torch  # noqa: F401
-
         trainer_export = workdir / "rollout_0.pt"
-        get("slime").write(samples, trainer_export)
-    except ImportError:
+        get("slime").write(samples, trainer_export)  # needs torch (the train extra)
+    except ExportError:
         trainer_export = workdir / "samples.parquet"
         get("parquet").write(samples, trainer_export)
     marker = (sandbox / "marker.txt").read_text().strip() if (sandbox / "marker.txt").exists() else ""
