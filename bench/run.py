@@ -7,8 +7,10 @@ Targets: ``direct`` (client -> fake upstream), ``floor`` (bench/floor.py, a bare
 forwarder), orchard-rec ``passthrough`` and ``token`` on SQLite and PostgreSQL (a throwaway
 cluster, when the server binaries are there), ``token+responses`` (Responses -> chat
 translation), ``tito`` (token-in/token-out; the fake upstream answers its completions), and
-LiteLLM's proxy and rllm-model-gateway when their venvs exist under
-``~/.cache/orchard-rec/bench`` (``bench/competitors.sh`` installs them from the package index).
+LiteLLM's proxy and rllm-model-gateway, each in its own venv under
+``~/.cache/orchard-rec/bench`` (installed from the package index by ``bench/competitors.sh`` on
+the first run), and ``orchard-token-slowdb`` (a database write that takes 50 ms per batch: the
+responses must not slow down, and every call must still be recorded).
 Loopback only; every loop is bounded in count and time.
 """
 
@@ -156,11 +158,12 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         except Exception as exc:  # no server binaries: PostgreSQL rows are skipped, and said so
             print(f"PostgreSQL targets skipped: {exc}", file=sys.stderr)
 
-    def orchard(name: str, mode: str, db: str, extra: list[str] | None = None, path: str = "/v1/chat/completions", body: dict | None = None) -> None:  # type: ignore[type-arg]
+    def orchard(name: str, mode: str, db: str, extra: list[str] | None = None, path: str = "/v1/chat/completions", body: dict | None = None,
+                env: dict | None = None) -> None:  # type: ignore[type-arg]
         port = free_port()
         cmd = [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port), "--mode", mode,
                "--spool", str(work / f"{name}.spool"), *(extra or [])]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         procs.append(proc)
         wait_http(f"http://127.0.0.1:{port}/healthz")
         targets.append(Target(name, f"http://127.0.0.1:{port}", path=path, body=body or CHAT, proc=proc, db=db))
@@ -169,6 +172,11 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         orchard(f"orchard-passthrough-{kind}", "passthrough", make(f"pass-{kind}"))
         orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))
     orchard("orchard-token+responses", "token", dbs["sqlite"]("resp"), path="/v1/responses", body=RESP)
+    # a slow database: every batch write sleeps 50 ms; the bounded queue must absorb it
+    orchard("orchard-token-slowdb", "token", dbs["sqlite"]("slow"), env={"ORCHARD_FAULT_WRITE_DELAY_S": "0.05"})
+
+    if not args.no_competitors and not (CACHE / "litellm" / "bin" / "litellm").exists():
+        subprocess.run(["bash", str(HERE / "competitors.sh")], check=False)
 
     litellm = CACHE / "litellm" / "bin" / "litellm"
     if litellm.exists() and not args.no_competitors:
@@ -219,12 +227,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--chunk-delay", type=float, default=0.002)
     ap.add_argument("--no-pg", action="store_true")
-    ap.add_argument("--no-competitors", action="store_true")
+    ap.add_argument("--no-competitors", action="store_true", help="do not install or run LiteLLM and rllm-model-gateway")
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     n1 = 60 if args.quick else 200
-    secs = 1.0 if args.quick else 2.0
+    secs = 1.0 if args.quick else 1.5
     work = Path(tempfile.mkdtemp(prefix="orchard-bench-"))
     targets, procs, pg = start_targets(args, work)
     phases = [("c1", 1, False), ("stream", 1, True), ("c32", 32, False), ("c256", 256, False)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -61,6 +62,8 @@ class Recorder:
         self._closing = False
         self.inflight = 0
         """Calls whose handler has started but not yet submitted (event-loop thread only)."""
+        self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
+        """Fault injection for benchmarks and tests: sleep this long before every database write."""
 
     @property
     def depth(self) -> int:
@@ -185,6 +188,8 @@ class Recorder:
         if not batch:
             return True
         try:
+            if self.fault_write_delay:
+                time.sleep(self.fault_write_delay)
             self.store.write_batch(batch)
         except Exception as exc:  # keep serving; the spool or a retry carries the records
             self.write_errors += 1
