@@ -9,28 +9,34 @@ decisions, turn spans as ``[call_id, start, end]`` in response coordinates), and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
 from orchard_rec.reconstruct.sample import Sample
 
-__all__ = ["JsonlExporter", "read_jsonl"]
+__all__ = ["JsonlExporter", "read_jsonl", "write_jsonl_rows"]
+
+
+def write_jsonl_rows(samples: Iterable[Sample], out: Path, row: Callable[[Sample], dict[str, Any]]) -> ExportStats:
+    """One JSON object per sample and line, streamed, written atomically."""
+    stats = ExportStats(files=[Path(out)])
+    with atomic_output(Path(out)) as f:
+        for s in samples:
+            f.write(orjson.dumps(row(s)))
+            f.write(b"\n")
+            stats.add(s)
+    return stats
 
 
 class JsonlExporter:
     name = "jsonl"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        stats = ExportStats(files=[Path(out)])
-        with atomic_output(Path(out)) as f:
-            for s in samples:
-                f.write(orjson.dumps(s.to_dict()))
-                f.write(b"\n")
-                stats.add(s)
-        return stats
+        return write_jsonl_rows(samples, out, Sample.to_dict)
 
 
 def read_jsonl(path: Path) -> Iterator[Sample]:

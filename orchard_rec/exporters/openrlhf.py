@@ -16,9 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.base import ExportStats
+from orchard_rec.exporters.jsonl import write_jsonl_rows
 from orchard_rec.exporters.parquet import numeric_reward
 from orchard_rec.reconstruct.sample import Sample
 
@@ -55,10 +54,4 @@ class OpenRLHFExporter:
     name = "openrlhf"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        stats = ExportStats(files=[Path(out)])
-        with atomic_output(Path(out)) as f:
-            for s in samples:
-                f.write(orjson.dumps(openrlhf_row(s)))
-                f.write(b"\n")
-                stats.add(s)
-        return stats
+        return write_jsonl_rows(samples, out, openrlhf_row)

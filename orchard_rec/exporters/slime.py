@@ -21,9 +21,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import orjson
 
 from orchard_rec.exporters.base import ExportError, ExportStats, atomic_output
+from orchard_rec.exporters.jsonl import write_jsonl_rows
 from orchard_rec.reconstruct.sample import Sample
 from orchard_rec.trainers.slime_compat import to_slime_dict
 
@@ -76,17 +76,14 @@ class SlimeSftExporter:
     needs_messages = True
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        stats = ExportStats(files=[Path(out)])
-        with atomic_output(Path(out)) as f:
-            for s in samples:
-                if s.messages is None:
-                    raise ExportError(f"sample {s.index} of session {s.session_id} has no messages to export")
-                row: dict[str, Any] = {"messages": turn_flagged_messages(s, "step_loss_mask"), "tools": s.tools or []}
-                row.update(session_id=s.session_id, index=s.index, group_index=s.group_index, reward=s.reward, status=s.status)
-                f.write(orjson.dumps(row))
-                f.write(b"\n")
-                stats.add(s)
-        return stats
+        return write_jsonl_rows(samples, out, _sft_row)
+
+
+def _sft_row(s: Sample) -> dict[str, Any]:
+    if s.messages is None:
+        raise ExportError(f"sample {s.index} of session {s.session_id} has no messages to export")
+    return {"messages": turn_flagged_messages(s, "step_loss_mask"), "tools": s.tools or [], "session_id": s.session_id,
+            "index": s.index, "group_index": s.group_index, "reward": s.reward, "status": s.status}
 
 
 def turn_flagged_messages(s: Sample, key: str) -> list[dict[str, Any]]:
