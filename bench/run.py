@@ -178,6 +178,16 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
     if not args.no_competitors and not (CACHE / "litellm" / "bin" / "litellm").exists():
         subprocess.run(["bash", str(HERE / "competitors.sh")], check=False)
 
+    def competitor(name: str, argv: list[str], port: int, health: str, env: dict | None = None) -> None:  # type: ignore[type-arg]
+        log = open(work / f"{name}.log", "w")
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        try:
+            wait_http(f"http://127.0.0.1:{port}{health}", timeout=120)
+            targets.append(Target(name, f"http://127.0.0.1:{port}", proc=proc))
+        except RuntimeError as exc:
+            print(f"{name} skipped: {exc}; its log: {(work / f'{name}.log').read_text()[-2000:]}", file=sys.stderr)
+
     litellm = CACHE / "litellm" / "bin" / "litellm"
     if litellm.exists() and not args.no_competitors:
         port = free_port()
@@ -185,25 +195,12 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         cfg.write_text(f"model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}\n      api_key: sk-bench\n"
                        "litellm_settings:\n  telemetry: false\n  drop_params: true\n")
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
-        log = open(work / "litellm.log", "w")
-        proc = subprocess.Popen([str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        try:
-            wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=120)
-            targets.append(Target("litellm", f"http://127.0.0.1:{port}", proc=proc))
-        except RuntimeError as exc:
-            print(f"litellm skipped: {exc}; its log: {(work / 'litellm.log').read_text()[-2000:]}", file=sys.stderr)
+        competitor("litellm", [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], port, "/health/liveliness", env)
     rllm = CACHE / "rllm" / "bin" / "rllm-model-gateway"
     if rllm.exists() and not args.no_competitors:
         port = free_port()
-        proc = subprocess.Popen([str(rllm), "--port", str(port), "--worker", upstream[: -len("/v1")], "--store", "sqlite",
-                                 "--db-path", str(work / "rllm.db"), "--log-level", "ERROR"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(proc)
-        try:
-            wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
-            targets.append(Target("rllm-model-gateway", f"http://127.0.0.1:{port}", proc=proc))
-        except RuntimeError as exc:
-            print(f"rllm-model-gateway skipped: {exc}", file=sys.stderr)
+        competitor("rllm-model-gateway", [str(rllm), "--port", str(port), "--worker", upstream[: -len("/v1")], "--store", "sqlite",
+                                          "--db-path", str(work / "rllm.db"), "--log-level", "ERROR"], port, "/health")
     return targets, procs, pg
 
 
@@ -312,7 +309,8 @@ def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: P
         )
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    json.dump(rows, open(Path(args.out).with_suffix(".json"), "w"), indent=1, default=str)
+    with open(Path(args.out).with_suffix(".json"), "w") as f:
+        json.dump(rows, f, indent=1, default=str)
     try:
         import matplotlib
 
@@ -335,7 +333,7 @@ def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: P
         ax.set_title("added latency vs concurrency (non-stream)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(HERE / "latency.png", dpi=110)
+        fig.savefig(Path(args.out).with_name("latency.png"), dpi=110)
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
 

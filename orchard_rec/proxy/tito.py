@@ -34,7 +34,8 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
-from orchard_rec.proxy.translate import messages_to_chat, responses_to_chat, template_message
+from orchard_rec.proxy.token import to_chat
+from orchard_rec.proxy.translate import template_message
 from orchard_rec.records import Dialect
 
 __all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
@@ -126,13 +127,7 @@ def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
             raise BadRequest("messages: a list of message objects is required", param="messages")
         return body
-    from orchard_rec.proxy.token import _validate_translated
-
-    _validate_translated(dialect, body)
-    try:
-        return responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
-    except (TypeError, AttributeError, KeyError, ValueError) as exc:
-        raise BadRequest(f"could not read this {dialect.value} request: {type(exc).__name__}: {exc}") from exc
+    return to_chat(dialect, body)
 
 
 def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from orchard_rec.proxy.sse import SSEParser
 from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
 from orchard_rec.records import Dialect
 
-__all__ = ["Plan", "plan_for"]
+__all__ = ["Plan", "plan_for", "to_chat"]
 
 log = logging.getLogger("orchard_rec.proxy.token")
 
@@ -203,17 +203,23 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
             up["logprobs"] = 0
         return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
     if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
-        _validate_translated(dialect, body)
-        try:
-            chat = responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
-        except (TypeError, AttributeError, KeyError, ValueError) as exc:
-            raise BadRequest(f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}") from exc
+        chat = to_chat(dialect, body)
         chat["return_token_ids"] = True
         chat["logprobs"] = True
         if chat.get("stream"):
             chat["stream_options"] = {"include_usage": True}
         return Plan(dialect, Dialect.CHAT, chat, body, True, True)
     return None
+
+
+def to_chat(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses or Messages request as chat completions, checked like the real API checks it;
+    anything it cannot read is a 400 in the caller's dialect, never a proxy error."""
+    _validate_translated(dialect, body)
+    try:
+        return responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise BadRequest(f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}") from exc
 
 
 def _validate_translated(dialect: Dialect, body: dict[str, Any]) -> None:
