@@ -325,6 +325,60 @@ def harness_install(name: str = typer.Argument("all"), force: bool = typer.Optio
         console.print(f"{h.name}: {folder}")
 
 
+@app.command()
+def intercept(
+    listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT for the harness's HTTPS_PROXY (port 0: any free port)."),
+    db: str = DbOpt,
+    hosts: str = typer.Option("api.openai.com,api.anthropic.com", "--hosts", help="Comma-separated hosts whose LLM calls are recorded; other hosts are tunnelled untouched."),
+    upstream_override: Optional[str] = typer.Option(None, "--upstream-override", help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM."),
+    mode: str = typer.Option("token", "--mode", help="With --upstream-override: token (ask the server for token ids) or passthrough."),
+    confdir: Optional[str] = typer.Option(None, "--confdir", help="mitmproxy's folder holding its CA (default ~/.mitmproxy)."),
+    upstream_ca: Optional[str] = typer.Option(None, "--upstream-ca", help="PEM bundle to verify upstream hosts with (default: the system's)."),
+    ssl_insecure: bool = typer.Option(False, "--ssl-insecure", help="Do not verify upstream certificates."),
+    spool: Optional[str] = typer.Option(None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."),
+    print_ca: bool = typer.Option(False, "--print-ca", help="Create the CA if needed, print its path and the env vars a harness needs, and exit."),
+    install_runtime: bool = typer.Option(False, "--install", help="Build the mitmproxy runtime venv (Python >= 3.12) under ~/.cache/orchard-rec/mitm, and exit."),
+    verbose: bool = typer.Option(False, "--verbose", help="mitmproxy's own log on stderr."),
+) -> None:
+    """Record harnesses that cannot be pointed at a base URL: an intercepting HTTPS proxy (mitmproxy)."""
+    import os
+    import sys
+
+    from orchard_rec.intercept import runtime
+
+    if install_runtime:
+        with console.status(f"building the intercept runtime (mitmproxy {runtime.MITM_VERSION})"):
+            exe = runtime.install()
+        console.print(f"intercept runtime: {exe}")
+        return
+    if not runtime.has_mitmproxy():
+        if not runtime.runtime_ready():
+            console.print(f"[red]mitmproxy is not installed in this Python ({sys.version.split()[0]}).[/red] Run "
+                          "`orchard-rec intercept --install` once (builds a Python >= 3.12 venv with mitmproxy "
+                          f"{runtime.MITM_VERSION}), or `pip install 'orchard-rec[mitm]'` on Python >= 3.12.")
+            raise typer.Exit(2)
+        exe = str(runtime.runtime_orchard())
+        os.execv(exe, [exe, "intercept", *sys.argv[sys.argv.index("intercept") + 1:]])
+    from orchard_rec.intercept import InterceptConfig
+    from orchard_rec.intercept.run import ca_info, run_intercept
+
+    host, _, port = listen.rpartition(":")
+    extra = {"confdir": confdir} if confdir else {}
+    cfg = InterceptConfig(
+        listen_host=host or "127.0.0.1", listen_port=int(port), db=db, hosts=tuple(hosts.split(",")),
+        upstream_override=upstream_override, mode=mode, upstream_ca=upstream_ca, ssl_insecure=ssl_insecure,  # type: ignore[arg-type]
+        spool=spool, **extra,
+    )
+    if print_ca:
+        info = ca_info(cfg.confdir)
+        typer.echo(f"# mitmproxy CA: {info.cert}")
+        typer.echo(f"export HTTPS_PROXY=http://{cfg.listen_host}:{cfg.listen_port}")
+        for k, v in info.env().items():
+            typer.echo(f"export {k}={v}")
+        return
+    run_intercept(cfg, verbose=verbose)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,

@@ -52,6 +52,8 @@ class DemoUpstream:
         """Every response body, in order (streams: all frames joined, logged as the stream starts)."""
         self.aborted = 0
         """Streams the client (the proxy) hung up on before the end."""
+        self.headers: list[dict[str, str]] = []
+        """The request headers (names lower-cased) of every body in ``log``, in the same order."""
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -307,6 +309,7 @@ class DemoUpstream:
         if not isinstance(body, dict):
             return _err(400, "body must be an object")
         self.log.append((request.path, body))
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         return body
 
     def _json(self, obj: Any) -> web.Response:
@@ -347,6 +350,7 @@ class DemoUpstream:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/generate", self.generate)
+        app.router.add_get("/health", lambda _r: web.Response())  # vLLM's liveness route: 200, empty
         return app
 
 

@@ -38,7 +38,6 @@ from orchard_rec.errors import (
     PayloadTooLarge,
     TooManyRequests,
     Unauthorized,
-    UnsupportedMediaType,
     UpstreamProtocolError,
     UpstreamUnavailable,
     error_body,
@@ -49,6 +48,8 @@ from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_o
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.proxy.request import parse_body
+from orchard_rec.proxy.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.tito import TitoSessions, chat_completion, chat_of, parse_generation, read_upstream, synth_chunks, upstream_request
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses
@@ -72,7 +73,6 @@ _HOP = frozenset(
 )
 _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
 _RESP_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
-_TERMINAL_EVENTS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
 _ROUTES = {
     ("POST", "chat/completions"): Dialect.CHAT,
     ("POST", "completions"): Dialect.COMPLETIONS,
@@ -146,21 +146,7 @@ async def _read_json(request: web.Request, cap: Capture, dialect: Dialect) -> tu
         limit = request.app[CONFIG].max_body_bytes
         raise PayloadTooLarge(f"request body is larger than the proxy's limit of {limit} bytes") from exc
     cap.bytes_in = len(raw)
-    if not dialect.is_generation:
-        return raw, None
-    ctype = request.headers.get("content-type")
-    if ctype is not None and "json" not in ctype.lower():
-        raise UnsupportedMediaType(f"content-type must be application/json, got {ctype[:100]!r}")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", param="stream")
-    return raw, body
+    return raw, parse_body(raw, request.headers.get("content-type"), dialect)
 
 
 def _upstream_headers(request: web.Request) -> dict[str, str]:
@@ -435,7 +421,7 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
             chunks.append(chunk)
             out = chunk if filt is None else filt.feed(chunk)
             if out:
-                terminal = any(t in out for t in _TERMINAL_EVENTS)
+                terminal = any(t in out for t in TERMINAL_EVENTS)
                 if terminal and wal and not cap.submitted:
                     cap.bytes_out = n + len(out)
                     cap.done_at = time.time()

@@ -24,10 +24,10 @@ def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
     return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
 
 
-async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event, ready: Callable[[int], None] | None, shutdown_timeout: float) -> None:
+async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event, ready: Callable[[int], None] | None, shutdown_timeout: float, ssl_context: Any = None) -> None:
     runner = _runner(app, shutdown_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
     if ready is not None:
@@ -62,8 +62,10 @@ def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[
 class BackgroundServer:
     """An aiohttp app on a loopback port, in a daemon thread with its own event loop."""
 
-    def __init__(self, app: web.Application | Callable[[], web.Application], host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 10.0) -> None:
+    def __init__(self, app: web.Application | Callable[[], web.Application], host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 10.0, ssl_context: Any = None) -> None:
         self._app = app
+        self.ssl_context = ssl_context
+        """An ``ssl.SSLContext`` to serve HTTPS (the intercept tests' upstream)."""
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout
@@ -76,7 +78,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context is not None else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> BackgroundServer:
         self._thread = threading.Thread(target=self._main, name="orchard-server", daemon=True)
@@ -97,7 +99,7 @@ class BackgroundServer:
                 self.port = port
                 self._ready.set()
 
-            await _serve(self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout)  # type: ignore[arg-type]
+            await _serve(self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout, self.ssl_context)  # type: ignore[arg-type]
 
         try:
             asyncio.run(main())

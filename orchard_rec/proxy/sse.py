@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["SSEParser", "parse_sse"]
+__all__ = ["TERMINAL_EVENTS", "SSEParser", "parse_sse"]
+
+TERMINAL_EVENTS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
+"""Bytes that mark the last event of a stream in each dialect (a client may hang up right after)."""
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE = re.compile(rb"\r\n|\n|\r")

@@ -29,8 +29,8 @@ def _clean(obj: Any) -> None:
         assert k not in dumped, f"client received injected field {k}"
 
 
-def chat_agent(base_url: str, stream: bool | None = None) -> int:
-    client = openai.OpenAI(base_url=base_url, api_key="sk-x", max_retries=0)
+def chat_agent(base_url: str, stream: bool | None = None, headers: dict[str, str] | None = None) -> int:
+    client = openai.OpenAI(base_url=base_url, api_key="sk-x", max_retries=0, default_headers=headers)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
     n = 0
     for turn in TURNS:
@@ -67,8 +67,8 @@ def chat_agent(base_url: str, stream: bool | None = None) -> int:
     return n
 
 
-def responses_agent(base_url: str, stream: bool | None = None) -> int:
-    client = openai.OpenAI(base_url=base_url, api_key="sk-x", max_retries=0)
+def responses_agent(base_url: str, stream: bool | None = None, headers: dict[str, str] | None = None) -> int:
+    client = openai.OpenAI(base_url=base_url, api_key="sk-x", max_retries=0, default_headers=headers)
     items: list[Any] = [{"type": "message", "role": "developer", "content": "You are an agent."}]
     n = 0
     for turn in TURNS:
@@ -93,8 +93,8 @@ def responses_agent(base_url: str, stream: bool | None = None) -> int:
     return n
 
 
-def messages_agent(base_url: str, stream: bool | None = None) -> int:
-    client = anthropic.Anthropic(base_url=base_url, api_key="sk-ant-x", max_retries=0)
+def messages_agent(base_url: str, stream: bool | None = None, headers: dict[str, str] | None = None) -> int:
+    client = anthropic.Anthropic(base_url=base_url, api_key="sk-ant-x", max_retries=0, default_headers=headers)
     messages: list[dict[str, Any]] = []
     n = 0
     for turn in TURNS:

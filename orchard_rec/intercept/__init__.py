@@ -1,0 +1,15 @@
+"""Intercept mode: record harnesses that cannot be pointed at a base URL (mitmproxy).
+
+``orchard-rec intercept`` runs mitmproxy as a library with ``InterceptAddon``: the
+harness runs with ``HTTPS_PROXY`` pointing at it and trusts mitmproxy's CA; calls to the
+LLM API hosts are recorded by the same core as the HTTP proxy (``proxy.capture``,
+``proxy.recorder``, ``proxy.token``), other traffic is tunnelled untouched.
+
+mitmproxy is an optional extra (``pip install 'orchard-rec[mitm]'``, Python >= 3.12 for
+mitmproxy 12). Where the running Python has no mitmproxy, ``orchard-rec intercept
+--install`` builds a runtime venv for it (``runtime.py``) and the command runs from there.
+"""
+
+from orchard_rec.intercept.config import DEFAULT_HOSTS, InterceptConfig
+
+__all__ = ["DEFAULT_HOSTS", "InterceptConfig"]

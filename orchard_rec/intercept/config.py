@@ -1,0 +1,62 @@
+"""Intercept settings (validated once, read-only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DEFAULT_HOSTS", "InterceptConfig", "default_confdir"]
+
+DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com")
+
+
+def default_confdir() -> Path:
+    """mitmproxy's own default, so a CA a user already trusts is reused."""
+    return Path.home() / ".mitmproxy"
+
+
+class InterceptConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(8080, ge=0, le=65535)
+    db: str = "sqlite:///./orchard.db"
+    hosts: tuple[str, ...] = DEFAULT_HOSTS
+    """Hosts whose TLS is intercepted; every other host is tunnelled untouched (not decrypted)."""
+    upstream_override: str | None = None
+    """Send intercepted LLM calls here instead (a local model server's base URL including ``/v1``)."""
+    mode: Literal["token", "passthrough"] = "token"
+    """With an override: ``token`` asks the (vLLM-style) server for token ids and hides them from the
+    client, as the proxy's token mode does. Without one, calls go to the real API untouched."""
+    confdir: str = Field(default_factory=lambda: str(default_confdir()))
+    """mitmproxy's folder: its CA (``mitmproxy-ca-cert.pem``) is created here on first start."""
+    upstream_ca: str | None = None
+    """A CA bundle to verify the upstream hosts with (default: the system's)."""
+    ssl_insecure: bool = False
+    """Do not verify upstream certificates (test servers only)."""
+    spool: str | None = None
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = tuple(h.strip().lower() for h in v if h.strip())
+        if not out:
+            raise ValueError("at least one host to intercept")
+        return out
+
+    @field_validator("upstream_override")
+    @classmethod
+    def _override(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"--upstream-override must be an http(s) URL, got {v!r}")
+        return v
+
+    @property
+    def effective_mode(self) -> str:
+        """Token mode needs a server that knows ``return_token_ids``: only with an override."""
+        return self.mode if self.upstream_override else "passthrough"
