@@ -160,6 +160,8 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
 
     def orchard(name: str, mode: str, db: str, extra: list[str] | None = None, path: str = "/v1/chat/completions", body: dict | None = None,
                 env: dict | None = None) -> None:  # type: ignore[type-arg]
+        if args.only and name not in args.only.split(","):
+            return
         port = free_port()
         cmd = [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port), "--mode", mode,
                "--spool", str(work / f"{name}.spool"), *(extra or [])]
@@ -179,6 +181,8 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         subprocess.run(["bash", str(HERE / "competitors.sh")], check=False)
 
     def competitor(name: str, argv: list[str], port: int, health: str, env: dict | None = None) -> None:  # type: ignore[type-arg]
+        if args.only and name not in args.only.split(","):
+            return
         log = open(work / f"{name}.log", "w")
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -226,6 +230,7 @@ def main() -> None:
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--no-competitors", action="store_true", help="do not install or run LiteLLM and rllm-model-gateway")
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--only", default=None, help="comma-separated target names to run (e.g. floor,orchard-token-sqlite), for quick comparisons")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     n1 = 60 if args.quick else 200

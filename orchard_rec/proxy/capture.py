@@ -130,7 +130,7 @@ class Capture:
             usage=usage if isinstance(usage, dict) else None,
             prompt_ids=_ints(prompt_ids),
             completion_ids=_ints(completion_ids),
-            completion_logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
+            completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
@@ -142,6 +142,6 @@ def _ints(v: Any) -> tuple[int, ...] | None:
     if not isinstance(v, list):
         return None
     try:
-        return tuple(int(x) for x in v)
+        return tuple(map(int, v))
     except (TypeError, ValueError):
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import threading
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["BackgroundServer", "run_forever"]
+__all__ = ["BackgroundServer", "run_forever", "tune_gc"]
 
 
 def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
@@ -38,6 +39,27 @@ async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event
         await runner.cleanup()
 
 
+def tune_gc() -> None:
+    """A long-running server's garbage collector: everything alive at start-up (modules, the app,
+    SQLAlchemy's metadata) is frozen out of collection, and the young generation is collected every
+    50k allocations instead of 700. Each call allocates a few hundred short-lived containers (parsed
+    bodies, records); with the defaults, collections scanning every live object were the largest
+    single cost of recording (measured: 110 -> 32 us per record built, bench/PROFILE.md).
+    Cycles are still collected, just in bigger, rarer batches."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
+def _tuned(ready: Callable[[int], None] | None) -> Callable[[int], None]:
+    def on_ready(port: int) -> None:
+        tune_gc()
+        if ready is not None:
+            ready(port)
+
+    return on_ready
+
+
 def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[int], None] | None = None, shutdown_timeout: float = 30.0) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed)."""
     try:
@@ -53,7 +75,7 @@ def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await _serve(app, host, port, stop, ready, shutdown_timeout)
+        await _serve(app, host, port, stop, _tuned(ready), shutdown_timeout)
 
     with asyncio.Runner(loop_factory=loop_factory) as r:
         r.run(main())
