@@ -246,14 +246,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if not cap.submitted:
             cap.done_at = time.time()
             recorder.submit(cap)
-        metrics.calls.labels(dialect.value, cap.outcome.value).inc()
-        metrics.bytes.labels("in").inc(cap.bytes_in)
-        metrics.bytes.labels("out").inc(cap.bytes_out)
-        metrics.duration.labels(dialect.value).observe(cap.done_at - cap.received_at)
-        if cap.first_byte_at is not None:
-            metrics.ttfb.labels(dialect.value).observe(cap.first_byte_at - cap.received_at)
-        if cap.outcome is not CallOutcome.OK:
-            metrics.errors.labels(dialect.value, cap.outcome.value).inc()
+        metrics.observe_call(dialect.value, cap.outcome.value, cap.bytes_in, cap.bytes_out, cap.done_at - cap.received_at,
+                             None if cap.first_byte_at is None else cap.first_byte_at - cap.received_at)
 
 
 async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) -> web.StreamResponse:

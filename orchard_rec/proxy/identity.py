@@ -33,9 +33,26 @@ def validate_session_id(sid: str) -> str:
     return sid
 
 
+_KEEP: dict[str, str | None] = {}
+"""Header name -> its stored (lower-case) name, or None when it is dropped; decided once per name."""
+
+
+def _kept(name: str) -> str | None:
+    low = name.lower()
+    keep = None if low in _DROP or _SECRET_RE.search(low) else low
+    if len(_KEEP) < 4096:  # bounded: hostile clients cannot grow it without limit
+        _KEEP[name] = keep
+    return keep
+
+
 def public_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The request headers fit to store: no secrets, no transport noise."""
-    return {k.lower(): v for k, v in headers.items() if k.lower() not in _DROP and not _SECRET_RE.search(k)}
+    out = {}
+    for k, v in headers.items():
+        name = _KEEP[k] if k in _KEEP else _kept(k)
+        if name is not None:
+            out[name] = v
+    return out
 
 
 def harness_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:

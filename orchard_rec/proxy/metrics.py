@@ -27,5 +27,27 @@ class Metrics:
         busy = Gauge("orchard_inflight_calls", "Calls being relayed", registry=r)
         busy.set_function(inflight)
 
+        self._children: dict[tuple[str, str], tuple[object, ...]] = {}
+        self._bytes_in = self.bytes.labels("in")
+        self._bytes_out = self.bytes.labels("out")
+
+    def observe_call(self, dialect: str, outcome: str, bytes_in: int, bytes_out: int, duration: float, ttfb: float | None) -> None:
+        """One finished call: the labelled children are looked up once per (dialect, outcome), not per call."""
+        kids = self._children.get((dialect, outcome))
+        if kids is None:
+            kids = self._children[(dialect, outcome)] = (
+                self.calls.labels(dialect, outcome), self.duration.labels(dialect), self.ttfb.labels(dialect),
+                self.errors.labels(dialect, outcome) if outcome != "ok" else None,
+            )
+        calls, dur, first, errors = kids
+        calls.inc()  # type: ignore[attr-defined]
+        self._bytes_in.inc(bytes_in)
+        self._bytes_out.inc(bytes_out)
+        dur.observe(duration)  # type: ignore[attr-defined]
+        if ttfb is not None:
+            first.observe(ttfb)  # type: ignore[attr-defined]
+        if errors is not None:
+            errors.inc()  # type: ignore[attr-defined]
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
