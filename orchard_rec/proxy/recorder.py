@@ -177,7 +177,7 @@ class Recorder:
                 ack()
             if self.spool_pending:
                 return  # the database is down: the replay loop will carry these
-            if self._store(batch):
+            if self._store(batch, first=True):
                 self.spool.clear()
             return
         for ack in acks:
@@ -185,19 +185,22 @@ class Recorder:
         if self.spool_pending and self.spool is not None:
             self.spool.append(batch)  # keep order behind what is already waiting
             return
-        if not self._store(batch) and self.spool is not None:
+        if not self._store(batch, first=True) and self.spool is not None:
             self.spool.append(batch)
             self.spool_pending = True
         elif self.last_error is not None and self.spool is None:
             self._retry_in_memory(batch)
 
-    def _store(self, batch: list[CallRecord]) -> bool:
+    def _store(self, batch: list[CallRecord], *, first: bool = False) -> bool:
+        """``first``: this batch's first attempt, so none of it can be stored yet (skip the lookup);
+        retries and replays check, so a write whose commit went through but failed to report
+        stores each call once."""
         if not batch:
             return True
         try:
             if self.fault_write_delay:
                 time.sleep(self.fault_write_delay)
-            self.store.write_batch(batch)
+            self.store.write_batch(batch, known_new=first)
         except Exception as exc:  # keep serving; the spool or a retry carries the records
             self.write_errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]

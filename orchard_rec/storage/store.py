@@ -114,13 +114,17 @@ class Store:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def write_batch(self, records: Sequence[CallRecord]) -> int:
-        """Store records that are not stored yet, in one transaction. Returns how many were new."""
+    def write_batch(self, records: Sequence[CallRecord], *, known_new: bool = False) -> int:
+        """Store records that are not stored yet, in one transaction. Returns how many were new.
+
+        ``known_new``: the caller knows none is stored (a live batch's first attempt), so the
+        lookup is skipped; a duplicate id then fails the whole transaction instead of being skipped.
+        """
         if not records:
             return 0
         with self._sessions.begin() as db:
             ids = [r.call_id for r in records]
-            existing = set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
+            existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
             fresh: dict[str, CallRecord] = {}
             for r in records:
                 if r.call_id not in existing and r.call_id not in fresh:
