@@ -224,7 +224,7 @@ def recorded(t: Target) -> int | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--chunk-delay", type=float, default=0.002)
     ap.add_argument("--no-pg", action="store_true")
@@ -265,6 +265,46 @@ def main() -> None:
             pg.cleanup()  # type: ignore[attr-defined]
     report(targets, rounds, args, work)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    out = [f"{p} {version(p)}" for p in ("orchard-rec", "aiohttp", "uvloop", "sqlalchemy", "orjson")]
+    for name, pkg in (("litellm", "litellm"), ("rllm", "rllm-model-gateway")):
+        py = CACHE / name / "bin" / "python"
+        if py.exists():
+            v = subprocess.run([str(py), "-c", f"import importlib.metadata as m; print(m.version({pkg!r}))"], capture_output=True, text=True).stdout.strip()
+            out.append(f"{pkg} {v}")
+    return ", ".join(out)
+
+
+def _verdicts(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    """The issue's targets, as ratios within this run."""
+    by = {r["target"]: r for r in rows}
+    tok, floor = by.get("orchard-token-sqlite"), by.get("floor")
+    if tok is None or floor is None:
+        return []
+    out = ["## Targets (orchard-rec token mode on SQLite, ratios within this run)", "", "| target | measured | met |", "|---|---|---|"]
+
+    def row(name: str, value: float, goal: float, fmt: str, le: bool = True) -> None:
+        ok = value <= goal if le else value >= goal
+        out.append(f"| {name} | {fmt.format(value)} | {'yes' if ok else 'no'} |")
+
+    row("added p50 (c=1) <= 2x the floor's", tok["added_p50_ms"] / floor["added_p50_ms"], 2.0, "{:.2f}x")
+    if "rllm-model-gateway" in by:
+        row("added p50 (c=1) <= 0.3x rllm-model-gateway's", tok["added_p50_ms"] / by["rllm-model-gateway"]["added_p50_ms"], 0.3, "{:.2f}x")
+    row("proxy CPU per call <= 2x the floor's", tok["cpu_ms"] / floor["cpu_ms"], 2.0, "{:.2f}x")
+    row("throughput c=32 >= 0.8x the floor's", tok["rps"]["c32"] / floor["rps"]["c32"], 0.8, "{:.2f}x", le=False)
+    if "litellm" in by:
+        row("throughput c=32 >= 10x LiteLLM's", tok["rps"]["c32"] / by["litellm"]["rps"]["c32"], 10.0, "{:.1f}x", le=False)
+    row("stream: added inter-chunk gap <= the floor's (+0.02 ms measurement noise)", tok["added_gap_ms"] - floor["added_gap_ms"], 0.02, "{:+.3f} ms vs floor")
+    row("stream: added TTFT <= 2x the floor's", tok["added_ttft_ms"] / floor["added_ttft_ms"], 2.0, "{:.2f}x")
+    slow = by.get("orchard-token-slowdb")
+    if slow is not None:
+        row("slow database (50 ms per write): added p50 <= 1.5x the normal database's", slow["added_p50_ms"] / tok["added_p50_ms"], 1.5, "{:.2f}x")
+        out.append(f"| slow database: every call recorded once drained | {slow['recorded']} / {slow['sent']} | {'yes' if slow['recorded'] == slow['sent'] else 'no'} |")
+    return out
 
 
 def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: Path) -> None:
@@ -312,6 +352,7 @@ def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: P
             f"{r['added_gap_ms']:.3f} | {r['rps']['c1']:.0f} | {r['rps']['c32']:.0f} [{r['rps_range']['c32'][0]:.0f}, {r['rps_range']['c32'][1]:.0f}] | "
             f"{r['rps']['c256']:.0f} | {rel:.2f}x | {r['cpu_ms']:.3f} | {r['rss']:.0f} | {rec} | {r['errors']} |"
         )
+    lines += ["", f"Versions: {_versions()}.", ""] + _verdicts(rows)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     with open(Path(args.out).with_suffix(".json"), "w") as f:
