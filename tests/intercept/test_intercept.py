@@ -118,10 +118,11 @@ def test_agents_through_intercept_reconstruct_like_proxy_mode(tls_upstream, upst
         assert [s.loss_mask for s in mine] == [s.loss_mask for s in theirs]
 
 
-def test_upstream_override_gives_token_exact_samples(upstream, intercept_factory, via, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_upstream_override_gives_token_exact_samples(upstream, intercept_factory, via, db_url) -> None:  # type: ignore[no-untyped-def]
     """A harness hard-coded to api.openai.com / api.anthropic.com runs on the local vLLM-style
-    server instead; token mode injects and hides ids, so the samples are the server's exact tokens."""
-    db = f"sqlite:///{tmp_path / 'o.db'}"
+    server instead; token mode injects and hides ids, so the samples are the server's exact tokens.
+    On SQLite and on PostgreSQL (the intercept process writes with its own psycopg)."""
+    db = db_url
     it = intercept_factory(db, "--upstream-override", upstream.url)
     via(it)
     bases = {"chat": "https://api.openai.com/v1", "responses": "https://api.openai.com/v1", "messages": "https://api.anthropic.com"}
