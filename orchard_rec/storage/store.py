@@ -63,19 +63,24 @@ _SESSION_COLUMNS = ("id", "call_count", "harness", "created_at", "updated_at", "
 
 
 def _summary_of_row(row: Any) -> SessionSummary:
-    s = Session(**{name: getattr(row, "s_" + name) for name in _SESSION_COLUMNS})
-    return _summary(s)
+    """From the ``s_``-labelled session columns of a joined row (no ORM object: this runs once
+    per session on the export path)."""
+    return _summary(row, "s_")
 
 
-def _summary(s: Session) -> SessionSummary:
+def _summary(s: Any, prefix: str = "") -> SessionSummary:
+    def get(name: str) -> Any:
+        return getattr(s, prefix + name)
+
     outcome = None
-    if s.outcome_at is not None:
+    if get("outcome_at") is not None:
+        steps = get("step_values")
         outcome = Outcome(
-            reward=s.reward, status=s.status,
-            step_values=None if s.step_values is None else tuple(float(v) for v in s.step_values),
-            metadata=s.outcome_metadata or {},
+            reward=get("reward"), status=get("status"),
+            step_values=None if steps is None else tuple(float(v) for v in steps),
+            metadata=get("outcome_metadata") or {},
         )
-    return SessionSummary(s.id, s.call_count, s.harness, _epoch(s.created_at) or 0.0, _epoch(s.updated_at) or 0.0, outcome)
+    return SessionSummary(get("id"), get("call_count"), get("harness"), _epoch(get("created_at")) or 0.0, _epoch(get("updated_at")) or 0.0, outcome)
 
 
 class Store:
