@@ -67,6 +67,10 @@ class Recorder:
         self._closing = False
         self.inflight = 0
         """Calls whose handler has started but not yet submitted (event-loop thread only)."""
+        self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "10") or 0)
+        """The writer thread's OS niceness: when the cores are busy, the scheduler runs the event
+        loop (and the model server, the harness) first and the writer in the gaps; the bounded
+        queue absorbs the delay. 0 leaves it at the process's priority."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
 
@@ -133,6 +137,11 @@ class Recorder:
     # -- writer thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.nice:
+            try:  # Linux: a thread is a task with its own niceness
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (AttributeError, OSError):  # pragma: no cover - not Linux, or not permitted
+                pass
         if self.spool_pending:
             self._replay()
         stop = False
