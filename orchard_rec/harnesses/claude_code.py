@@ -8,6 +8,10 @@ Non-obvious bits:
 - History is resent but not byte-stable (``cache_control`` moves, a text block becomes a
   string): equal once rendered, so its sessions still merge exactly.
 - ``--dangerously-skip-permissions`` is refused as root; ``--allowedTools Bash`` suffices.
+- Without ``ANTHROPIC_BASE_URL`` (``orchard-rec intercept``: it calls api.anthropic.com itself) it
+  opens ``system`` with an ``x-anthropic-billing-header: ...; cch=<checksum>;`` text block that
+  changes on every request; translation to chat drops it (accounting, not prompt), so the session
+  stays one exact sample.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from orchard_rec.errors import OrchardError, error_body
+from orchard_rec.errors import BadRequest, OrchardError, error_body
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.proxy.app import default_spool, dialect_of
 from orchard_rec.proxy.capture import Capture
@@ -117,8 +117,25 @@ class InterceptAddon:
 
     def request(self, flow: Any) -> None:
         req = flow.request
+        if (req.headers.get("upgrade") or "").lower() == "websocket" and req.pretty_host.lower() in self.config.hosts:
+            # Codex's built-in provider tries a Responses WebSocket first: what it sends there could not be
+            # recorded as calls. A quick 426 makes it fall back to POST + SSE at once, as with the proxy.
+            from mitmproxy import http
+
+            exc = BadRequest("WebSocket transport is not supported while recording; use HTTP POST with stream=true")
+            exc.status = 426
+            flow.response = http.Response.make(426, error_body(exc, False), {"content-type": "application/json"})
+            return
         route = llm_route(self.config.hosts, req.pretty_host, req.method, req.path)
         if route is None:
+            if self._override is not None and req.pretty_host.lower() in self.config.hosts:
+                # the real host is not to be contacted: its other routes go to the local server too
+                # (a quick 404 there instead of a connection timeout to an unreachable API)
+                i = req.path.find("/v1/")
+                if i >= 0:
+                    self._reroute(req, req.path[i + 4 :])
+                else:
+                    self._reroute(req, req.path.lstrip("/"), root=True)
             return
         dialect, prefix, tail = route
         cap = Capture(dialect, req.method, "/v1/" + tail, None)
@@ -157,13 +174,15 @@ class InterceptAddon:
             cap.status_code = exc.status
             self._answer_error(flow, exc)
 
-    def _reroute(self, req: Any, tail: str) -> None:
+    def _reroute(self, req: Any, tail: str, *, root: bool = False) -> None:
+        """Point ``req`` at the override server: ``tail`` under its base path (``/v1``), or under
+        its root for paths outside the API (``root``)."""
         o = self._override
         assert o is not None
         req.scheme = o.scheme
         req.host = o.hostname or "127.0.0.1"
         req.port = o.port or (443 if o.scheme == "https" else 80)
-        req.path = o.path.rstrip("/") + "/" + tail
+        req.path = ("" if root else o.path.rstrip("/")) + "/" + tail
         req.headers["host"] = o.netloc
 
     def _answer_error(self, flow: Any, exc: OrchardError) -> None:

@@ -421,10 +421,23 @@ def _tool_result_text(content: Any) -> str:
     return content if isinstance(content, str) else ("" if content is None else str(content))
 
 
+_BILLING = "x-anthropic-billing-header:"
+
+
+def _without_billing_block(system: Any) -> Any:
+    """Claude Code, talking to api.anthropic.com itself (intercept mode), opens its system prompt
+    with a text block ``x-anthropic-billing-header: ...; cch=<checksum>;`` whose checksum changes
+    on every request. It is accounting for Anthropic's API, not prompt: a model served elsewhere
+    should not read it, and kept it would break every session's token prefix at its first line."""
+    if isinstance(system, list):  # the form Claude Code sends (2.1.332); a plain string is left as it is
+        return [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].startswith(_BILLING))]
+    return system
+
+
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic Messages request as a chat completions request."""
     messages: list[dict[str, Any]] = []
-    system = body.get("system")
+    system = _without_billing_block(body.get("system"))
     if system:
         messages.append({"role": "system", "content": _text_of(system)})
     for m in body.get("messages") or ():

@@ -204,3 +204,44 @@ def test_client_gone_mid_stream_is_recorded_as_aborted(upstream_factory, interce
     [rec] = Store(db).calls("gone")
     assert rec.outcome is CallOutcome.ABORTED and rec.error
     assert rec.completion_ids  # what had been generated before the client left is kept
+
+
+@pytest.mark.parametrize("harness_name", ["codex", "claude-code"])
+def test_real_harness_with_its_hard_coded_api_host(harness_name, upstream, intercept_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Codex and Claude Code with no base URL set at all (they call https://api.openai.com and
+    https://api.anthropic.com), only HTTPS_PROXY and the CA: they finish their tool task on the
+    local server and every call lands in one session, one exact sample."""
+    import subprocess
+
+    from orchard_rec.harnesses import CLAUDE_CODE, CODEX, install
+    from orchard_rec.harnesses.base import _base_env
+    from orchard_rec.reconstruct import reconstruct_session
+
+    harness = CODEX if harness_name == "codex" else CLAUDE_CODE
+    install(harness)
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    it = intercept_factory(db, "--upstream-override", upstream.url)
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    launch = harness.prepare(home, work, "http://unused", "unused", "fake-model", ["Please run `echo orchard > marker.txt` and tell me when it is done."], None)
+    env = {**_base_env(home), **launch.env, "HTTPS_PROXY": it.url, "SSL_CERT_FILE": str(it.confdir / "orchard-ca-bundle.pem"),
+           "NODE_EXTRA_CA_CERTS": str(it.ca_cert)}
+    if harness is CODEX:  # the built-in OpenAI provider, not the custom one prepare() configures
+        cfg = home / "codex-home" / "config.toml"  # the same settings, less the provider section
+        cfg.write_text(cfg.read_text().split("[model_providers.orchard]")[0].replace('model_provider = "orchard"\n', ""))
+        env.update(OPENAI_API_KEY="sk-test")
+    else:
+        env.pop("ANTHROPIC_BASE_URL")
+    r = subprocess.run(launch.argv, env=env, cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (work / "marker.txt").read_text().strip() == "orchard"
+    assert it.stop() == 0
+    store = Store(db)
+    [session] = store.sessions()
+    calls = store.calls(session.id)
+    assert len(calls) >= 2 and all(c.outcome is CallOutcome.OK and c.harness == harness.name for c in calls)
+    host = "api.openai.com" if harness is CODEX else "api.anthropic.com"
+    assert {c.metadata["intercept"]["host"] for c in calls} == {host}
+    samples = reconstruct_session(calls, on_mismatch=harness.on_mismatch)
+    assert len(samples) == 1
+    check_invariants(calls, samples)
