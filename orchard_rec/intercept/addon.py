@@ -41,6 +41,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_of, public_headers, validate_session_id
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.request import parse_body
+from orchard_rec.proxy.server import tune_interpreter
 from orchard_rec.proxy.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import CallOutcome, Dialect
@@ -103,6 +104,8 @@ class InterceptAddon:
             self.store.upgrade()
         self.recorder.start()
         from mitmproxy import ctx
+
+        tune_interpreter()  # the same server settings as `serve` (GC, GIL switch interval)
 
         addrs = ctx.master.addons.get("proxyserver").listen_addrs()
         host, port = addrs[0][:2] if addrs else (self.config.listen_host, self.config.listen_port)

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["BackgroundServer", "run_forever", "tune_gc"]
+__all__ = ["BackgroundServer", "run_forever", "tune_interpreter"]
 
 
 def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
@@ -40,8 +40,10 @@ async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event
         await runner.cleanup()
 
 
-def tune_gc() -> None:
-    """A long-running server's garbage collector: everything alive at start-up (modules, the app,
+def tune_interpreter() -> None:
+    """Settings for a long-running server, applied by ``run_forever`` once it listens.
+
+    The garbage collector: everything alive at start-up (modules, the app,
     SQLAlchemy's metadata) is frozen out of collection, and the young generation is collected every
     50k allocations instead of 700. Each call allocates a few hundred short-lived containers (parsed
     bodies, records); with the defaults, collections scanning every live object were the largest
@@ -58,7 +60,7 @@ def tune_gc() -> None:
 
 def _tuned(ready: Callable[[int], None] | None) -> Callable[[int], None]:
     def on_ready(port: int) -> None:
-        tune_gc()
+        tune_interpreter()
         if ready is not None:
             ready(port)
 
