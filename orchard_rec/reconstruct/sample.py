@@ -148,7 +148,7 @@ class SampleBuilder:
             self.missing_logprobs = True
             self.log_probs.extend([0.0] * len(ids))
         else:
-            self.log_probs.extend(float(x) for x in logprobs)
+            self.log_probs.extend(map(float, logprobs))
         self.turns.append(Turn(call_id, start, start + len(ids), finish_reason))
         self.call_ids.append(call_id)
         self.last_finish = finish_reason
