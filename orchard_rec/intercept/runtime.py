@@ -3,15 +3,20 @@
 mitmproxy 12 needs Python >= 3.12, and mitmproxy 11 (the last for 3.11) pins ``h11<=0.14``
 while the openai SDK this package depends on needs ``h11>=0.16``: on Python 3.11 the two
 cannot share an environment. So ``orchard-rec intercept --install`` builds a venv under
-``~/.cache/orchard-rec/mitm`` (``$ORCHARD_MITM_CACHE``) from a Python >= 3.12 found on the
-machine, with this project and ``mitmproxy==MITM_VERSION`` in it, and ``orchard-rec
-intercept`` re-executes itself from there when mitmproxy is not importable here.
+``~/.cache/orchard-rec/mitm`` (``$ORCHARD_MITM_CACHE``) and ``orchard-rec intercept``
+re-executes itself from there when mitmproxy is not importable here:
+- from a Python >= 3.12 found on the machine (or ``$ORCHARD_MITM_PYTHON``): this project with
+  its ``mitm`` and ``postgres`` extras, i.e. ``mitmproxy==MITM_VERSION``;
+- else from this Python (3.11): ``mitmproxy==MITM_311_VERSION`` with this project's
+  dependencies less those the intercept path never imports (openai, tokenizers, pyarrow),
+  which is what lets mitmproxy 11's pins resolve.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,9 +24,11 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["MITM_VERSION", "find_python", "has_mitmproxy", "install", "runtime_orchard", "runtime_ready"]
+__all__ = ["MITM_311_VERSION", "MITM_VERSION", "find_python", "has_mitmproxy", "install", "runtime_orchard", "runtime_ready"]
 
 MITM_VERSION = "12.3.1"
+MITM_311_VERSION = "11.0.2"
+_NOT_FOR_INTERCEPT = ("openai", "tokenizers", "pyarrow")
 
 
 def _cache() -> Path:
@@ -35,7 +42,7 @@ def _source_root() -> Path | None:
 
 
 def has_mitmproxy() -> bool:
-    return sys.version_info >= (3, 12) and importlib.util.find_spec("mitmproxy") is not None
+    return importlib.util.find_spec("mitmproxy") is not None
 
 
 def _version_of(python: str) -> tuple[int, int] | None:
@@ -51,7 +58,9 @@ def _version_of(python: str) -> tuple[int, int] | None:
 
 
 def find_python() -> str | None:
-    """A Python >= 3.12 on this machine: on PATH, or in pyenv's versions folder."""
+    """A Python >= 3.12 on this machine: ``$ORCHARD_MITM_PYTHON``, on PATH, or in pyenv's versions folder."""
+    if os.environ.get("ORCHARD_MITM_PYTHON"):
+        return os.environ["ORCHARD_MITM_PYTHON"]
     names = [f"python3.{m}" for m in range(14, 11, -1)]
     candidates = [p for n in names if (p := shutil.which(n))]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
@@ -76,7 +85,16 @@ def runtime_orchard() -> Path:
 def _stamp() -> dict[str, str]:
     from importlib.metadata import version
 
-    return {"mitmproxy": MITM_VERSION, "source": str(_source_root() or ""), "orchard_rec": version("orchard-rec")}
+    return {"source": str(_source_root() or ""), "orchard_rec": version("orchard-rec"), "python": os.environ.get("ORCHARD_MITM_PYTHON", "")}
+
+
+def _intercept_requirements() -> list[str]:
+    """This project's own dependencies that the intercept path imports (read from its metadata)."""
+    from importlib.metadata import requires
+
+    reqs = [r for r in requires("orchard-rec") or () if "extra ==" not in r]
+    keep = [r for r in reqs if re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() not in _NOT_FOR_INTERCEPT]
+    return keep + ["psycopg[binary]>=3.1"]
 
 
 def runtime_ready() -> bool:
@@ -91,20 +109,23 @@ def install(*, force: bool = False, quiet: bool = True) -> Path:
     """Build (or refresh) the runtime venv; returns its ``orchard-rec`` executable."""
     if not force and runtime_ready():
         return runtime_orchard()
-    python = find_python()
-    if python is None:
-        raise RuntimeError("intercept needs mitmproxy, which needs Python >= 3.12, and none was found "
-                           "(looked on PATH and in ~/.pyenv/versions); install one, or pip install "
-                           "'orchard-rec[mitm]' into a Python >= 3.12 environment")
+    found = find_python()
+    modern = found is not None and (_version_of(found) or (0, 0)) >= (3, 12)
+    python = found if modern and found is not None else sys.executable
     venv = _venv()
-    if force and venv.exists():
+    venv_python = venv / "bin" / "python"
+    if venv.exists() and (force or not venv_python.exists() or _version_of(str(venv_python)) != _version_of(python)):
         shutil.rmtree(venv)
-    if not (venv / "bin" / "python").exists():
+    if not venv_python.exists():
         venv.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
     root = _source_root()
-    target = ["-e", f"{root}[mitm,postgres]"] if root is not None else [f"orchard-rec[mitm,postgres]=={_stamp()['orchard_rec']}"]
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"] + (["-q"] if quiet else [])
-    subprocess.run(pip + target, check=True)
+    version = _stamp()["orchard_rec"]
+    pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check"] + (["-q"] if quiet else [])
+    if modern:  # mitmproxy 12 with the project's own extras
+        subprocess.run(pip + (["-e", f"{root}[mitm,postgres]"] if root is not None else [f"orchard-rec[mitm,postgres]=={version}"]), check=True)
+    else:  # Python 3.11: mitmproxy 11, and only what the intercept path imports
+        subprocess.run(pip + [f"mitmproxy=={MITM_311_VERSION}", *_intercept_requirements()], check=True)
+        subprocess.run(pip + ["--no-deps"] + (["-e", str(root)] if root is not None else [f"orchard-rec=={version}"]), check=True)
     (_cache() / "stamp.json").write_bytes(orjson.dumps(_stamp()))
     return runtime_orchard()
