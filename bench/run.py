@@ -230,6 +230,7 @@ def main() -> None:
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--no-competitors", action="store_true", help="do not install or run LiteLLM and rllm-model-gateway")
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--no-toolkit", action="store_true", help="skip the toolkit benchmark (reconstruction and export on 100k calls)")
     ap.add_argument("--only", default=None, help="comma-separated target names to run (e.g. floor,orchard-token-sqlite), for quick comparisons")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
@@ -263,7 +264,13 @@ def main() -> None:
                 p.kill()
         if pg is not None:
             pg.cleanup()  # type: ignore[attr-defined]
-    report(targets, rounds, args, work)
+    toolkit = None
+    if not args.no_toolkit and not args.only:
+        print("toolkit: reconstruction and export on 100k one-call sessions ...", file=sys.stderr)
+        r = subprocess.run([sys.executable, str(HERE / "toolkit.py"), "--calls", "100000", "--turns", "1", "--formats", "jsonl,parquet,slime", "--json"],
+                           capture_output=True, text=True, check=True)
+        toolkit = json.loads(r.stdout.strip().splitlines()[-1])
+    report(targets, rounds, args, work, toolkit)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -307,7 +314,28 @@ def _verdicts(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
     return out
 
 
-def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: Path) -> None:
+def _toolkit_lines(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    out = ["## Toolkit (`python bench/toolkit.py --calls 100000 --turns 1 --formats jsonl,parquet,slime`, one process each, one core)", "",
+           "| calls | measure | wall s | calls/s | samples/s | peak RSS MB |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['calls']} | {r['measure']} | {r['wall_s']:.2f} | {r['calls'] / r['wall_s']:.0f} | {r['samples'] / r['wall_s']:.0f} | {r['peak_rss_mb']:.1f} |")
+    big = max(r["calls"] for r in rows)
+    at = {(r["calls"], r["measure"]): r for r in rows}
+    out += ["", "| target | measured | met |", "|---|---|---|"]
+    rec = at[(big, "reconstruct")]
+    out.append(f"| reconstruction >= 20k calls/s | {rec['calls'] / rec['wall_s']:.0f} | {'yes' if rec['calls'] / rec['wall_s'] >= 20000 else 'no'} |")
+    for (n, kind), r in sorted(at.items()):
+        if n == big and kind.startswith("export:"):
+            v = r["samples"] / r["wall_s"]
+            out.append(f"| export {kind[7:]} >= 20k samples/s | {v:.0f} | {'yes' if v >= 20000 else 'no'} |")
+    small = min(r["calls"] for r in rows)
+    for kind in sorted({r["measure"] for r in rows}):
+        a, b = at[(small, kind)]["peak_rss_mb"], at[(big, kind)]["peak_rss_mb"]
+        out.append(f"| {kind}: memory flat ({small} -> {big} calls) | {a:.0f} -> {b:.0f} MB | {'yes' if b <= a * 1.15 else 'no'} |")
+    return out
+
+
+def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: Path, toolkit: list[dict] | None = None) -> None:  # type: ignore[type-arg]
     direct = next(t for t in targets if t.name == "direct")
     d50 = statistics.median(pct(r["lat"], 50) for r in direct.results["c1"])
     d99 = statistics.median(pct(r["lat"], 99) for r in direct.results["c1"])
@@ -353,6 +381,8 @@ def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: P
             f"{r['rps']['c256']:.0f} | {rel:.2f}x | {r['cpu_ms']:.3f} | {r['rss']:.0f} | {rec} | {r['errors']} |"
         )
     lines += ["", f"Versions: {_versions()}.", ""] + _verdicts(rows)
+    if toolkit:
+        lines += [""] + _toolkit_lines(toolkit)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     with open(Path(args.out).with_suffix(".json"), "w") as f:

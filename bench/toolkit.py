@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--formats", default="jsonl")
+    ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line at the end (bench/run.py reads it)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "URL", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -110,6 +111,8 @@ def main() -> None:
     for f in work.iterdir():
         f.unlink()
     os.rmdir(work)
+    if a.json:
+        print(json.dumps([{"calls": n, "measure": kind, **m} for n, kind, m in rows]))
 
 
 if __name__ == "__main__":
