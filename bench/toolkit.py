@@ -112,7 +112,7 @@ def main() -> None:
         f.unlink()
     os.rmdir(work)
     if a.json:
-        print(json.dumps([{"calls": n, "measure": kind, **m} for n, kind, m in rows]))
+        print(json.dumps([{**m, "calls": n, "measure": kind} for n, kind, m in rows]))
 
 
 if __name__ == "__main__":
