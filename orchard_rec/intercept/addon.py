@@ -95,7 +95,6 @@ class InterceptAddon:
         self.recorder = Recorder(self.store, spool=spool)
         self._announce = announce or (lambda line: print(line, flush=True, file=sys.stdout))
         self._override = urlsplit(config.upstream_override) if config.upstream_override else None
-        self.calls = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -103,9 +102,8 @@ class InterceptAddon:
         if self._owned_store:
             self.store.upgrade()
         self.recorder.start()
-        from mitmproxy import ctx
-
         tune_interpreter()  # the same server settings as `serve` (GC, GIL switch interval)
+        from mitmproxy import ctx
 
         addrs = ctx.master.addons.get("proxyserver").listen_addrs()
         host, port = addrs[0][:2] if addrs else (self.config.listen_host, self.config.listen_port)
@@ -140,13 +138,12 @@ class InterceptAddon:
                 else:
                     self._reroute(req, req.path.lstrip("/"), root=True)
             return
-        dialect, prefix, tail = route
+        dialect, _prefix, tail = route
         cap = Capture(dialect, req.method, "/v1/" + tail, None)
         cap.metadata = {"intercept": {"host": req.pretty_host}}
         self.recorder.begin()
         call = _Call(cap, None)
         flow.metadata[_KEY] = call
-        self.calls += 1
         try:
             sid = req.headers.get(SESSION_HEADER)
             if sid is not None:
