@@ -38,9 +38,9 @@ from orchard_rec.errors import BadRequest, OrchardError, error_body
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.proxy.app import default_spool, dialect_of
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_of, public_headers, validate_session_id
+from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.request import parse_body
+from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.server import tune_interpreter
 from orchard_rec.proxy.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.token import Plan, plan_for
@@ -149,14 +149,8 @@ class InterceptAddon:
             if sid is not None:
                 cap.session_id = validate_session_id(sid)
                 del req.headers[SESSION_HEADER]
-            cap.headers = public_headers(req.headers)
-            cap.harness, cap.harness_session = harness_of(req.headers)
-            raw = req.get_content(strict=False) or b""
-            cap.bytes_in = len(raw)
-            body = parse_body(raw, req.headers.get("content-type"), dialect)
-            cap.request = body
-            if cap.session_id is None and body is not None:
-                cap.session_id = derive_session(cap.harness, cap.harness_session, dialect, body)
+            caller(cap, req.headers)
+            body = take_body(cap, req.get_content(strict=False) or b"", req.headers.get("content-type"))
             req.headers["accept-encoding"] = "identity"  # we must read what we record
             if self._override is not None:
                 call.plan = plan = plan_for(self.config.effective_mode, dialect, body)

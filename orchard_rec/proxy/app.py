@@ -44,11 +44,11 @@ from orchard_rec.errors import (
 )
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.identity import SESSION_HEADER, derive_session, harness_of, public_headers, validate_session_id
+from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.request import parse_body
+from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.tito import TitoSessions, chat_completion, chat_of, parse_generation, read_upstream, synth_chunks, upstream_request
 from orchard_rec.proxy.token import Plan, plan_for
@@ -139,14 +139,12 @@ def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
 # -- the relay ---------------------------------------------------------------------------------
 
 
-async def _read_json(request: web.Request, cap: Capture, dialect: Dialect) -> tuple[bytes, Any]:
+async def _read_body(request: web.Request) -> bytes:
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         limit = request.app[CONFIG].max_body_bytes
         raise PayloadTooLarge(f"request body is larger than the proxy's limit of {limit} bytes") from exc
-    cap.bytes_in = len(raw)
-    return raw, parse_body(raw, request.headers.get("content-type"), dialect)
 
 
 def _upstream_headers(request: web.Request) -> dict[str, str]:
@@ -214,8 +212,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             raise TooManyRequests(
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records waiting); retry shortly"
             )
-        cap.headers = public_headers(request.headers)
-        cap.harness, cap.harness_session = harness_of(request.headers)
+        caller(cap, request.headers)
         if request.headers.get("upgrade", "").lower() == "websocket":
             # Codex's built-in provider tries a Responses WebSocket first; a quick refusal makes it
             # fall back to POST + SSE without retry delays.
@@ -224,10 +221,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             exc = BadRequest("WebSocket transport is not supported by this proxy; use HTTP POST with stream=true")
             exc.status = 426
             return _error_response(request, exc)
-        raw, body = await _read_json(request, cap, dialect)
-        cap.request = body
-        if cap.session_id is None and body is not None:
-            cap.session_id = derive_session(cap.harness, cap.harness_session, dialect, body)
+        raw = await _read_body(request)
+        body = take_body(cap, raw, request.headers.get("content-type"))
         return await _relay(request, cap, raw, body)
     except OrchardError as exc:
         if cap.outcome is CallOutcome.OK:

@@ -1,4 +1,4 @@
-"""Reading a client's request body: shared by both front doors (the proxy and ``intercept``)."""
+"""Reading a client's call: shared by both front doors (the proxy and ``intercept``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,30 @@ from typing import Any
 
 import orjson
 
+from collections.abc import Mapping
+
 from orchard_rec.errors import BadRequest, UnsupportedMediaType
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.identity import derive_session, harness_of, public_headers
 from orchard_rec.records import Dialect
 
-__all__ = ["parse_body"]
+__all__ = ["caller", "parse_body", "take_body"]
+
+
+def caller(cap: Capture, headers: Mapping[str, str]) -> None:
+    """Who is calling: the headers fit to store, and the harness they name."""
+    cap.headers = public_headers(headers)
+    cap.harness, cap.harness_session = harness_of(headers)
+
+
+def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
+    """What they sent: the parsed body on the capture, and the session it implies when none was named."""
+    cap.bytes_in = len(raw)
+    body = parse_body(raw, content_type, cap.dialect)
+    cap.request = body
+    if cap.session_id is None and body is not None:
+        cap.session_id = derive_session(cap.harness, cap.harness_session, cap.dialect, body)
+    return body
 
 
 def parse_body(raw: bytes, content_type: str | None, dialect: Dialect) -> Any:
