@@ -16,25 +16,69 @@ CONTENT = "orchard " * 8
 
 def _bodies(chunks: int) -> dict[tuple[bool, bool], bytes]:
     def obj(ids: bool) -> dict:  # type: ignore[type-arg]
-        o = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "m",
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": CONTENT}, "logprobs": None, "finish_reason": "stop",
-                          "token_ids": list(range(100, 116)) if ids else None}],
-             "usage": {"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28},
-             "prompt_token_ids": list(range(12)) if ids else None}
+        o = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": CONTENT},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                    "token_ids": list(range(100, 116)) if ids else None,
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28},
+            "prompt_token_ids": list(range(12)) if ids else None,
+        }
         if ids:
-            o["choices"][0]["logprobs"] = {"content": [{"token": "x", "logprob": -0.1, "bytes": [120], "top_logprobs": []} for _ in range(16)]}
+            o["choices"][0]["logprobs"] = {
+                "content": [
+                    {"token": "x", "logprob": -0.1, "bytes": [120], "top_logprobs": []} for _ in range(16)
+                ]
+            }
         return o
 
     def frames(ids: bool) -> list[bytes]:
         out = []
-        first = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "prompt_token_ids": list(range(12)) if ids else None,
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+        first = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "prompt_token_ids": list(range(12)) if ids else None,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         out.append(b"data: " + json.dumps(first, separators=(",", ":")).encode() + b"\n\n")
         for k in range(chunks):
-            c = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                 "choices": [{"index": 0, "delta": {"content": "orchard "}, "finish_reason": "stop" if k == chunks - 1 else None,
-                              "logprobs": {"content": [{"token": "x", "logprob": -0.1, "bytes": [120], "top_logprobs": []}]} if ids else None,
-                              "token_ids": [100 + k] if ids else None}]}
+            c = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": "orchard "},
+                        "finish_reason": "stop" if k == chunks - 1 else None,
+                        "logprobs": {
+                            "content": [{"token": "x", "logprob": -0.1, "bytes": [120], "top_logprobs": []}]
+                        }
+                        if ids
+                        else None,
+                        "token_ids": [100 + k] if ids else None,
+                    }
+                ],
+            }
             out.append(b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n")
         out.append(b"data: [DONE]\n\n")
         return out
@@ -79,10 +123,18 @@ class Http(asyncio.Protocol):
         ids = b'"return_token_ids":true' in body or b'"return_token_ids": true' in body
         if head.startswith("GET"):
             payload = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)  # type: ignore[attr-defined]
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % len(payload)
+                + payload
+            )  # type: ignore[attr-defined]
         elif not stream:
             payload = self.bodies[(False, ids)]
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)  # type: ignore[attr-defined]
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % len(payload)
+                + payload
+            )  # type: ignore[attr-defined]
         else:
             self.busy = True
             asyncio.get_running_loop().create_task(self._stream(self.bodies[(True, ids)]))
@@ -105,7 +157,9 @@ class Http(asyncio.Protocol):
 
 async def serve(port: int, chunks: int, delay: float) -> None:
     bodies = _bodies(chunks)
-    server = await asyncio.get_running_loop().create_server(lambda: Http(bodies, delay), "127.0.0.1", port, backlog=4096)
+    server = await asyncio.get_running_loop().create_server(
+        lambda: Http(bodies, delay), "127.0.0.1", port, backlog=4096
+    )
     async with server:
         await server.serve_forever()
 

@@ -1,6 +1,6 @@
 """The floor for our stack: a bare aiohttp + uvloop forwarder that records nothing.
 
-    python bench/floor.py --port 9001 --upstream http://127.0.0.1:9000/v1
+python bench/floor.py --port 9001 --upstream http://127.0.0.1:9000/v1
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ def build(upstream: str) -> web.Application:
 
     async def forward(request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        async with request.app["s"].request(request.method, upstream + "/" + request.match_info["tail"], data=await request.read(), headers=headers) as up:
+        async with request.app["s"].request(
+            request.method,
+            upstream + "/" + request.match_info["tail"],
+            data=await request.read(),
+            headers=headers,
+        ) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP}
             if up.content_type == "text/event-stream":
                 resp = web.StreamResponse(status=up.status, headers=out)

@@ -86,7 +86,14 @@ class Target:
     sent: int = 0
 
 
-async def closed_loop(t: Target, concurrency: int, *, count: int | None = None, seconds: float | None = None, stream: bool = False) -> dict:  # type: ignore[type-arg]
+async def closed_loop(
+    t: Target,
+    concurrency: int,
+    *,
+    count: int | None = None,
+    seconds: float | None = None,
+    stream: bool = False,
+) -> dict:  # type: ignore[type-arg]
     lat: list[float] = []
     ttft: list[float] = []
     gaps: list[float] = []
@@ -96,13 +103,16 @@ async def closed_loop(t: Target, concurrency: int, *, count: int | None = None, 
     left = [count if count is not None else 10**9]
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=10)) as http:
+
         async def worker() -> None:
             nonlocal errors
             while left[0] > 0 and time.monotonic() < stop:
                 left[0] -= 1
                 t0 = time.perf_counter()
                 try:
-                    async with http.post(t.base + t.path, json=body, headers={"Authorization": "Bearer sk-bench"}) as r:
+                    async with http.post(
+                        t.base + t.path, json=body, headers={"Authorization": "Bearer sk-bench"}
+                    ) as r:
                         if stream:
                             last = None
                             async for _ in r.content.iter_any():
@@ -116,7 +126,7 @@ async def closed_loop(t: Target, concurrency: int, *, count: int | None = None, 
                             await r.read()
                         if r.status != 200:
                             errors += 1
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     errors += 1
                 lat.append(time.perf_counter() - t0)
                 t.sent += 1
@@ -134,10 +144,23 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
 
-def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], list[subprocess.Popen], object | None]:  # type: ignore[type-arg]
+def start_targets(
+    args: argparse.Namespace, work: Path
+) -> tuple[list[Target], list[subprocess.Popen], object | None]:  # type: ignore[type-arg]
     procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
     up_port = free_port()
-    procs.append(subprocess.Popen([sys.executable, str(HERE / "fakeupstream.py"), "--port", str(up_port), "--chunk-delay", str(args.chunk_delay)]))
+    procs.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "fakeupstream.py"),
+                "--port",
+                str(up_port),
+                "--chunk-delay",
+                str(args.chunk_delay),
+            ]
+        )
+    )
     upstream = f"http://127.0.0.1:{up_port}/v1"
     wait_http(upstream + "/models")
     targets = [Target("direct", f"http://127.0.0.1:{up_port}")]
@@ -158,24 +181,50 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
         except Exception as exc:  # no server binaries: PostgreSQL rows are skipped, and said so
             print(f"PostgreSQL targets skipped: {exc}", file=sys.stderr)
 
-    def orchard(name: str, mode: str, db: str, extra: list[str] | None = None, path: str = "/v1/chat/completions", body: dict | None = None,
-                env: dict | None = None) -> None:  # type: ignore[type-arg]
+    def orchard(
+        name: str,
+        mode: str,
+        db: str,
+        extra: list[str] | None = None,
+        path: str = "/v1/chat/completions",
+        body: dict | None = None,
+        env: dict | None = None,
+    ) -> None:  # type: ignore[type-arg]
         if args.only and name not in args.only.split(","):
             return
         port = free_port()
-        cmd = [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port), "--mode", mode,
-               "--spool", str(work / f"{name}.spool"), *(extra or [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchard_rec.cli",
+            "serve",
+            "--upstream",
+            upstream,
+            "--db",
+            db,
+            "--port",
+            str(port),
+            "--mode",
+            mode,
+            "--spool",
+            str(work / f"{name}.spool"),
+            *(extra or []),
+        ]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         procs.append(proc)
         wait_http(f"http://127.0.0.1:{port}/healthz")
-        targets.append(Target(name, f"http://127.0.0.1:{port}", path=path, body=body or CHAT, proc=proc, db=db))
+        targets.append(
+            Target(name, f"http://127.0.0.1:{port}", path=path, body=body or CHAT, proc=proc, db=db)
+        )
 
     for kind, make in dbs.items():
         orchard(f"orchard-passthrough-{kind}", "passthrough", make(f"pass-{kind}"))
         orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))
     orchard("orchard-token+responses", "token", dbs["sqlite"]("resp"), path="/v1/responses", body=RESP)
     # a slow database: every batch write sleeps 50 ms; the bounded queue must absorb it
-    orchard("orchard-token-slowdb", "token", dbs["sqlite"]("slow"), env={"ORCHARD_FAULT_WRITE_DELAY_S": "0.05"})
+    orchard(
+        "orchard-token-slowdb", "token", dbs["sqlite"]("slow"), env={"ORCHARD_FAULT_WRITE_DELAY_S": "0.05"}
+    )
 
     if not args.no_competitors and not (CACHE / "litellm" / "bin" / "litellm").exists():
         subprocess.run(["bash", str(HERE / "competitors.sh")], check=False)
@@ -190,21 +239,53 @@ def start_targets(args: argparse.Namespace, work: Path) -> tuple[list[Target], l
             wait_http(f"http://127.0.0.1:{port}{health}", timeout=120)
             targets.append(Target(name, f"http://127.0.0.1:{port}", proc=proc))
         except RuntimeError as exc:
-            print(f"{name} skipped: {exc}; its log: {(work / f'{name}.log').read_text()[-2000:]}", file=sys.stderr)
+            print(
+                f"{name} skipped: {exc}; its log: {(work / f'{name}.log').read_text()[-2000:]}",
+                file=sys.stderr,
+            )
 
     litellm = CACHE / "litellm" / "bin" / "litellm"
     if litellm.exists() and not args.no_competitors:
         port = free_port()
         cfg = work / "litellm.yaml"
-        cfg.write_text(f"model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}\n      api_key: sk-bench\n"
-                       "litellm_settings:\n  telemetry: false\n  drop_params: true\n")
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
-        competitor("litellm", [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"], port, "/health/liveliness", env)
+        cfg.write_text(
+            f"model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}\n      api_key: sk-bench\n"
+            "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
+        )
+        env = {
+            **os.environ,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_LOG": "ERROR",
+            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+        }
+        competitor(
+            "litellm",
+            [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
+            port,
+            "/health/liveliness",
+            env,
+        )
     rllm = CACHE / "rllm" / "bin" / "rllm-model-gateway"
     if rllm.exists() and not args.no_competitors:
         port = free_port()
-        competitor("rllm-model-gateway", [str(rllm), "--port", str(port), "--worker", upstream[: -len("/v1")], "--store", "sqlite",
-                                          "--db-path", str(work / "rllm.db"), "--log-level", "ERROR"], port, "/health")
+        competitor(
+            "rllm-model-gateway",
+            [
+                str(rllm),
+                "--port",
+                str(port),
+                "--worker",
+                upstream[: -len("/v1")],
+                "--store",
+                "sqlite",
+                "--db-path",
+                str(work / "rllm.db"),
+                "--log-level",
+                "ERROR",
+            ],
+            port,
+            "/health",
+        )
     return targets, procs, pg
 
 
@@ -228,10 +309,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--chunk-delay", type=float, default=0.002)
     ap.add_argument("--no-pg", action="store_true")
-    ap.add_argument("--no-competitors", action="store_true", help="do not install or run LiteLLM and rllm-model-gateway")
+    ap.add_argument(
+        "--no-competitors", action="store_true", help="do not install or run LiteLLM and rllm-model-gateway"
+    )
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
-    ap.add_argument("--no-toolkit", action="store_true", help="skip the toolkit benchmark (reconstruction and export on 100k calls)")
-    ap.add_argument("--only", default=None, help="comma-separated target names to run (e.g. floor,orchard-token-sqlite), for quick comparisons")
+    ap.add_argument(
+        "--no-toolkit",
+        action="store_true",
+        help="skip the toolkit benchmark (reconstruction and export on 100k calls)",
+    )
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated target names to run (e.g. floor,orchard-token-sqlite), for quick comparisons",
+    )
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     n1 = 60 if args.quick else 200
@@ -243,11 +334,19 @@ def main() -> None:
         for t in targets:  # warm up connections and caches
             asyncio.run(closed_loop(t, 4, count=40))
         for r in range(rounds):
-            order = targets[r % len(targets):] + targets[: r % len(targets)]
+            order = targets[r % len(targets) :] + targets[: r % len(targets)]
             for t in order:
                 for name, c, stream in phases:
                     cpu0 = cpu_seconds(t.proc.pid) if t.proc else 0.0
-                    res = asyncio.run(closed_loop(t, c, count=n1 if c == 1 and not stream else (n1 // 3 if stream else None), seconds=None if c == 1 else secs, stream=stream))
+                    res = asyncio.run(
+                        closed_loop(
+                            t,
+                            c,
+                            count=n1 if c == 1 and not stream else (n1 // 3 if stream else None),
+                            seconds=None if c == 1 else secs,
+                            stream=stream,
+                        )
+                    )
                     res["cpu"] = (cpu_seconds(t.proc.pid) - cpu0) if t.proc else 0.0
                     t.results.setdefault(name, []).append(res)
             print(f"round {r + 1}/{rounds} done", file=sys.stderr)
@@ -267,8 +366,22 @@ def main() -> None:
     toolkit = None
     if not args.no_toolkit and not args.only:
         print("toolkit: reconstruction and export on 100k one-call sessions ...", file=sys.stderr)
-        r = subprocess.run([sys.executable, str(HERE / "toolkit.py"), "--calls", "100000", "--turns", "1", "--formats", "jsonl,parquet,slime", "--json"],
-                           capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "toolkit.py"),
+                "--calls",
+                "100000",
+                "--turns",
+                "1",
+                "--formats",
+                "jsonl,parquet,slime",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         toolkit = json.loads(r.stdout.strip().splitlines()[-1])
     report(targets, rounds, args, work, toolkit)
     shutil.rmtree(work, ignore_errors=True)
@@ -281,7 +394,11 @@ def _versions() -> str:
     for name, pkg in (("litellm", "litellm"), ("rllm", "rllm-model-gateway")):
         py = CACHE / name / "bin" / "python"
         if py.exists():
-            v = subprocess.run([str(py), "-c", f"import importlib.metadata as m; print(m.version({pkg!r}))"], capture_output=True, text=True).stdout.strip()
+            v = subprocess.run(
+                [str(py), "-c", f"import importlib.metadata as m; print(m.version({pkg!r}))"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             out.append(f"{pkg} {v}")
     return ", ".join(out)
 
@@ -292,7 +409,12 @@ def _verdicts(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
     tok, floor = by.get("orchard-token-sqlite"), by.get("floor")
     if tok is None or floor is None:
         return []
-    out = ["## Targets (orchard-rec token mode on SQLite, ratios within this run)", "", "| target | measured | met |", "|---|---|---|"]
+    out = [
+        "## Targets (orchard-rec token mode on SQLite, ratios within this run)",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+    ]
 
     def row(name: str, value: float, goal: float, fmt: str, le: bool = True) -> None:
         ok = value <= goal if le else value >= goal
@@ -300,30 +422,67 @@ def _verdicts(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
 
     row("added p50 (c=1) <= 2x the floor's", tok["added_p50_ms"] / floor["added_p50_ms"], 2.0, "{:.2f}x")
     if "rllm-model-gateway" in by:
-        row("added p50 (c=1) <= 0.3x rllm-model-gateway's", tok["added_p50_ms"] / by["rllm-model-gateway"]["added_p50_ms"], 0.3, "{:.2f}x")
+        row(
+            "added p50 (c=1) <= 0.3x rllm-model-gateway's",
+            tok["added_p50_ms"] / by["rllm-model-gateway"]["added_p50_ms"],
+            0.3,
+            "{:.2f}x",
+        )
     row("proxy CPU per call <= 2x the floor's", tok["cpu_ms"] / floor["cpu_ms"], 2.0, "{:.2f}x")
-    row("throughput c=32 >= 0.8x the floor's", tok["rps"]["c32"] / floor["rps"]["c32"], 0.8, "{:.2f}x", le=False)
+    row(
+        "throughput c=32 >= 0.8x the floor's",
+        tok["rps"]["c32"] / floor["rps"]["c32"],
+        0.8,
+        "{:.2f}x",
+        le=False,
+    )
     if "litellm" in by:
-        row("throughput c=32 >= 10x LiteLLM's", tok["rps"]["c32"] / by["litellm"]["rps"]["c32"], 10.0, "{:.1f}x", le=False)
-    row("stream: added inter-chunk gap <= the floor's (+0.02 ms measurement noise)", tok["added_gap_ms"] - floor["added_gap_ms"], 0.02, "{:+.3f} ms vs floor")
+        row(
+            "throughput c=32 >= 10x LiteLLM's",
+            tok["rps"]["c32"] / by["litellm"]["rps"]["c32"],
+            10.0,
+            "{:.1f}x",
+            le=False,
+        )
+    row(
+        "stream: added inter-chunk gap <= the floor's (+0.02 ms measurement noise)",
+        tok["added_gap_ms"] - floor["added_gap_ms"],
+        0.02,
+        "{:+.3f} ms vs floor",
+    )
     row("stream: added TTFT <= 2x the floor's", tok["added_ttft_ms"] / floor["added_ttft_ms"], 2.0, "{:.2f}x")
     slow = by.get("orchard-token-slowdb")
     if slow is not None:
-        row("slow database (50 ms per write): added p50 <= 1.5x the normal database's", slow["added_p50_ms"] / tok["added_p50_ms"], 1.5, "{:.2f}x")
-        out.append(f"| slow database: every call recorded once drained | {slow['recorded']} / {slow['sent']} | {'yes' if slow['recorded'] == slow['sent'] else 'no'} |")
+        row(
+            "slow database (50 ms per write): added p50 <= 1.5x the normal database's",
+            slow["added_p50_ms"] / tok["added_p50_ms"],
+            1.5,
+            "{:.2f}x",
+        )
+        out.append(
+            f"| slow database: every call recorded once drained | {slow['recorded']} / {slow['sent']} | {'yes' if slow['recorded'] == slow['sent'] else 'no'} |"
+        )
     return out
 
 
 def _toolkit_lines(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
-    out = ["## Toolkit (`python bench/toolkit.py --calls 100000 --turns 1 --formats jsonl,parquet,slime`, one process each, one core)", "",
-           "| calls | measure | wall s | calls/s | samples/s | peak RSS MB |", "|---|---|---|---|---|---|"]
+    out = [
+        "## Toolkit (`python bench/toolkit.py --calls 100000 --turns 1 --formats jsonl,parquet,slime`, one process each, one core)",
+        "",
+        "| calls | measure | wall s | calls/s | samples/s | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['calls']} | {r['measure']} | {r['wall_s']:.2f} | {r['calls'] / r['wall_s']:.0f} | {r['samples'] / r['wall_s']:.0f} | {r['peak_rss_mb']:.1f} |")
+        out.append(
+            f"| {r['calls']} | {r['measure']} | {r['wall_s']:.2f} | {r['calls'] / r['wall_s']:.0f} | {r['samples'] / r['wall_s']:.0f} | {r['peak_rss_mb']:.1f} |"
+        )
     big = max(r["calls"] for r in rows)
     at = {(r["calls"], r["measure"]): r for r in rows}
     out += ["", "| target | measured | met |", "|---|---|---|"]
     rec = at[(big, "reconstruct")]
-    out.append(f"| reconstruction >= 20k calls/s | {rec['calls'] / rec['wall_s']:.0f} | {'yes' if rec['calls'] / rec['wall_s'] >= 20000 else 'no'} |")
+    out.append(
+        f"| reconstruction >= 20k calls/s | {rec['calls'] / rec['wall_s']:.0f} | {'yes' if rec['calls'] / rec['wall_s'] >= 20000 else 'no'} |"
+    )
     for (n, kind), r in sorted(at.items()):
         if n == big and kind.startswith("export:"):
             v = r["samples"] / r["wall_s"]
@@ -331,11 +490,19 @@ def _toolkit_lines(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
     small = min(r["calls"] for r in rows)
     for kind in sorted({r["measure"] for r in rows}):
         a, b = at[(small, kind)]["peak_rss_mb"], at[(big, kind)]["peak_rss_mb"]
-        out.append(f"| {kind}: memory flat ({small} -> {big} calls) | {a:.0f} -> {b:.0f} MB | {'yes' if b <= a * 1.15 else 'no'} |")
+        out.append(
+            f"| {kind}: memory flat ({small} -> {big} calls) | {a:.0f} -> {b:.0f} MB | {'yes' if b <= a * 1.15 else 'no'} |"
+        )
     return out
 
 
-def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: Path, toolkit: list[dict] | None = None) -> None:  # type: ignore[type-arg]
+def report(
+    targets: list[Target],
+    rounds: int,
+    args: argparse.Namespace,
+    work: Path,
+    toolkit: list[dict] | None = None,
+) -> None:  # type: ignore[type-arg]
     direct = next(t for t in targets if t.name == "direct")
     d50 = statistics.median(pct(r["lat"], 50) for r in direct.results["c1"])
     d99 = statistics.median(pct(r["lat"], 99) for r in direct.results["c1"])
@@ -353,22 +520,35 @@ def report(targets: list[Target], rounds: int, args: argparse.Namespace, work: P
         calls32 = sum(len(r["lat"]) for r in res["c32"])
         cpu_ms = 1000 * sum(r["cpu"] for r in res["c32"]) / calls32 if t.proc and calls32 else 0.0
         errors = sum(r["errors"] for ph in ("c1", "stream", "c32", "c256") for r in res[ph])
-        rows.append({
-            "target": t.name, "added_p50_ms": statistics.median(a50) * 1e3, "added_p50_range": (min(a50) * 1e3, max(a50) * 1e3),
-            "added_p99_ms": statistics.median(a99) * 1e3, "added_ttft_ms": statistics.median(ttft) * 1e3,
-            "added_gap_ms": statistics.median(gap) * 1e3 if gap else float("nan"),
-            "rps": {c: statistics.median(v) for c, v in rps.items()}, "rps_range": {c: (min(v), max(v)) for c, v in rps.items()},
-            "cpu_ms": cpu_ms, "rss": res["rss"], "sent": t.sent, "recorded": res["recorded"], "errors": errors,
-        })
+        rows.append(
+            {
+                "target": t.name,
+                "added_p50_ms": statistics.median(a50) * 1e3,
+                "added_p50_range": (min(a50) * 1e3, max(a50) * 1e3),
+                "added_p99_ms": statistics.median(a99) * 1e3,
+                "added_ttft_ms": statistics.median(ttft) * 1e3,
+                "added_gap_ms": statistics.median(gap) * 1e3 if gap else float("nan"),
+                "rps": {c: statistics.median(v) for c, v in rps.items()},
+                "rps_range": {c: (min(v), max(v)) for c, v in rps.items()},
+                "cpu_ms": cpu_ms,
+                "rss": res["rss"],
+                "sent": t.sent,
+                "recorded": res["recorded"],
+                "errors": errors,
+            }
+        )
     floor = next(r for r in rows if r["target"] == "floor")
     lines = [
-        "# orchard-rec proxy benchmark", "",
+        "# orchard-rec proxy benchmark",
+        "",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}. Command: `python bench/run.py{' --quick' if args.quick else ''}` ({rounds} interleaved rounds, target order rotated each round; "
         f"fake upstream: bench/fakeupstream.py, 16 stream chunks {args.chunk_delay * 1e3:.0f} ms apart). Direct: p50 {d50 * 1e3:.3f} ms, p99 {d99 * 1e3:.3f} ms, "
-        f"throughput c=1/32/256: {drps['c1']:.0f}/{drps['c32']:.0f}/{drps['c256']:.0f} req/s.", "",
+        f"throughput c=1/32/256: {drps['c1']:.0f}/{drps['c32']:.0f}/{drps['c256']:.0f} req/s.",
+        "",
         "Added latency is over direct at c=1, non-stream (median of rounds; range across rounds in brackets). Stream: added time to first byte and added mean inter-chunk gap. "
-        "CPU: the proxy process's user+system time per call during the c=32 phase. Throughput is requests/s through the proxy (closed loop, the load generator shares the 2 cores).", "",
+        "CPU: the proxy process's user+system time per call during the c=32 phase. Throughput is requests/s through the proxy (closed loop, the load generator shares the 2 cores).",
+        "",
         "| target | added p50 ms | added p99 ms | added TTFT ms | added gap ms | req/s c=1 | c=32 | c=256 | c=32 vs floor | CPU ms/call | RSS MB | recorded / sent | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -40,14 +40,26 @@ def build_db(url: str, calls: int, turns: int, seed: int = 7) -> None:
         prompt = [rng.randrange(1000) for _ in range(200)]
         for k in range(turns):
             completion = [rng.randrange(1000) for _ in range(40)] + [2]
-            batch.append(CallRecord(
-                call_id=f"{s:08d}{k:04d}", session_id=f"s{s:07d}", dialect=Dialect.CHAT, method="POST",
-                path="/v1/chat/completions", stream=False, status_code=200, outcome=CallOutcome.OK,
-                received_at=t0 + s + k * 0.01, first_byte_at=None, done_at=t0 + s + k * 0.01 + 0.005,
-                prompt_ids=tuple(prompt), completion_ids=tuple(completion),
-                completion_logprobs=tuple(-0.1 for _ in completion), finish_reason="stop",
-                request={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-            ))
+            batch.append(
+                CallRecord(
+                    call_id=f"{s:08d}{k:04d}",
+                    session_id=f"s{s:07d}",
+                    dialect=Dialect.CHAT,
+                    method="POST",
+                    path="/v1/chat/completions",
+                    stream=False,
+                    status_code=200,
+                    outcome=CallOutcome.OK,
+                    received_at=t0 + s + k * 0.01,
+                    first_byte_at=None,
+                    done_at=t0 + s + k * 0.01 + 0.005,
+                    prompt_ids=tuple(prompt),
+                    completion_ids=tuple(completion),
+                    completion_logprobs=tuple(-0.1 for _ in completion),
+                    finish_reason="stop",
+                    request={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                )
+            )
             prompt = prompt + completion + [rng.randrange(1000) for _ in range(20)]
             if len(batch) >= 2000:
                 store.write_batch(batch)
@@ -78,7 +90,10 @@ def _measure(kind: str, url: str, out_dir: str) -> dict[str, float]:
         n_calls = stats.samples * 0  # not counted by exporters
     wall = time.perf_counter() - t
     return {
-        "wall_s": wall, "cpu_s": time.process_time() - cpu, "samples": n_samples, "calls": n_calls,
+        "wall_s": wall,
+        "cpu_s": time.process_time() - cpu,
+        "samples": n_samples,
+        "calls": n_calls,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -88,7 +103,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--formats", default="jsonl")
-    ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line at the end (bench/run.py reads it)")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="also print the rows as one JSON line at the end (bench/run.py reads it)",
+    )
     ap.add_argument("--child", nargs=3, metavar=("KIND", "URL", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -102,12 +121,19 @@ def main() -> None:
         build_db(url, n, a.turns)
         print(f"built {n} calls in {time.perf_counter() - t:.1f}s", file=sys.stderr)
         for kind in ["reconstruct"] + [f"export:{f}" for f in a.formats.split(",")]:
-            r = subprocess.run([sys.executable, __file__, "--child", kind, url, str(work)], capture_output=True, text=True, check=True)
+            r = subprocess.run(
+                [sys.executable, __file__, "--child", kind, url, str(work)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             m = json.loads(r.stdout.strip().splitlines()[-1])
             rows.append((n, kind, m))
     print(f"{'calls':>8} {'measure':<14} {'wall s':>8} {'calls/s':>10} {'samples/s':>10} {'peak RSS MB':>12}")
     for n, kind, m in rows:
-        print(f"{n:>8} {kind:<14} {m['wall_s']:>8.2f} {n / m['wall_s']:>10.0f} {m['samples'] / m['wall_s']:>10.0f} {m['peak_rss_mb']:>12.1f}")
+        print(
+            f"{n:>8} {kind:<14} {m['wall_s']:>8.2f} {n / m['wall_s']:>10.0f} {m['samples'] / m['wall_s']:>10.0f} {m['peak_rss_mb']:>12.1f}"
+        )
     for f in work.iterdir():
         f.unlink()
     os.rmdir(work)

@@ -21,21 +21,37 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchard_rec.proxy.capture import Capture  # noqa: E402
-from orchard_rec.proxy.server import tune_interpreter  # noqa: E402
-from orchard_rec.proxy.token import plan_for  # noqa: E402
-from orchard_rec.records import Dialect  # noqa: E402
-from orchard_rec.storage import Store  # noqa: E402
-from orchard_rec.storage.store import _row  # noqa: E402
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.server import tune_interpreter
+from orchard_rec.proxy.token import plan_for
+from orchard_rec.records import Dialect
+from orchard_rec.storage import Store
+from orchard_rec.storage.store import _row
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there, benchmark"}]}
-ANSWER = orjson.dumps({
-    "id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! " * 8}, "finish_reason": "stop",
-                 "logprobs": {"content": [{"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": []} for _ in range(16)]},
-                 "token_ids": list(range(16))}],
-    "usage": {"prompt_tokens": 10, "completion_tokens": 16, "total_tokens": 26}, "prompt_token_ids": list(range(10)),
-})
+ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello! " * 8},
+                "finish_reason": "stop",
+                "logprobs": {
+                    "content": [
+                        {"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": []} for _ in range(16)
+                    ]
+                },
+                "token_ids": list(range(16)),
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 16, "total_tokens": 26},
+        "prompt_token_ids": list(range(10)),
+    }
+)
 
 
 def capture() -> Capture:
@@ -65,7 +81,9 @@ def main() -> None:
         t = time.process_time()
         for i in range(0, n, size):
             store.write_batch(recs[i : i + size], known_new=True)
-        print(f"store (Store.write_batch), batch {size:>3}   {1e6 * (time.process_time() - t) / n:7.1f} us/call")
+        print(
+            f"store (Store.write_batch), batch {size:>3}   {1e6 * (time.process_time() - t) / n:7.1f} us/call"
+        )
         store.close()
     store = Store(f"sqlite:///{work / 'raw.db'}")
     store.upgrade()
@@ -74,7 +92,10 @@ def main() -> None:
     sql, conv = store._insert_sql, store._insert_conv
     store.close()
     t = time.process_time()
-    params = [tuple(v if (v := row[name]) is None or f is None else f(v) for name, f in conv) for row in (_row(r, None) for r in recs[1:])]
+    params = [
+        tuple(v if (v := row[name]) is None or f is None else f(v) for name, f in conv)
+        for row in (_row(r, None) for r in recs[1:])
+    ]
     print(f"row values (orjson text, timestamps)  {1e6 * (time.process_time() - t) / n:7.1f} us/call")
     con = sqlite3.connect(str(work / "raw.db"))
     con.execute("PRAGMA journal_mode=WAL")

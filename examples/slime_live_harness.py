@@ -16,7 +16,12 @@ from orchard_rec.trainers.slime import generate
 from orchard_rec.trainers.slime_compat import sample_class
 
 host, port = sys.argv[1], int(sys.argv[2])  # slime's --sglang-router-ip / --sglang-router-port
-args = Namespace(sglang_router_ip=host, sglang_router_port=port, orchard_harness="codex", orchard_db="sqlite:///./orchard.db")
+args = Namespace(
+    sglang_router_ip=host,
+    sglang_router_port=port,
+    orchard_harness="codex",
+    orchard_db="sqlite:///./orchard.db",
+)
 Sample = sample_class()
 sample = asyncio.run(generate(args, Sample(prompt="Please run `ls` and summarise."), {"temperature": 1.0}))
 print(sample.status, sample.response_length, sum(sample.loss_mask), sample.metadata["orchard_session"])

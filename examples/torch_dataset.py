@@ -6,7 +6,9 @@ from torch.utils.data import DataLoader
 
 from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
 
-path = sys.argv[1] if len(sys.argv) > 1 else "samples.jsonl"  # orchard-rec export --format jsonl --out samples.jsonl
+path = (
+    sys.argv[1] if len(sys.argv) > 1 else "samples.jsonl"
+)  # orchard-rec export --format jsonl --out samples.jsonl
 ds = OrchardDataset(path, advantage_fn=lambda s: (s.reward or 0.0) - 0.5)  # map-style, shuffles
 for batch in DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate):
     print({k: tuple(v.shape) for k, v in batch.items()})  # input_ids, labels (-100 off-mask), loss_mask, ...

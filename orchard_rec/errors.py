@@ -107,5 +107,7 @@ def error_body(exc: OrchardError, anthropic: bool) -> bytes:
     if anthropic:
         err = {"type": "error", "error": {"type": exc.anthropic_type, "message": exc.message}}
     else:
-        err = {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+        err = {
+            "error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}
+        }
     return orjson.dumps(err)

@@ -8,10 +8,11 @@ proxy/ builds it, storage/ persists it, reconstruct/ reads it back.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["CallOutcome", "CallRecord", "Dialect", "Outcome", "SESSION_STATUSES"]
+__all__ = ["SESSION_STATUSES", "CallOutcome", "CallRecord", "Dialect", "Outcome"]
 
 
 class Dialect(str, enum.Enum):

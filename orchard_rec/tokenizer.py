@@ -29,7 +29,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise ValueError(f"no tokenizer.json at {name_or_path!r}, and transformers is not installed: pip install 'orchard-rec[hf]'") from exc
+        raise ValueError(
+            f"no tokenizer.json at {name_or_path!r}, and transformers is not installed: pip install 'orchard-rec[hf]'"
+        ) from exc
     return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
 
 

@@ -16,13 +16,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pg import PgCluster  # noqa: E402
+from pg import PgCluster
 
-from orchard_rec.demo.upstream import DemoUpstream  # noqa: E402
-from orchard_rec.proxy.app import RECORDER, build_app  # noqa: E402
-from orchard_rec.proxy.config import ProxyConfig  # noqa: E402
-from orchard_rec.proxy.server import BackgroundServer  # noqa: E402
-from orchard_rec.storage.store import Store  # noqa: E402
+from orchard_rec.demo.upstream import DemoUpstream
+from orchard_rec.proxy.app import RECORDER, build_app
+from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.server import BackgroundServer
+from orchard_rec.storage.store import Store
 
 
 @pytest.fixture(scope="session")
@@ -113,12 +113,13 @@ def proxy_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 @pytest.fixture(scope="session")
 def recorded_db(tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
     """Six sessions over three dialects, in three groups ("task"), with rewards."""
+    from e2e.agents import AGENTS
+
     from orchard_rec.demo.upstream import DemoUpstream
     from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
     from orchard_rec.proxy.app import RECORDER
     from orchard_rec.records import Outcome
     from orchard_rec.storage import Store
-    from e2e.agents import AGENTS
 
     db = f"sqlite:///{tmp_path_factory.mktemp('rec') / 'o.db'}"
     with BackgroundServer(DemoUpstream().app()) as up:

@@ -41,7 +41,9 @@ def call(
 
 def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
     """Invariants 1, 2 and 4 of reconstruction over recorded calls and their samples."""
-    for c in calls:  # (1) each generation verbatim, contiguous, in exactly one sample, mask 1, logprobs aligned
+    for (
+        c
+    ) in calls:  # (1) each generation verbatim, contiguous, in exactly one sample, mask 1, logprobs aligned
         [(s, t)] = [(s, t) for s in samples for t in s.turns if t.call_id == c.call_id]
         assert s.response_ids[t.start : t.end] == list(c.completion_ids)
         assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)

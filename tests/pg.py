@@ -27,7 +27,9 @@ def _bindir() -> Path:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(initdb).resolve().parent
-    raise RuntimeError("PostgreSQL server binaries not found: apt-get install -y postgresql (.ci/run does this)")
+    raise RuntimeError(
+        "PostgreSQL server binaries not found: apt-get install -y postgresql (.ci/run does this)"
+    )
 
 
 def _free_port() -> int:
@@ -56,20 +58,62 @@ class PgCluster:
 
     def _opts(self) -> str:
         fast = "" if self.durable else " -c synchronous_commit=off"
-        return f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300" + fast
+        return (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300"
+            + fast
+        )
 
     def start(self) -> PgCluster:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         opts = self._opts()
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         return self
 
     def stop(self, mode: str = "immediate") -> None:
-        subprocess.run([*self._as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [*self._as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def restart(self) -> None:
         opts = self._opts()
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def cleanup(self) -> None:
         self.stop()

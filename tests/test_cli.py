@@ -34,7 +34,11 @@ def test_sessions_and_calls(tmp_path: Path) -> None:
     assert {(s["id"], s["calls"]) for s in json.loads(r.output)} == {("alpha", 2), ("beta", 1)}
     r = runner.invoke(app, ["calls", "alpha", "--db", url, "--json"])
     rows = json.loads(r.output)
-    assert [c["seq"] for c in rows] == [1, 2] and rows[0]["prompt_tokens"] == 2 and rows[0]["completion_tokens"] == 1
+    assert (
+        [c["seq"] for c in rows] == [1, 2]
+        and rows[0]["prompt_tokens"] == 2
+        and rows[0]["completion_tokens"] == 1
+    )
     r = runner.invoke(app, ["calls", "nope", "--db", url])
     assert r.exit_code == 1 and "no session" in r.output
     r = runner.invoke(app, ["sessions", "--db", url])
@@ -53,6 +57,10 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     assert "marker.txt = 'orchard'" in r.output
     recs = Store(f"sqlite:///{tmp_path / 'orchard.db'}").calls("demo")
     assert len(recs) == 5 and [r.seq for r in recs] == [1, 2, 3, 4, 5]
-    assert "into 1 sample(s)" in r.output and (tmp_path / "samples.jsonl").exists() and (tmp_path / "rollout_0.pt").exists()
+    assert (
+        "into 1 sample(s)" in r.output
+        and (tmp_path / "samples.jsonl").exists()
+        and (tmp_path / "rollout_0.pt").exists()
+    )
     [row] = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert row["tokens"] == list(recs[-1].prompt_ids) + list(recs[-1].completion_ids) and row["reward"] == 1.0

@@ -7,8 +7,14 @@ import importlib
 import pytest
 
 PACKAGES = [
-    "orchard_rec", "orchard_rec.proxy", "orchard_rec.storage", "orchard_rec.reconstruct", "orchard_rec.exporters",
-    "orchard_rec.trainers", "orchard_rec.harnesses", "orchard_rec.demo",
+    "orchard_rec",
+    "orchard_rec.proxy",
+    "orchard_rec.storage",
+    "orchard_rec.reconstruct",
+    "orchard_rec.exporters",
+    "orchard_rec.trainers",
+    "orchard_rec.harnesses",
+    "orchard_rec.demo",
 ]
 
 
@@ -25,11 +31,15 @@ def test_torch_is_not_imported_by_the_core() -> None:
     import sys
 
     code = "import orchard_rec.proxy, orchard_rec.storage, orchard_rec.reconstruct, orchard_rec.exporters, orchard_rec.cli, sys; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "False"
 
 
-@pytest.mark.parametrize("name", PACKAGES + ["orchard_rec.cli", "orchard_rec.trainers.slime", "orchard_rec.exporters.pipeline"])
+@pytest.mark.parametrize(
+    "name", PACKAGES + ["orchard_rec.cli", "orchard_rec.trainers.slime", "orchard_rec.exporters.pipeline"]
+)
 def test_each_module_imports_first_in_a_fresh_interpreter(name: str) -> None:
     """No import cycle depends on which module a user imports first."""
     import subprocess

@@ -61,7 +61,13 @@ def run_agent(
                 break
             for tc in msg["tool_calls"]:
                 args = json.loads(tc["function"]["arguments"] or "{}")
-                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": _shell(args.get("cmd", ""), workdir)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": tc["id"],
+                        "content": _shell(args.get("cmd", ""), workdir),
+                    }
+                )
     return messages
 
 
@@ -71,7 +77,14 @@ def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], str
         m = r.choices[0].message
         out: dict[str, Any] = {"role": "assistant", "content": m.content}
         if m.tool_calls:
-            out["tool_calls"] = [{"id": t.id, "type": "function", "function": {"name": t.function.name, "arguments": t.function.arguments}} for t in m.tool_calls]
+            out["tool_calls"] = [
+                {
+                    "id": t.id,
+                    "type": "function",
+                    "function": {"name": t.function.name, "arguments": t.function.arguments},
+                }
+                for t in m.tool_calls
+            ]
         return out
     content = ""
     calls: dict[int, dict[str, Any]] = {}
@@ -81,7 +94,9 @@ def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], str
         d = ch.choices[0].delta
         content += d.content or ""
         for t in d.tool_calls or ():
-            c = calls.setdefault(t.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            c = calls.setdefault(
+                t.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
             if t.id:
                 c["id"] = t.id
             if t.function and t.function.name:

@@ -41,7 +41,13 @@ def parse_chatml(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] 
                     c = json.loads(raw)
                 except json.JSONDecodeError:
                     continue
-                calls.append({"id": f"call_{len(calls)}", "type": "function", "function": {"name": c.get("name"), "arguments": json.dumps(c.get("arguments"))}})
+                calls.append(
+                    {
+                        "id": f"call_{len(calls)}",
+                        "type": "function",
+                        "function": {"name": c.get("name"), "arguments": json.dumps(c.get("arguments"))},
+                    }
+                )
             content = _CALL.sub("", body).strip() or None
             msg: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:

@@ -24,7 +24,16 @@ from orchard_rec.demo.tokenizer import build_tokenizer
 __all__ = ["Generation", "ScriptedModel"]
 
 _RUN = re.compile(r"run `([^`]+)`")
-_SHELL_NAMES = ("exec_command", "Bash", "bash", "exec", "shell", "run_shell_command", "run_command", "execute")
+_SHELL_NAMES = (
+    "exec_command",
+    "Bash",
+    "bash",
+    "exec",
+    "shell",
+    "run_shell_command",
+    "run_command",
+    "execute",
+)
 
 
 def _text(c: Any) -> str:
@@ -70,7 +79,9 @@ class Generation:
 
 
 class ScriptedModel:
-    def __init__(self, *, drift: bool = False, think: bool = False, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, *, drift: bool = False, think: bool = False, tokenizer: Tokenizer | None = None
+    ) -> None:
         self.tok = tokenizer or build_tokenizer()
         self.drift = drift
         """Emit a non-canonical split of the generated text, so re-tokenizing it gives other ids."""
@@ -100,7 +111,9 @@ class ScriptedModel:
             out.append(i)
         return out
 
-    def decide(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    def decide(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
         commands: list[str] = []
         for m in messages:
             if m.get("role") == "user":
@@ -119,7 +132,10 @@ class ScriptedModel:
         return f"Hello! You said: {last[:60]}", []
 
     def generate(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None,
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
         prompt_ids: list[int] | None = None,
     ) -> Generation:
         """Answer the conversation; ``prompt_ids`` when the client sent ids (token-in), else rendered here."""
@@ -130,7 +146,13 @@ class ScriptedModel:
         if self.think:
             reasoning = "The user wants a tool run." if calls else "I can answer now."
             secs.append(Section("reasoning", [self.tok.token_to_id("<think>")]))
-            secs.append(Section("reasoning", self._noncanonical(self.encode("\n" + reasoning + "\n")), "\n" + reasoning + "\n"))
+            secs.append(
+                Section(
+                    "reasoning",
+                    self._noncanonical(self.encode("\n" + reasoning + "\n")),
+                    "\n" + reasoning + "\n",
+                )
+            )
             secs.append(Section("reasoning", [self.tok.token_to_id("</think>")] + self.encode("\n\n")))
         if text:
             secs.append(Section("content", self._noncanonical(self.encode(text)), text))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from orchard_rec.demo.agent import run_agent
 from orchard_rec.demo.upstream import DemoUpstream
+from orchard_rec.exporters import ExportError, get
 from orchard_rec.proxy.app import RECORDER, build_app
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer
-from orchard_rec.exporters import ExportError, get
 from orchard_rec.reconstruct import Sample, iter_samples
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
@@ -54,7 +54,9 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
             proxy.app[RECORDER].flush()
     store = Store(db_url)
     try:
-        store.set_outcome(SESSION, Outcome(reward=1.0 if (sandbox / "marker.txt").exists() else 0.0, status="completed"))
+        store.set_outcome(
+            SESSION, Outcome(reward=1.0 if (sandbox / "marker.txt").exists() else 0.0, status="completed")
+        )
         calls = store.calls(SESSION)
         samples = list(iter_samples(store, sessions=[SESSION]))
     finally:

@@ -21,7 +21,7 @@ _TOOLS_HEADER = (
 )
 _TOOLS_FOOTER = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 
 
@@ -50,10 +50,18 @@ def render_tool_call(name: str, arguments: Any) -> str:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             pass
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        + "\n</tool_call>"
+    )
 
 
-def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True) -> str:
+def render(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
     out: list[str] = []
     msgs = list(messages)
     system = ""
@@ -80,7 +88,13 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = 
             continue
         if role == "assistant":
             text = _content(m.get("content"))
-            calls = [render_tool_call((tc.get("function") or {}).get("name", ""), (tc.get("function") or {}).get("arguments", "")) for tc in m.get("tool_calls") or ()]
+            calls = [
+                render_tool_call(
+                    (tc.get("function") or {}).get("name", ""),
+                    (tc.get("function") or {}).get("arguments", ""),
+                )
+                for tc in m.get("tool_calls") or ()
+            ]
             if calls:
                 text = (text + "\n" if text else "") + "\n".join(calls)
             out.append("<|im_start|>assistant\n" + text + "<|im_end|>\n")
@@ -92,31 +106,55 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = 
     return "".join(out)
 
 
-
 _NL = "{{ '\\n' }}"
 CHAT_TEMPLATE = (
     "{%- if messages and messages[0].role == 'system' -%}"
     "{%- set system = messages[0].content or '' -%}{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}{%- set system = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
     "{%- if tools -%}"
-    "<|im_start|>system" + _NL + "{{ system }}" + _TOOLS_HEADER.replace("\n", _NL)
-    + "{%- for t in tools -%}" + _NL + "{{ t | tojson }}{%- endfor -%}"
-    + _TOOLS_FOOTER.replace("\n", _NL).replace("{\"name\"", "{{ '{' }}\"name\"").replace("object>}", "object>{{ '}' }}")
-    + "<|im_end|>" + _NL
-    + "{%- elif system -%}<|im_start|>system" + _NL + "{{ system }}<|im_end|>" + _NL + "{%- endif -%}"
+    "<|im_start|>system"
+    + _NL
+    + "{{ system }}"
+    + _TOOLS_HEADER.replace("\n", _NL)
+    + "{%- for t in tools -%}"
+    + _NL
+    + "{{ t | tojson }}{%- endfor -%}"
+    + _TOOLS_FOOTER.replace("\n", _NL)
+    .replace('{"name"', "{{ '{' }}\"name\"")
+    .replace("object>}", "object>{{ '}' }}")
+    + "<|im_end|>"
+    + _NL
+    + "{%- elif system -%}<|im_start|>system"
+    + _NL
+    + "{{ system }}<|im_end|>"
+    + _NL
+    + "{%- endif -%}"
     "{%- for m in loop_messages -%}"
     "{%- if m.role == 'tool' -%}"
-    "{%- if loop.first or loop_messages[loop.index0 - 1].role != 'tool' -%}<|im_start|>user" + _NL + "{%- else -%}" + _NL + "{%- endif -%}"
+    "{%- if loop.first or loop_messages[loop.index0 - 1].role != 'tool' -%}<|im_start|>user"
+    + _NL
+    + "{%- else -%}"
+    + _NL
+    + "{%- endif -%}"
     "<tool_response>" + _NL + "{{ m.content }}" + _NL + "</tool_response>"
     "{%- if loop.last or loop_messages[loop.index0 + 1].role != 'tool' -%}<|im_end|>" + _NL + "{%- endif -%}"
     "{%- elif m.role == 'assistant' -%}"
     "<|im_start|>assistant" + _NL + "{{ m.content or '' }}"
     "{%- for tc in m.tool_calls or [] -%}"
     "{%- if m.content or not loop.first -%}" + _NL + "{%- endif -%}"
-    "<tool_call>" + _NL + "{{ '{' }}\"name\": {{ tc.function.name | tojson }}, \"arguments\": {{ tc.function.arguments | tojson }}{{ '}' }}" + _NL + "</tool_call>"
+    "<tool_call>"
+    + _NL
+    + "{{ '{' }}\"name\": {{ tc.function.name | tojson }}, \"arguments\": {{ tc.function.arguments | tojson }}{{ '}' }}"
+    + _NL
+    + "</tool_call>"
     "{%- endfor -%}"
-    "<|im_end|>" + _NL
-    + "{%- else -%}<|im_start|>{{ m.role }}" + _NL + "{{ m.content }}<|im_end|>" + _NL + "{%- endif -%}"
+    "<|im_end|>"
+    + _NL
+    + "{%- else -%}<|im_start|>{{ m.role }}"
+    + _NL
+    + "{{ m.content }}<|im_end|>"
+    + _NL
+    + "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|im_start|>assistant" + _NL + "{%- endif -%}"
 )

@@ -24,7 +24,14 @@ from aiohttp import web
 
 from orchard_rec.demo.chatml import parse_chatml
 from orchard_rec.demo.model import Generation, ScriptedModel
-from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
+from orchard_rec.protocol.translate import (
+    MessagesStream,
+    ResponsesStream,
+    chat_to_messages,
+    chat_to_responses,
+    messages_to_chat,
+    responses_to_chat,
+)
 
 __all__ = ["DemoUpstream", "build_upstream_app"]
 
@@ -42,7 +49,14 @@ def _sse(data: Any, event: str | None = None) -> bytes:
 
 
 class DemoUpstream:
-    def __init__(self, *, drift: bool = False, think: bool = False, chunk_delay: float = 0.0, model_name: str = MODEL_NAME) -> None:
+    def __init__(
+        self,
+        *,
+        drift: bool = False,
+        think: bool = False,
+        chunk_delay: float = 0.0,
+        model_name: str = MODEL_NAME,
+    ) -> None:
         self.model = ScriptedModel(drift=drift, think=think)
         self.chunk_delay = chunk_delay
         self.model_name = model_name
@@ -61,14 +75,32 @@ class DemoUpstream:
         out = []
         for k, i in enumerate(ids):
             tok = self.model.decode([i])
-            out.append({"token": tok, "logprob": self.model.logprob(start + k, i), "bytes": list(tok.encode()), "top_logprobs": []})
+            out.append(
+                {
+                    "token": tok,
+                    "logprob": self.model.logprob(start + k, i),
+                    "bytes": list(tok.encode()),
+                    "top_logprobs": [],
+                }
+            )
         return out
 
     def _message(self, gen: Generation) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": gen.content, "refusal": None, "annotations": None, "audio": None, "function_call": None}
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": gen.content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+        }
         calls = gen.tool_calls
         msg["tool_calls"] = [
-            {"id": "chatcmpl-tool-" + uuid.uuid4().hex[:16], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            {
+                "id": "chatcmpl-tool-" + uuid.uuid4().hex[:16],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
             for c in calls
         ]
         if gen.reasoning is not None:
@@ -78,7 +110,12 @@ class DemoUpstream:
     @staticmethod
     def _usage(gen: Generation) -> dict[str, Any]:
         n = len(gen.ids)
-        return {"prompt_tokens": len(gen.prompt_ids), "total_tokens": len(gen.prompt_ids) + n, "completion_tokens": n, "prompt_tokens_details": None}
+        return {
+            "prompt_tokens": len(gen.prompt_ids),
+            "total_tokens": len(gen.prompt_ids) + n,
+            "completion_tokens": n,
+            "prompt_tokens_details": None,
+        }
 
     def _generate(self, body: dict[str, Any]) -> Generation:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -120,15 +157,40 @@ class DemoUpstream:
         want_lp = bool(body.get("logprobs"))
         opts = body.get("stream_options") or {}
 
-        def chunk(delta: dict[str, Any], ids: list[int], pos: int, finish: str | None = None) -> dict[str, Any]:
-            c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": self._logprobs_content(ids, pos)} if want_lp and ids else None, "finish_reason": finish}
+        def chunk(
+            delta: dict[str, Any], ids: list[int], pos: int, finish: str | None = None
+        ) -> dict[str, Any]:
+            c: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": {"content": self._logprobs_content(ids, pos)} if want_lp and ids else None,
+                "finish_reason": finish,
+            }
             if finish is not None:
                 c["stop_reason"] = None
             c["token_ids"] = ids if want_ids else None
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [c]}
+            return {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [c],
+            }
 
-        first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+        first = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         first["prompt_token_ids"] = gen.prompt_ids if want_ids else None
         out = [first]
         pos = 0
@@ -139,16 +201,36 @@ class DemoUpstream:
             if s.kind == "tool_call" and s.call is not None:
                 half = max(1, len(s.ids) // 2)
                 tid = "chatcmpl-tool-" + uuid.uuid4().hex[:16]
-                out.append(chunk({"tool_calls": [{"index": tool_index, "id": tid, "type": "function", "function": {"name": s.call["name"], "arguments": ""}}]}, s.ids[:half], pos))
+                out.append(
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": tool_index,
+                                    "id": tid,
+                                    "type": "function",
+                                    "function": {"name": s.call["name"], "arguments": ""},
+                                }
+                            ]
+                        },
+                        s.ids[:half],
+                        pos,
+                    )
+                )
                 pos += half
                 rest = s.ids[half:]
                 args = s.call["arguments"]
                 pieces = min(3, max(1, len(rest)))
                 step = -(-len(args) // pieces) if args else 1
                 arg_parts = [args[i : i + step] for i in range(0, len(args), step)] or [""]
-                id_parts = [rest[i * len(rest) // len(arg_parts) : (i + 1) * len(rest) // len(arg_parts)] for i in range(len(arg_parts))]
+                id_parts = [
+                    rest[i * len(rest) // len(arg_parts) : (i + 1) * len(rest) // len(arg_parts)]
+                    for i in range(len(arg_parts))
+                ]
                 for a, ids in zip(arg_parts, id_parts):
-                    out.append(chunk({"tool_calls": [{"index": tool_index, "function": {"arguments": a}}]}, ids, pos))
+                    out.append(
+                        chunk({"tool_calls": [{"index": tool_index, "function": {"arguments": a}}]}, ids, pos)
+                    )
                     pos += len(ids)
                 tool_index += 1
                 continue
@@ -160,14 +242,23 @@ class DemoUpstream:
                     pos += 1
                     continue
                 now = self.model.decode(s.ids[: k + 1])
-                piece = now[len(prev):]
+                piece = now[len(prev) :]
                 prev = now
                 out.append(chunk({key: piece} if piece else {}, [s.ids[k]], pos))
                 pos += 1
         eos = [i for s in gen.sections if s.kind == "eos" for i in s.ids]
         out.append(chunk({"content": ""} if eos else {}, eos, pos, gen.finish_reason))
         if opts.get("include_usage"):
-            out.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": self._usage(gen)})
+            out.append(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": self._usage(gen),
+                }
+            )
         return out
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -199,9 +290,13 @@ class DemoUpstream:
         else:
             return _err(400, "prompt: expected a string or a list of token ids")
         prompt_text = self.model.decode(prompt_ids)
-        if prompt_text.endswith("<|im_start|>assistant\n"):  # a chat rendered by the client (token-in/token-out)
+        if prompt_text.endswith(
+            "<|im_start|>assistant\n"
+        ):  # a chat rendered by the client (token-in/token-out)
             messages, tools = parse_chatml(prompt_text)
-            gen = self.model.generate(messages, tools, max_tokens=body.get("max_tokens"), prompt_ids=prompt_ids)
+            gen = self.model.generate(
+                messages, tools, max_tokens=body.get("max_tokens"), prompt_ids=prompt_ids
+            )
             ids, finish = gen.ids, ("length" if gen.finish_reason == "length" else "stop")
         else:
             text = " The answer is 42."
@@ -220,26 +315,73 @@ class DemoUpstream:
             if not want_lp:
                 return None
             toks = [self.model.decode([i]) for i in ids_]
-            return {"text_offset": list(range(pos, pos + len(ids_))), "token_logprobs": [self.model.logprob(pos + k, i) for k, i in enumerate(ids_)], "tokens": toks, "top_logprobs": [{t: self.model.logprob(pos + k, i)} for k, (t, i) in enumerate(zip(toks, ids_))]}
+            return {
+                "text_offset": list(range(pos, pos + len(ids_))),
+                "token_logprobs": [self.model.logprob(pos + k, i) for k, i in enumerate(ids_)],
+                "tokens": toks,
+                "top_logprobs": [
+                    {t: self.model.logprob(pos + k, i)} for k, (t, i) in enumerate(zip(toks, ids_))
+                ],
+            }
 
-        usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(ids), "completion_tokens": len(ids), "prompt_tokens_details": None}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+            "completion_tokens": len(ids),
+            "prompt_tokens_details": None,
+        }
         if not body.get("stream"):
-            choice: dict[str, Any] = {"index": 0, "text": self.model.tok.decode(ids), "logprobs": lp(ids, 0), "finish_reason": finish, "stop_reason": None, "prompt_logprobs": None,
-                                      "prompt_token_ids": prompt_ids if want_ids else None, "token_ids": ids if want_ids else None}
-            obj = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": self.model.tok.decode(ids),
+                "logprobs": lp(ids, 0),
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": prompt_ids if want_ids else None,
+                "token_ids": ids if want_ids else None,
+            }
+            obj = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "kv_transfer_params": None,
+            }
             return self._json(obj)
         chunks = []
         prev = ""
         for k, i in enumerate(ids):
             now = self.model.tok.decode(ids[: k + 1])
-            c: dict[str, Any] = {"index": 0, "text": now[len(prev):], "logprobs": lp([i], k), "finish_reason": finish if k == len(ids) - 1 else None, "stop_reason": None}
+            c: dict[str, Any] = {
+                "index": 0,
+                "text": now[len(prev) :],
+                "logprobs": lp([i], k),
+                "finish_reason": finish if k == len(ids) - 1 else None,
+                "stop_reason": None,
+            }
             prev = now
             if k == 0:
                 c["prompt_token_ids"] = prompt_ids if want_ids else None
             c["token_ids"] = [i] if want_ids else None
-            chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [c]})
+            chunks.append(
+                {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [c]}
+            )
         if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage})
+            chunks.append(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
         return await self._stream(request, (_sse(c) for c in chunks), done=True)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -248,15 +390,20 @@ class DemoUpstream:
         if isinstance(body, web.Response):
             return body
         ids_in = body.get("input_ids")
-        if not isinstance(ids_in, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids_in):
+        if not isinstance(ids_in, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids_in
+        ):
             return _err(400, "input_ids: a list of token ids is required")
         params = body.get("sampling_params") or {}
         messages, tools = parse_chatml(self.model.decode(ids_in))
         gen = self.model.generate(messages, tools, max_tokens=params.get("max_new_tokens"), prompt_ids=ids_in)
         ids = gen.ids
         meta: dict[str, Any] = {
-            "id": uuid.uuid4().hex, "finish_reason": {"type": "length" if gen.finish_reason == "length" else "stop"},
-            "prompt_tokens": len(ids_in), "completion_tokens": len(ids), "cached_tokens": 0,
+            "id": uuid.uuid4().hex,
+            "finish_reason": {"type": "length" if gen.finish_reason == "length" else "stop"},
+            "prompt_tokens": len(ids_in),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]
@@ -284,7 +431,10 @@ class DemoUpstream:
         if isinstance(body, web.Response):
             return body
         if not isinstance(body.get("messages"), list) or body.get("max_tokens") is None:
-            body_err = {"type": "error", "error": {"type": "invalid_request_error", "message": "messages and max_tokens are required"}}
+            body_err = {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "messages and max_tokens are required"},
+            }
             return web.Response(status=400, body=orjson.dumps(body_err), content_type="application/json")
         chat = messages_to_chat(body)
         chat["stream_options"] = {"include_usage": True}
@@ -292,11 +442,27 @@ class DemoUpstream:
         if not body.get("stream"):
             return self._json(chat_to_messages(self.chat_object(chat, gen), body))
         tr = MessagesStream(body)
-        events = [e for c in self.chat_chunks({**chat, "return_token_ids": True}, gen) for e in tr.feed(c)] + tr.finish()
+        events = [
+            e for c in self.chat_chunks({**chat, "return_token_ids": True}, gen) for e in tr.feed(c)
+        ] + tr.finish()
         return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
 
     async def models(self, request: web.Request) -> web.Response:
-        obj = {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": self.model_name, "parent": None, "max_model_len": 32768, "permission": []}]}
+        obj = {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "vllm",
+                    "root": self.model_name,
+                    "parent": None,
+                    "max_model_len": 32768,
+                    "permission": [],
+                }
+            ],
+        }
         return self._json(obj)
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -340,7 +506,13 @@ class DemoUpstream:
                 return await handler(request)
             except web.HTTPException:
                 raise
-            except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:  # vLLM's pydantic says 400
+            except (
+                TypeError,
+                AttributeError,
+                KeyError,
+                ValueError,
+                IndexError,
+            ) as exc:  # vLLM's pydantic says 400
                 return _err(400, f"invalid request: {type(exc).__name__}: {exc}")
 
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[invalid])

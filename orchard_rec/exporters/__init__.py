@@ -4,7 +4,25 @@
 those other packages register under the entry-point group ``orchard_rec.exporters``.
 """
 
-from orchard_rec.exporters.base import EXPORTERS, ExportError, Exporter, ExportStats, atomic_output, available, get
+from orchard_rec.exporters.base import (
+    EXPORTERS,
+    Exporter,
+    ExportError,
+    ExportStats,
+    atomic_output,
+    available,
+    get,
+)
 from orchard_rec.exporters.jsonl import JsonlExporter, read_jsonl
 
-__all__ = ["EXPORTERS", "ExportError", "ExportStats", "Exporter", "JsonlExporter", "atomic_output", "available", "get", "read_jsonl"]
+__all__ = [
+    "EXPORTERS",
+    "ExportError",
+    "ExportStats",
+    "Exporter",
+    "JsonlExporter",
+    "atomic_output",
+    "available",
+    "get",
+    "read_jsonl",
+]

@@ -75,7 +75,9 @@ def get(name: str, **options: Any) -> Exporter:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise ExportError(f"format {name!r} needs a package that is not installed ({exc.name}): {_install_hint(exc.name)}") from exc
+        raise ExportError(
+            f"format {name!r} needs a package that is not installed ({exc.name}): {_install_hint(exc.name)}"
+        ) from exc
     return cls(**options)  # type: ignore[no-any-return]
 
 

@@ -21,7 +21,9 @@ from orchard_rec.reconstruct.sample import Sample
 __all__ = ["JsonlExporter", "read_jsonl", "write_jsonl_rows"]
 
 
-def write_jsonl_rows(samples: Iterable[Sample], out: Path, row: Callable[[Sample], dict[str, Any]]) -> ExportStats:
+def write_jsonl_rows(
+    samples: Iterable[Sample], out: Path, row: Callable[[Sample], dict[str, Any]]
+) -> ExportStats:
     """One JSON object per sample and line, streamed, written atomically."""
     stats = ExportStats(files=[Path(out)])
     with atomic_output(Path(out)) as f:

@@ -33,30 +33,39 @@ from orchard_rec.reconstruct.sample import Sample, numeric_reward
 
 __all__ = ["SCHEMA", "ParquetExporter", "numeric_reward"]
 
-SCHEMA = pa.schema([
-    ("session_id", pa.string()),
-    ("index", pa.int64()),
-    ("group_index", pa.int64()),
-    ("tokens", pa.list_(pa.int32())),
-    ("response_length", pa.int32()),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("rollout_log_probs", pa.list_(pa.float64())),
-    ("token_weights", pa.list_(pa.float64())),
-    ("reward", pa.float64()),
-    ("reward_json", pa.string()),
-    ("status", pa.string()),
-    ("metadata_json", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("index", pa.int64()),
+        ("group_index", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+        ("response_length", pa.int32()),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("rollout_log_probs", pa.list_(pa.float64())),
+        ("token_weights", pa.list_(pa.float64())),
+        ("reward", pa.float64()),
+        ("reward_json", pa.string()),
+        ("status", pa.string()),
+        ("metadata_json", pa.string()),
+    ]
+)
 
 
 def _row(s: Sample) -> dict[str, Any]:
     d = s.to_dict()
     return {
-        "session_id": s.session_id, "index": s.index, "group_index": s.group_index, "tokens": s.tokens,
-        "response_length": s.response_length, "loss_mask": s.loss_mask, "rollout_log_probs": s.rollout_log_probs,
-        "token_weights": s.token_weights, "reward": numeric_reward(s.reward),
+        "session_id": s.session_id,
+        "index": s.index,
+        "group_index": s.group_index,
+        "tokens": s.tokens,
+        "response_length": s.response_length,
+        "loss_mask": s.loss_mask,
+        "rollout_log_probs": s.rollout_log_probs,
+        "token_weights": s.token_weights,
+        "reward": numeric_reward(s.reward),
         "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
-        "status": s.status, "metadata_json": orjson.dumps(d["metadata"]).decode(),
+        "status": s.status,
+        "metadata_json": orjson.dumps(d["metadata"]).decode(),
     }
 
 

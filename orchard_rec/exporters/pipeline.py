@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.exporters.base import ExportError, ExportStats, get
-from orchard_rec.proxy.translate import assistant_message, chat_request_of
+from orchard_rec.protocol.translate import assistant_message, chat_request_of
 from orchard_rec.reconstruct.sample import Sample
 from orchard_rec.reconstruct.stream import iter_samples
 from orchard_rec.storage.store import Store
@@ -48,7 +48,12 @@ def export(
     exporter = get(fmt, **(format_options or {}))
     store = Store(db_url)
     try:
-        samples = select_samples(store, on_session=on_session, with_messages=getattr(exporter, "needs_messages", False), **selection)
+        samples = select_samples(
+            store,
+            on_session=on_session,
+            with_messages=getattr(exporter, "needs_messages", False),
+            **selection,
+        )
         return exporter.write(samples, out)
     finally:
         store.close()

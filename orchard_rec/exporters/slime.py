@@ -21,7 +21,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-
 from orchard_rec.exporters.base import ExportError, ExportStats, atomic_output
 from orchard_rec.exporters.jsonl import write_jsonl_rows
 from orchard_rec.reconstruct.sample import Sample
@@ -37,7 +36,9 @@ class SlimeExporter:
         try:
             import torch  # noqa: F401
         except ImportError as exc:
-            raise ExportError("format 'slime' writes torch files and needs torch: pip install 'orchard-rec[train]'") from exc
+            raise ExportError(
+                "format 'slime' writes torch files and needs torch: pip install 'orchard-rec[train]'"
+            ) from exc
         if rollout_size is not None and rollout_size < 1:
             raise ExportError("--rollout-size must be at least 1")
         self.rollout_size = rollout_size
@@ -62,7 +63,10 @@ class SlimeExporter:
                 path = out.with_name(f"{out.stem}_{k}{out.suffix}")
             else:
                 path = out
-            payload = {"rollout_id": rollout_id, "samples": [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk]}
+            payload = {
+                "rollout_id": rollout_id,
+                "samples": [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk],
+            }
             with atomic_output(path) as f:
                 torch.save(payload, f)
             for s in chunk:
@@ -82,8 +86,15 @@ class SlimeSftExporter:
 def _sft_row(s: Sample) -> dict[str, Any]:
     if s.messages is None:
         raise ExportError(f"sample {s.index} of session {s.session_id} has no messages to export")
-    return {"messages": turn_flagged_messages(s, "step_loss_mask"), "tools": s.tools or [], "session_id": s.session_id,
-            "index": s.index, "group_index": s.group_index, "reward": s.reward, "status": s.status}
+    return {
+        "messages": turn_flagged_messages(s, "step_loss_mask"),
+        "tools": s.tools or [],
+        "session_id": s.session_id,
+        "index": s.index,
+        "group_index": s.group_index,
+        "reward": s.reward,
+        "status": s.status,
+    }
 
 
 def turn_flagged_messages(s: Sample, key: str) -> list[dict[str, Any]]:

@@ -28,25 +28,29 @@ from orchard_rec.reconstruct.sample import Sample
 
 __all__ = ["TrlExporter", "TrlGrpoExporter"]
 
-TRL_SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("assistant_masks", pa.list_(pa.int8())),
-    ("completion_mask", pa.list_(pa.int8())),
-    ("reward", pa.float64()),
-    ("session_id", pa.string()),
-    ("index", pa.int64()),
-])
+TRL_SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("assistant_masks", pa.list_(pa.int8())),
+        ("completion_mask", pa.list_(pa.int8())),
+        ("reward", pa.float64()),
+        ("session_id", pa.string()),
+        ("index", pa.int64()),
+    ]
+)
 
-GRPO_SCHEMA = pa.schema([
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("completion_ids", pa.list_(pa.int32())),
-    ("logprobs", pa.list_(pa.float64())),
-    ("env_mask", pa.list_(pa.int8())),
-    ("reward", pa.float64()),
-    ("group_index", pa.int64()),
-    ("session_id", pa.string()),
-    ("index", pa.int64()),
-])
+GRPO_SCHEMA = pa.schema(
+    [
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("env_mask", pa.list_(pa.int8())),
+        ("reward", pa.float64()),
+        ("group_index", pa.int64()),
+        ("session_id", pa.string()),
+        ("index", pa.int64()),
+    ]
+)
 
 
 def _sft_row(s: Sample) -> dict[str, Any]:
@@ -55,7 +59,9 @@ def _sft_row(s: Sample) -> dict[str, Any]:
         "input_ids": s.tokens,
         "assistant_masks": [0] * p + s.loss_mask,
         "completion_mask": [0] * p + [1] * s.response_length,
-        "reward": numeric_reward(s.reward), "session_id": s.session_id, "index": s.index,
+        "reward": numeric_reward(s.reward),
+        "session_id": s.session_id,
+        "index": s.index,
     }
 
 
@@ -65,9 +71,14 @@ def _grpo_row(s: Sample) -> dict[str, Any]:
         for i in range(t.start, t.end):
             generated[i] = 1
     return {
-        "prompt_ids": s.prompt_ids, "completion_ids": s.response_ids, "logprobs": s.rollout_log_probs,
-        "env_mask": [g & m for g, m in zip(generated, s.loss_mask)], "reward": numeric_reward(s.reward),
-        "group_index": s.group_index, "session_id": s.session_id, "index": s.index,
+        "prompt_ids": s.prompt_ids,
+        "completion_ids": s.response_ids,
+        "logprobs": s.rollout_log_probs,
+        "env_mask": [g & m for g, m in zip(generated, s.loss_mask)],
+        "reward": numeric_reward(s.reward),
+        "group_index": s.group_index,
+        "session_id": s.session_id,
+        "index": s.index,
     }
 
 

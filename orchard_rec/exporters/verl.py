@@ -29,19 +29,31 @@ from orchard_rec.reconstruct.sample import Sample
 
 __all__ = ["VERL_SCHEMA", "VerlExporter", "VerlSftExporter"]
 
-VERL_SCHEMA = pa.schema([
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("response_mask", pa.list_(pa.int8())),
-    ("response_logprobs", pa.list_(pa.float64())),
-    ("reward_score", pa.float64()),
-    ("num_turns", pa.int32()),
-    ("metrics", pa.struct([("generate_sequences", pa.float64()), ("tool_calls", pa.float64())])),
-    ("extra_fields", pa.struct([
-        ("session_id", pa.string()), ("index", pa.int64()), ("group_index", pa.int64()), ("status", pa.string()),
-        ("call_ids", pa.list_(pa.string())), ("token_source", pa.string()), ("reward_json", pa.string()),
-    ])),
-])
+VERL_SCHEMA = pa.schema(
+    [
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("response_mask", pa.list_(pa.int8())),
+        ("response_logprobs", pa.list_(pa.float64())),
+        ("reward_score", pa.float64()),
+        ("num_turns", pa.int32()),
+        ("metrics", pa.struct([("generate_sequences", pa.float64()), ("tool_calls", pa.float64())])),
+        (
+            "extra_fields",
+            pa.struct(
+                [
+                    ("session_id", pa.string()),
+                    ("index", pa.int64()),
+                    ("group_index", pa.int64()),
+                    ("status", pa.string()),
+                    ("call_ids", pa.list_(pa.string())),
+                    ("token_source", pa.string()),
+                    ("reward_json", pa.string()),
+                ]
+            ),
+        ),
+    ]
+)
 
 
 def _verl_row(s: Sample) -> dict[str, Any]:
@@ -54,8 +66,12 @@ def _verl_row(s: Sample) -> dict[str, Any]:
         "num_turns": 2 * len(s.turns),
         "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0},
         "extra_fields": {
-            "session_id": s.session_id, "index": s.index, "group_index": s.group_index, "status": s.status,
-            "call_ids": list(s.metadata.get("call_ids", [])), "token_source": s.metadata.get("token_source"),
+            "session_id": s.session_id,
+            "index": s.index,
+            "group_index": s.group_index,
+            "status": s.status,
+            "call_ids": list(s.metadata.get("call_ids", [])),
+            "token_source": s.metadata.get("token_source"),
             "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
         },
     }
@@ -68,13 +84,15 @@ class VerlExporter:
         return write_parquet(samples, out, VERL_SCHEMA, _verl_row)
 
 
-VERL_SFT_SCHEMA = pa.schema([
-    ("messages", pa.string()),
-    ("tools", pa.string()),
-    ("session_id", pa.string()),
-    ("index", pa.int64()),
-    ("reward", pa.float64()),
-])
+VERL_SFT_SCHEMA = pa.schema(
+    [
+        ("messages", pa.string()),
+        ("tools", pa.string()),
+        ("session_id", pa.string()),
+        ("index", pa.int64()),
+        ("reward", pa.float64()),
+    ]
+)
 
 
 def _sft_row(s: Sample) -> dict[str, Any]:
@@ -83,7 +101,9 @@ def _sft_row(s: Sample) -> dict[str, Any]:
     return {
         "messages": orjson.dumps(turn_flagged_messages(s, "loss")).decode(),
         "tools": orjson.dumps(s.tools or []).decode(),
-        "session_id": s.session_id, "index": s.index, "reward": numeric_reward(s.reward),
+        "session_id": s.session_id,
+        "index": s.index,
+        "reward": numeric_reward(s.reward),
     }
 
 

@@ -23,6 +23,18 @@ def get(name: str) -> Harness:
 
 
 __all__ = [
-    "BY_NAME", "CLAUDE_CODE", "CODEX", "HARNESSES", "Harness", "Launch", "OPENCLAW", "RunResult", "ZEROCLAW",
-    "get", "install", "installed", "post_outcome", "run_harness",
+    "BY_NAME",
+    "CLAUDE_CODE",
+    "CODEX",
+    "HARNESSES",
+    "OPENCLAW",
+    "ZEROCLAW",
+    "Harness",
+    "Launch",
+    "RunResult",
+    "get",
+    "install",
+    "installed",
+    "post_outcome",
+    "run_harness",
 ]

@@ -23,7 +23,9 @@ __all__ = ["Harness", "Launch", "RunResult", "default_cache", "post_outcome", "r
 
 
 def default_cache() -> Path:
-    return Path(os.environ.get("ORCHARD_HARNESS_CACHE") or Path.home() / ".cache" / "orchard-rec" / "harnesses")
+    return Path(
+        os.environ.get("ORCHARD_HARNESS_CACHE") or Path.home() / ".cache" / "orchard-rec" / "harnesses"
+    )
 
 
 @dataclass
@@ -66,7 +68,16 @@ class Harness:
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
         raise NotImplementedError
 
-    def prepare(self, home: Path, workdir: Path, proxy: str, session: str, model: str, args: list[str], binary: str | None) -> Launch:
+    def prepare(
+        self,
+        home: Path,
+        workdir: Path,
+        proxy: str,
+        session: str,
+        model: str,
+        args: list[str],
+        binary: str | None,
+    ) -> Launch:
         raise NotImplementedError
 
     def binary(self, explicit: str | None = None) -> str:
@@ -76,7 +87,9 @@ class Harness:
             if cand and Path(cand).exists():
                 return cand
         if not self.npm:
-            raise FileNotFoundError(f"{self.name} is not installed: it ships as a binary outside the npm registry; put it on PATH or pass --bin")
+            raise FileNotFoundError(
+                f"{self.name} is not installed: it ships as a binary outside the npm registry; put it on PATH or pass --bin"
+            )
         raise FileNotFoundError(f"{self.name} is not installed: orchard-rec harness install {self.name}")
 
     def cached_binary(self) -> str | None:
@@ -87,7 +100,11 @@ class Harness:
 
 
 def _base_env(home: Path) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if k in ("PATH", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")
+    }
     tmp = home / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     return {**keep, "HOME": str(home), "TMPDIR": str(tmp), "CI": "1", "NO_COLOR": "1"}
@@ -97,7 +114,12 @@ def post_outcome(proxy: str, session: str, outcome: dict[str, Any], api_key: str
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(f"{proxy.rstrip('/')}/sessions/{session}/outcome", data=orjson.dumps(outcome), headers=headers, method="POST")
+    req = urllib.request.Request(
+        f"{proxy.rstrip('/')}/sessions/{session}/outcome",
+        data=orjson.dumps(outcome),
+        headers=headers,
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
 
@@ -125,16 +147,28 @@ def run_harness(
     env = {**_base_env(home), **launch.env}
     t0 = time.monotonic()
     try:
-        p = subprocess.run(launch.argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            launch.argv,
+            env=env,
+            cwd=launch.cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         code, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as exc:
         code, out, err = 124, _s(exc.stdout), _s(exc.stderr) + f"\ntimed out after {timeout}s"
     duration = time.monotonic() - t0
     if report:
-        post_outcome(proxy, session, {
-            "status": "completed" if code == 0 else ("aborted" if code == 124 else "failed"),
-            "metadata": {"harness": harness.name, "exit_code": code, "duration_s": round(duration, 3)},
-        })
+        post_outcome(
+            proxy,
+            session,
+            {
+                "status": "completed" if code == 0 else ("aborted" if code == 124 else "failed"),
+                "metadata": {"harness": harness.name, "exit_code": code, "duration_s": round(duration, 3)},
+            },
+        )
     return RunResult(harness.name, session, code, duration, out, err, workdir)
 
 

@@ -31,19 +31,49 @@ class _ClaudeCode(Harness):
             'claude -p "..." --output-format json\n'
         )
 
-    def prepare(self, home: Path, workdir: Path, proxy: str, session: str, model: str, args: list[str], binary: str | None) -> Launch:
+    def prepare(
+        self,
+        home: Path,
+        workdir: Path,
+        proxy: str,
+        session: str,
+        model: str,
+        args: list[str],
+        binary: str | None,
+    ) -> Launch:
         cfg = home / ".claude"
         cfg.mkdir(parents=True, exist_ok=True)
         env = {
-            "CLAUDE_CONFIG_DIR": str(cfg), "CLAUDE_CODE_TMPDIR": str(home / "tmp"),
-            "ANTHROPIC_BASE_URL": self.base_url(proxy, session), "ANTHROPIC_API_KEY": "sk-ant-orchard",
-            "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": model, "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
-            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CONFIG_DIR": str(cfg),
+            "CLAUDE_CODE_TMPDIR": str(home / "tmp"),
+            "ANTHROPIC_BASE_URL": self.base_url(proxy, session),
+            "ANTHROPIC_API_KEY": "sk-ant-orchard",
+            "ANTHROPIC_MODEL": model,
+            "ANTHROPIC_SMALL_FAST_MODEL": model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_BUG_COMMAND": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }
-        argv = [self.binary(binary), "-p", *args, "--output-format", "json", "--model", model, "--allowedTools", "Bash",
-                "--permission-mode", "acceptEdits", "--max-turns", "8"]
+        argv = [
+            self.binary(binary),
+            "-p",
+            *args,
+            "--output-format",
+            "json",
+            "--model",
+            model,
+            "--allowedTools",
+            "Bash",
+            "--permission-mode",
+            "acceptEdits",
+            "--max-turns",
+            "8",
+        ]
         return Launch(argv, env, workdir)
 
     def cached_binary(self) -> str | None:
@@ -54,6 +84,8 @@ class _ClaudeCode(Harness):
 
 
 CLAUDE_CODE = _ClaudeCode(
-    name="claude-code", npm=("@anthropic-ai/claude-code@2.1.332",), dialect="messages",
+    name="claude-code",
+    npm=("@anthropic-ai/claude-code@2.1.332",),
+    dialect="messages",
     session_headers=("x-claude-code-session-id",),
 )

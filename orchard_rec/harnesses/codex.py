@@ -29,7 +29,16 @@ class _Codex(Harness):
             f'base_url = "{self.base_url(proxy, session)}"\nwire_api = "responses"\nenv_key = "PROXY_API_KEY"\n'
         )
 
-    def prepare(self, home: Path, workdir: Path, proxy: str, session: str, model: str, args: list[str], binary: str | None) -> Launch:
+    def prepare(
+        self,
+        home: Path,
+        workdir: Path,
+        proxy: str,
+        session: str,
+        model: str,
+        args: list[str],
+        binary: str | None,
+    ) -> Launch:
         codex_home = home / "codex-home"
         codex_home.mkdir(parents=True, exist_ok=True)
         (codex_home / "config.toml").write_text(
@@ -39,7 +48,17 @@ class _Codex(Harness):
             f'[model_providers.orchard]\nname = "orchard"\nbase_url = "{self.base_url(proxy, session)}"\nwire_api = "responses"\n'
             'env_key = "PROXY_API_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n'
         )
-        argv = [self.binary(binary), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access", "--json", "--color", "never", *args]
+        argv = [
+            self.binary(binary),
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "danger-full-access",
+            "--json",
+            "--color",
+            "never",
+            *args,
+        ]
         return Launch(argv, {"CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-orchard"}, workdir)
 
     def cached_binary(self) -> str | None:
@@ -50,6 +69,8 @@ class _Codex(Harness):
 
 
 CODEX = _Codex(
-    name="codex", npm=("@openai/codex@0.171.0",), dialect="responses",
+    name="codex",
+    npm=("@openai/codex@0.171.0",),
+    dialect="responses",
     session_headers=("session-id", "x-codex-turn-metadata"),
 )

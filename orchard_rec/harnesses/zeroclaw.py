@@ -31,9 +31,20 @@ class _ZeroClaw(Harness):
         )
 
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
-        return "# ~/.zeroclaw/config.toml (or --config-dir DIR / ZEROCLAW_CONFIG_DIR)\n" + self.config_toml(proxy, session, model)
+        return "# ~/.zeroclaw/config.toml (or --config-dir DIR / ZEROCLAW_CONFIG_DIR)\n" + self.config_toml(
+            proxy, session, model
+        )
 
-    def prepare(self, home: Path, workdir: Path, proxy: str, session: str, model: str, args: list[str], binary: str | None) -> Launch:
+    def prepare(
+        self,
+        home: Path,
+        workdir: Path,
+        proxy: str,
+        session: str,
+        model: str,
+        args: list[str],
+        binary: str | None,
+    ) -> Launch:
         cfg = home / ".zeroclaw"
         cfg.mkdir(parents=True, exist_ok=True)
         (cfg / "config.toml").write_text(self.config_toml(proxy, session, model))

@@ -42,7 +42,7 @@ from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.server import tune_interpreter
-from orchard_rec.proxy.sse import TERMINAL_EVENTS
+from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store
@@ -52,7 +52,9 @@ __all__ = ["InterceptAddon", "llm_route"]
 log = logging.getLogger("orchard_rec.intercept")
 
 _KEY = "orchard"
-_RECORDED = frozenset({Dialect.CHAT, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.MESSAGES, Dialect.MODELS})
+_RECORDED = frozenset(
+    {Dialect.CHAT, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.MESSAGES, Dialect.MODELS}
+)
 
 
 def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tuple[Dialect, str, str] | None:
@@ -77,7 +79,7 @@ def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tupl
 class _Call:
     """What the addon keeps on ``flow.metadata`` for one recorded call."""
 
-    __slots__ = ("cap", "plan", "chunks", "streamed")
+    __slots__ = ("cap", "chunks", "plan", "streamed")
 
     def __init__(self, cap: Capture, plan: Plan | None) -> None:
         self.cap = cap
@@ -87,7 +89,12 @@ class _Call:
 
 
 class InterceptAddon:
-    def __init__(self, config: InterceptConfig, store: Store | None = None, announce: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: InterceptConfig,
+        store: Store | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self._owned_store = store is None
         self.store = store if store is not None else Store(config.db)
@@ -107,7 +114,9 @@ class InterceptAddon:
 
         addrs = ctx.master.addons.get("proxyserver").listen_addrs()
         host, port = addrs[0][:2] if addrs else (self.config.listen_host, self.config.listen_port)
-        self._announce(f"orchard-rec intercept listening on http://{host}:{port} (hosts: {', '.join(self.config.hosts)})")
+        self._announce(
+            f"orchard-rec intercept listening on http://{host}:{port} (hosts: {', '.join(self.config.hosts)})"
+        )
 
     def done(self) -> None:
         self.recorder.close()
@@ -118,14 +127,20 @@ class InterceptAddon:
 
     def request(self, flow: Any) -> None:
         req = flow.request
-        if (req.headers.get("upgrade") or "").lower() == "websocket" and req.pretty_host.lower() in self.config.hosts:
+        if (
+            req.headers.get("upgrade") or ""
+        ).lower() == "websocket" and req.pretty_host.lower() in self.config.hosts:
             # Codex's built-in provider tries a Responses WebSocket first: what it sends there could not be
             # recorded as calls. A quick 426 makes it fall back to POST + SSE at once, as with the proxy.
             from mitmproxy import http
 
-            exc = BadRequest("WebSocket transport is not supported while recording; use HTTP POST with stream=true")
+            exc = BadRequest(
+                "WebSocket transport is not supported while recording; use HTTP POST with stream=true"
+            )
             exc.status = 426
-            flow.response = http.Response.make(426, error_body(exc, False), {"content-type": "application/json"})
+            flow.response = http.Response.make(
+                426, error_body(exc, False), {"content-type": "application/json"}
+            )
             return
         route = llm_route(self.config.hosts, req.pretty_host, req.method, req.path)
         if route is None:
@@ -182,8 +197,12 @@ class InterceptAddon:
     def _answer_error(self, flow: Any, exc: OrchardError) -> None:
         from mitmproxy import http
 
-        anthropic = flow.metadata[_KEY].cap.dialect is Dialect.MESSAGES or "anthropic-version" in flow.request.headers
-        flow.response = http.Response.make(exc.status, error_body(exc, anthropic), {"content-type": "application/json"})
+        anthropic = (
+            flow.metadata[_KEY].cap.dialect is Dialect.MESSAGES or "anthropic-version" in flow.request.headers
+        )
+        flow.response = http.Response.make(
+            exc.status, error_body(exc, anthropic), {"content-type": "application/json"}
+        )
 
     # -- response -----------------------------------------------------------------------------------
 

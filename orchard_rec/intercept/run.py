@@ -41,8 +41,14 @@ def ca_info(confdir: str | Path) -> CaInfo:
     cert = confdir / "mitmproxy-ca-cert.pem"
     bundle = confdir / "orchard-ca-bundle.pem"
     paths = ssl.get_default_verify_paths()
-    system = next((Path(p) for p in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt")
-                   if p and Path(p).is_file() and Path(p).resolve() != bundle.resolve()), Path(""))
+    system = next(
+        (
+            Path(p)
+            for p in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt")
+            if p and Path(p).is_file() and Path(p).resolve() != bundle.resolve()
+        ),
+        Path(""),
+    )
     parts = [system.read_bytes()] if system.is_file() else []
     parts.append(cert.read_bytes())
     data = b"\n".join(parts)
@@ -63,7 +69,9 @@ async def _main(config: InterceptConfig, verbose: bool) -> None:
 
     from orchard_rec.intercept.addon import InterceptAddon
 
-    opts = options.Options(listen_host=config.listen_host, listen_port=config.listen_port, confdir=config.confdir)
+    opts = options.Options(
+        listen_host=config.listen_host, listen_port=config.listen_port, confdir=config.confdir
+    )
     master = DumpMaster(opts, with_termlog=verbose, with_dumper=False)
     opts.update(
         allow_hosts=_allow(config.hosts),

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["MITM_311_VERSION", "MITM_VERSION", "find_python", "has_mitmproxy", "install", "runtime_orchard", "runtime_ready"]
+__all__ = [
+    "MITM_311_VERSION",
+    "MITM_VERSION",
+    "find_python",
+    "has_mitmproxy",
+    "install",
+    "runtime_orchard",
+    "runtime_ready",
+]
 
 MITM_VERSION = "12.3.1"
 MITM_311_VERSION = "11.0.2"
@@ -47,8 +55,12 @@ def has_mitmproxy() -> bool:
 
 def _version_of(python: str) -> tuple[int, int] | None:
     try:
-        out = subprocess.run([python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -85,7 +97,11 @@ def runtime_orchard() -> Path:
 def _stamp() -> dict[str, str]:
     from importlib.metadata import version
 
-    return {"source": str(_source_root() or ""), "orchard_rec": version("orchard-rec"), "python": os.environ.get("ORCHARD_MITM_PYTHON", "")}
+    return {
+        "source": str(_source_root() or ""),
+        "orchard_rec": version("orchard-rec"),
+        "python": os.environ.get("ORCHARD_MITM_PYTHON", ""),
+    }
 
 
 def _intercept_requirements() -> list[str]:
@@ -114,18 +130,33 @@ def install(*, force: bool = False, quiet: bool = True) -> Path:
     python = found if modern and found is not None else sys.executable
     venv = _venv()
     venv_python = venv / "bin" / "python"
-    if venv.exists() and (force or not venv_python.exists() or _version_of(str(venv_python)) != _version_of(python)):
+    if venv.exists() and (
+        force or not venv_python.exists() or _version_of(str(venv_python)) != _version_of(python)
+    ):
         shutil.rmtree(venv)
     if not venv_python.exists():
         venv.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
     root = _source_root()
     version = _stamp()["orchard_rec"]
-    pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check"] + (["-q"] if quiet else [])
+    pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check"] + (
+        ["-q"] if quiet else []
+    )
     if modern:  # mitmproxy 12 with the project's own extras
-        subprocess.run(pip + (["-e", f"{root}[mitm,postgres]"] if root is not None else [f"orchard-rec[mitm,postgres]=={version}"]), check=True)
+        subprocess.run(
+            pip
+            + (
+                ["-e", f"{root}[mitm,postgres]"]
+                if root is not None
+                else [f"orchard-rec[mitm,postgres]=={version}"]
+            ),
+            check=True,
+        )
     else:  # Python 3.11: mitmproxy 11, and only what the intercept path imports
         subprocess.run(pip + [f"mitmproxy=={MITM_311_VERSION}", *_intercept_requirements()], check=True)
-        subprocess.run(pip + ["--no-deps"] + (["-e", str(root)] if root is not None else [f"orchard-rec=={version}"]), check=True)
+        subprocess.run(
+            pip + ["--no-deps"] + (["-e", str(root)] if root is not None else [f"orchard-rec=={version}"]),
+            check=True,
+        )
     (_cache() / "stamp.json").write_bytes(orjson.dumps(_stamp()))
     return runtime_orchard()

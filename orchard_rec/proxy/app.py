@@ -23,8 +23,8 @@ import hashlib
 import hmac
 import logging
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,10 +49,18 @@ from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.request import caller, take_body
-from orchard_rec.proxy.sse import TERMINAL_EVENTS
-from orchard_rec.proxy.tito import TitoSessions, chat_completion, chat_of, parse_generation, read_upstream, synth_chunks, upstream_request
+from orchard_rec.protocol.sse import TERMINAL_EVENTS
+from orchard_rec.proxy.tito import (
+    TitoSessions,
+    chat_completion,
+    chat_of,
+    parse_generation,
+    read_upstream,
+    synth_chunks,
+    upstream_request,
+)
 from orchard_rec.proxy.token import Plan, plan_for
-from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses
+from orchard_rec.protocol.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -68,11 +76,26 @@ METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
 
 _HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-     "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "x-orchard-session"}
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "x-orchard-session",
+    }
 )
 _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
-_RESP_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
+_RESP_DROP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
+)
 _ROUTES = {
     ("POST", "chat/completions"): Dialect.CHAT,
     ("POST", "completions"): Dialect.COMPLETIONS,
@@ -87,13 +110,13 @@ def dialect_of(method: str, tail: str) -> Dialect:
 
 
 def _is_anthropic(path: str, headers: Any) -> bool:
-    return "/messages" in path or "/complete" == path[-9:] or "anthropic-version" in headers
+    return "/messages" in path or path[-9:] == "/complete" or "anthropic-version" in headers
 
 
 def default_spool(db_url: str) -> Path:
     """Beside a SQLite file (``orchard.db.spool``); else ``.orchard-spool/<hash of url>.jsonl`` here."""
     if db_url.startswith("sqlite:///") and not db_url.endswith(":memory:"):
-        return Path(db_url[len("sqlite:///"):] + ".spool")
+        return Path(db_url[len("sqlite:///") :] + ".spool")
     return Path(".orchard-spool") / (hashlib.sha256(db_url.encode()).hexdigest()[:16] + ".jsonl")
 
 
@@ -208,7 +231,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             cap.session_id = validate_session_id(sid)
         _authorize(request, cap.session_id)
         cfg = app[CONFIG]
-        if (cfg.max_inflight and recorder.inflight > cfg.max_inflight) or (cfg.max_queue and recorder.depth > cfg.max_queue):
+        if (cfg.max_inflight and recorder.inflight > cfg.max_inflight) or (
+            cfg.max_queue and recorder.depth > cfg.max_queue
+        ):
             raise TooManyRequests(
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records waiting); retry shortly"
             )
@@ -218,7 +243,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             # fall back to POST + SSE without retry delays.
             cap.status_code = 426
             cap.outcome = CallOutcome.REJECTED
-            exc = BadRequest("WebSocket transport is not supported by this proxy; use HTTP POST with stream=true")
+            exc = BadRequest(
+                "WebSocket transport is not supported by this proxy; use HTTP POST with stream=true"
+            )
             exc.status = 426
             return _error_response(request, exc)
         raw = await _read_body(request)
@@ -241,8 +268,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if not cap.submitted:
             cap.done_at = time.time()
             recorder.submit(cap)
-        metrics.observe_call(dialect.value, cap.outcome.value, cap.bytes_in, cap.bytes_out, cap.done_at - cap.received_at,
-                             None if cap.first_byte_at is None else cap.first_byte_at - cap.received_at)
+        metrics.observe_call(
+            dialect.value,
+            cap.outcome.value,
+            cap.bytes_in,
+            cap.bytes_out,
+            cap.done_at - cap.received_at,
+            None if cap.first_byte_at is None else cap.first_byte_at - cap.received_at,
+        )
 
 
 async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) -> web.StreamResponse:
@@ -255,7 +288,9 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     key = cap.session_id
     prompt, branch, version, decision = await asyncio.to_thread(tito.plan, key, messages, tools)
     path, up_body = upstream_request(cfg.upstream_kind, chat, prompt)
-    base = cfg.upstream[:-3] if cfg.upstream_kind == "sglang" and cfg.upstream.endswith("/v1") else cfg.upstream
+    base = (
+        cfg.upstream[:-3] if cfg.upstream_kind == "sglang" and cfg.upstream.endswith("/v1") else cfg.upstream
+    )
     cap.upstream_request = up_body
     cap.upstream_dialect = Dialect.COMPLETIONS
     headers = _upstream_headers(request)
@@ -271,10 +306,16 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         cap.outcome = CallOutcome.UPSTREAM_ERROR
         try:
             detail = orjson.loads(data)
-            msg = (detail.get("error") or {}).get("message") if isinstance(detail.get("error"), dict) else detail.get("message")
+            msg = (
+                (detail.get("error") or {}).get("message")
+                if isinstance(detail.get("error"), dict)
+                else detail.get("message")
+            )
         except (orjson.JSONDecodeError, AttributeError):
             msg = None
-        err = BadRequest(f"upstream token endpoint answered {status}: {msg or data[:300].decode('utf-8', 'replace')}")
+        err = BadRequest(
+            f"upstream token endpoint answered {status}: {msg or data[:300].decode('utf-8', 'replace')}"
+        )
         err.status = status
         raise err
     try:
@@ -282,12 +323,16 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     except orjson.JSONDecodeError as exc:
         raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
     ids, lps, finish = read_upstream(cfg.upstream_kind, obj)
-    answer = parse_generation(tito.tok.decode(ids, skip_special_tokens=False), getattr(tito.tok, "eos_token", None))
+    answer = parse_generation(
+        tito.tok.decode(ids, skip_special_tokens=False), getattr(tito.tok, "eos_token", None)
+    )
     finish = "tool_calls" if answer.get("tool_calls") else finish
     chat_obj = chat_completion(body.get("model"), answer, finish, len(prompt), len(ids))
     branch_index = None
     if finish != "length":  # a cut-off turn is not a history the template would reproduce
-        branch_index = await asyncio.to_thread(tito.commit, key, branch, version, prompt, ids, messages, answer, tools)
+        branch_index = await asyncio.to_thread(
+            tito.commit, key, branch, version, prompt, ids, messages, answer, tools
+        )
     cap.metadata = {"tito": {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}}
     cap.tokens = (prompt, ids, lps, finish)
     if cap.dialect is Dialect.RESPONSES:
@@ -300,7 +345,13 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         cap.stream = True
         frames = bytearray()
         events: list[list[Any]] = []
-        translator: Any = ResponsesStream(body) if cap.dialect is Dialect.RESPONSES else MessagesStream(body) if cap.dialect is Dialect.MESSAGES else None
+        translator: Any = (
+            ResponsesStream(body)
+            if cap.dialect is Dialect.RESPONSES
+            else MessagesStream(body)
+            if cap.dialect is Dialect.MESSAGES
+            else None
+        )
         for chunk in synth_chunks(chat_obj):
             if translator is None:
                 events.append([None, chunk])
@@ -383,17 +434,21 @@ def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
         raise UpstreamUnavailable(f"upstream {upstream} is unreachable: {exc}") from exc
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         cap.fail(CallOutcome.FAILED, "upstream timed out")
         err = UpstreamUnavailable(f"upstream {upstream} timed out")
         err.status = 504
         raise err from exc
     except aiohttp.ClientError as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamProtocolError(f"upstream {upstream} answered something the proxy cannot relay: {exc}") from exc
+        raise UpstreamProtocolError(
+            f"upstream {upstream} answered something the proxy cannot relay: {exc}"
+        ) from exc
 
 
-async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientResponse, plan: Plan | None = None) -> web.StreamResponse:
+async def _relay_stream(
+    request: web.Request, cap: Capture, up: aiohttp.ClientResponse, plan: Plan | None = None
+) -> web.StreamResponse:
     """Relay an event stream chunk by chunk. With a token-mode plan, the client gets the
     upstream's events less what we injected, or translated; the record keeps the upstream's."""
     resp = web.StreamResponse(status=up.status, headers=_client_headers(up))
@@ -433,7 +488,7 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
         cap.bytes_out = n
         cap.fail(CallOutcome.ABORTED, f"client disconnected: {exc}")
         return resp
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         # The status line is gone already: the only honest signal left is a cut stream.
         cap.bytes_out = n
         cap.fail(CallOutcome.FAILED, f"upstream stream broke: {type(exc).__name__}: {exc}")
@@ -454,8 +509,14 @@ async def _relay_stream(request: web.Request, cap: Capture, up: aiohttp.ClientRe
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
     status = "ok" if rec.healthy else "degraded"
-    body = {"status": status, "queue_depth": rec.depth, "spool_depth": rec.spool_depth, "written": rec.written,
-            "mode": request.app[CONFIG].mode, "durability": rec.durability}
+    body = {
+        "status": status,
+        "queue_depth": rec.depth,
+        "spool_depth": rec.spool_depth,
+        "written": rec.written,
+        "mode": request.app[CONFIG].mode,
+        "durability": rec.durability,
+    }
     if rec.last_error:
         body["error"] = rec.last_error
     return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
@@ -472,20 +533,33 @@ async def post_outcome(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest("outcome body must be a JSON object")
     reward = body.get("reward")
-    if reward is not None and not (isinstance(reward, (int, float)) and not isinstance(reward, bool)) and not (
-        isinstance(reward, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward.values())
+    if (
+        reward is not None
+        and not (isinstance(reward, (int, float)) and not isinstance(reward, bool))
+        and not (
+            isinstance(reward, dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward.values())
+        )
     ):
         raise BadRequest("reward must be a number or an object of numbers", param="reward")
     status = body.get("status")
     if status is not None and status not in SESSION_STATUSES:
         raise BadRequest(f"status must be one of {', '.join(SESSION_STATUSES)}", param="status")
     steps = body.get("step_values")
-    if steps is not None and (not isinstance(steps, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in steps)):
+    if steps is not None and (
+        not isinstance(steps, list)
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in steps)
+    ):
         raise BadRequest("step_values must be a list of numbers", param="step_values")
     meta = body.get("metadata") or {}
     if not isinstance(meta, dict):
         raise BadRequest("metadata must be an object", param="metadata")
-    outcome = Outcome(reward=reward, status=status, step_values=None if steps is None else tuple(float(v) for v in steps), metadata=meta)
+    outcome = Outcome(
+        reward=reward,
+        status=status,
+        step_values=None if steps is None else tuple(float(v) for v in steps),
+        metadata=meta,
+    )
     await asyncio.to_thread(request.app[STORE].set_outcome, sid, outcome)
     return web.json_response({"session_id": sid, "recorded": True})
 
@@ -503,21 +577,29 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
-    recorder = Recorder(app[STORE], spool=Path(config.spool) if config.spool else default_spool(config.db), durability=config.durability)
+    recorder = Recorder(
+        app[STORE],
+        spool=Path(config.spool) if config.spool else default_spool(config.db),
+        durability=config.durability,
+    )
     app[RECORDER] = recorder
     app[METRICS] = Metrics(lambda: recorder.depth, lambda: recorder.spool_depth, lambda: recorder.inflight)
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer
 
         if not config.tokenizer:
-            raise ValueError("--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)")
+            raise ValueError(
+                "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
+            )
         app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if owned_store:
             await asyncio.to_thread(app[STORE].upgrade)
         recorder.start()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         app[UPSTREAM] = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)

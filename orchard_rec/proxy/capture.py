@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.proxy.assemble import assemble, extract_tokens
-from orchard_rec.proxy.sse import parse_sse
+from orchard_rec.protocol.assemble import assemble, extract_tokens
+from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 
 __all__ = ["Capture"]
@@ -23,10 +23,34 @@ __all__ = ["Capture"]
 
 class Capture:
     __slots__ = (
-        "call_id", "session_id", "dialect", "method", "path", "headers", "harness", "harness_session",
-        "request", "upstream_request", "stream", "status_code", "outcome", "error",
-        "received_at", "first_byte_at", "done_at", "chunks", "body", "bytes_in", "bytes_out",
-        "upstream_dialect", "client_response", "client_events", "complete", "submitted", "metadata", "tokens",
+        "body",
+        "bytes_in",
+        "bytes_out",
+        "call_id",
+        "chunks",
+        "client_events",
+        "client_response",
+        "complete",
+        "dialect",
+        "done_at",
+        "error",
+        "first_byte_at",
+        "harness",
+        "harness_session",
+        "headers",
+        "metadata",
+        "method",
+        "outcome",
+        "path",
+        "received_at",
+        "request",
+        "session_id",
+        "status_code",
+        "stream",
+        "submitted",
+        "tokens",
+        "upstream_dialect",
+        "upstream_request",
     )
 
     def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
@@ -89,7 +113,9 @@ class Capture:
                 upstream_obj = orjson.loads(self.body) if self.body else None
             except orjson.JSONDecodeError:
                 upstream_obj = self.body.decode("utf-8", errors="replace")
-        prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(self.upstream_dialect, upstream_obj)
+        prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(
+            self.upstream_dialect, upstream_obj
+        )
         if self.tokens is not None:
             prompt_ids, completion_ids, logprobs, finish = self.tokens
         response = upstream_obj

@@ -88,7 +88,9 @@ def harness_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     return name, (sid[:256] if sid else None)
 
 
-def derive_session(harness: str | None, harness_session: str | None, dialect: Any, body: dict[str, Any]) -> str | None:
+def derive_session(
+    harness: str | None, harness_session: str | None, dialect: Any, body: dict[str, Any]
+) -> str | None:
     """A session id for a call that named none: the harness's own session id, else the
     conversation's opening (system/developer instructions and first user message), hashed.
 
@@ -111,7 +113,11 @@ def _opening(dialect: Any, body: dict[str, Any]) -> list[Any] | None:
         return None
     if name == "responses":
         inp = body.get("input")
-        items = [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
+        items = (
+            [{"role": "user", "content": inp}]
+            if isinstance(inp, str)
+            else (inp if isinstance(inp, list) else [])
+        )
         head: list[Any] = [body.get("instructions")]
     elif name == "messages":
         items = body.get("messages") if isinstance(body.get("messages"), list) else []

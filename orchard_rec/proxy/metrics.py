@@ -12,17 +12,38 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float], spool_depth: Callable[[], float] = lambda: 0, inflight: Callable[[], float] = lambda: 0) -> None:
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        spool_depth: Callable[[], float] = lambda: 0,
+        inflight: Callable[[], float] = lambda: 0,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.calls = Counter("orchard_calls", "Calls handled", ["dialect", "outcome"], registry=r)
-        self.errors = Counter("orchard_errors", "Calls that ended in an error", ["dialect", "kind"], registry=r)
+        self.errors = Counter(
+            "orchard_errors", "Calls that ended in an error", ["dialect", "kind"], registry=r
+        )
         self.bytes = Counter("orchard_bytes", "Body bytes relayed", ["direction"], registry=r)
-        self.duration = Histogram("orchard_call_duration_seconds", "Request received to last byte sent", ["dialect"], buckets=_LATENCY, registry=r)
-        self.ttfb = Histogram("orchard_upstream_ttfb_seconds", "Request received to first upstream byte", ["dialect"], buckets=_LATENCY, registry=r)
+        self.duration = Histogram(
+            "orchard_call_duration_seconds",
+            "Request received to last byte sent",
+            ["dialect"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "orchard_upstream_ttfb_seconds",
+            "Request received to first upstream byte",
+            ["dialect"],
+            buckets=_LATENCY,
+            registry=r,
+        )
         depth = Gauge("orchard_writer_queue_depth", "Calls waiting to be committed", registry=r)
         depth.set_function(queue_depth)
-        spool = Gauge("orchard_spool_depth", "Records in the local spool, not yet in the database", registry=r)
+        spool = Gauge(
+            "orchard_spool_depth", "Records in the local spool, not yet in the database", registry=r
+        )
         spool.set_function(spool_depth)
         busy = Gauge("orchard_inflight_calls", "Calls being relayed", registry=r)
         busy.set_function(inflight)
@@ -31,12 +52,16 @@ class Metrics:
         self._bytes_in = self.bytes.labels("in")
         self._bytes_out = self.bytes.labels("out")
 
-    def observe_call(self, dialect: str, outcome: str, bytes_in: int, bytes_out: int, duration: float, ttfb: float | None) -> None:
+    def observe_call(
+        self, dialect: str, outcome: str, bytes_in: int, bytes_out: int, duration: float, ttfb: float | None
+    ) -> None:
         """One finished call: the labelled children are looked up once per (dialect, outcome), not per call."""
         kids = self._children.get((dialect, outcome))
         if kids is None:
             kids = self._children[(dialect, outcome)] = (
-                self.calls.labels(dialect, outcome), self.duration.labels(dialect), self.ttfb.labels(dialect),
+                self.calls.labels(dialect, outcome),
+                self.duration.labels(dialect),
+                self.ttfb.labels(dialect),
                 self.errors.labels(dialect, outcome) if outcome != "ok" else None,
             )
         calls, dur, first, errors = kids

@@ -21,38 +21,128 @@ def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"200": {"description": "the upstream's answer, relayed (JSON or server-sent events)"}}
+    out: dict[str, Any] = {
+        "200": {"description": "the upstream's answer, relayed (JSON or server-sent events)"}
+    }
     for c in codes:
         out[str(c)] = {"description": "an error in the dialect's own shape"}
     return out
 
 
-_SID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}$"}}
+_SID = {
+    "name": "session_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}$"},
+}
 
 
 def openapi_spec() -> dict[str, Any]:
-    chat = _body({"model": {"type": "string"}, "messages": {"type": "array", "items": _MESSAGE}, "stream": {"type": "boolean"},
-                  "tools": {"type": "array", "items": _TOOL}, "max_tokens": {"type": "integer", "minimum": 1}}, ["model", "messages"])
-    completions = _body({"model": {"type": "string"}, "prompt": {"type": "string"}, "stream": {"type": "boolean"},
-                         "max_tokens": {"type": "integer", "minimum": 1}}, ["model", "prompt"])
-    responses = _body({"model": {"type": "string"}, "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
-                       "instructions": {"type": "string"}, "stream": {"type": "boolean"}, "tools": {"type": "array", "items": _TOOL}}, ["model", "input"])
-    messages = _body({"model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1}, "messages": {"type": "array", "items": _MESSAGE},
-                      "system": {}, "stream": {"type": "boolean"}, "tools": {"type": "array", "items": _TOOL}}, ["model", "max_tokens", "messages"])
-    outcome = _body({"reward": {"oneOf": [{"type": "number"}, {"type": "object", "additionalProperties": {"type": "number"}}]},
-                     "status": {"type": "string", "enum": ["completed", "truncated", "aborted", "failed"]},
-                     "step_values": {"type": "array", "items": {"type": "number"}}, "metadata": {"type": "object"}}, [])
+    chat = _body(
+        {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": _MESSAGE},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": _TOOL},
+            "max_tokens": {"type": "integer", "minimum": 1},
+        },
+        ["model", "messages"],
+    )
+    completions = _body(
+        {
+            "model": {"type": "string"},
+            "prompt": {"type": "string"},
+            "stream": {"type": "boolean"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+        },
+        ["model", "prompt"],
+    )
+    responses = _body(
+        {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "instructions": {"type": "string"},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": _TOOL},
+        },
+        ["model", "input"],
+    )
+    messages = _body(
+        {
+            "model": {"type": "string"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "messages": {"type": "array", "items": _MESSAGE},
+            "system": {},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": _TOOL},
+        },
+        ["model", "max_tokens", "messages"],
+    )
+    outcome = _body(
+        {
+            "reward": {
+                "oneOf": [{"type": "number"}, {"type": "object", "additionalProperties": {"type": "number"}}]
+            },
+            "status": {"type": "string", "enum": ["completed", "truncated", "aborted", "failed"]},
+            "step_values": {"type": "array", "items": {"type": "number"}},
+            "metadata": {"type": "object"},
+        },
+        [],
+    )
     paths: dict[str, Any] = {
-        "/healthz": {"get": {"operationId": "healthz", "responses": {"200": {"description": "ready; status ok or degraded"}}}},
-        "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {"description": "Prometheus text"}}}},
-        "/sessions/{session_id}/outcome": {"post": {"operationId": "outcome", "parameters": [_SID], "requestBody": outcome,
-                                                     "responses": {"200": {"description": "recorded"}, "400": {"description": "invalid"}}}},
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "responses": {"200": {"description": "ready; status ok or degraded"}},
+            }
+        },
+        "/metrics": {
+            "get": {"operationId": "metrics", "responses": {"200": {"description": "Prometheus text"}}}
+        },
+        "/sessions/{session_id}/outcome": {
+            "post": {
+                "operationId": "outcome",
+                "parameters": [_SID],
+                "requestBody": outcome,
+                "responses": {"200": {"description": "recorded"}, "400": {"description": "invalid"}},
+            }
+        },
     }
     for prefix, params in (("", []), ("/s/{session_id}", [_SID])):
         tag = "session_" if prefix else ""
-        paths[f"{prefix}/v1/chat/completions"] = {"post": {"operationId": f"{tag}chat", "parameters": params, "requestBody": chat, "responses": _errors(400, 413, 415, 502)}}
-        paths[f"{prefix}/v1/completions"] = {"post": {"operationId": f"{tag}completions", "parameters": params, "requestBody": completions, "responses": _errors(400, 413, 415, 502)}}
-        paths[f"{prefix}/v1/responses"] = {"post": {"operationId": f"{tag}responses", "parameters": params, "requestBody": responses, "responses": _errors(400, 413, 415, 502)}}
-        paths[f"{prefix}/v1/messages"] = {"post": {"operationId": f"{tag}messages", "parameters": params, "requestBody": messages, "responses": _errors(400, 413, 415, 502)}}
-        paths[f"{prefix}/v1/models"] = {"get": {"operationId": f"{tag}models", "parameters": params, "responses": _errors(502)}}
+        paths[f"{prefix}/v1/chat/completions"] = {
+            "post": {
+                "operationId": f"{tag}chat",
+                "parameters": params,
+                "requestBody": chat,
+                "responses": _errors(400, 413, 415, 502),
+            }
+        }
+        paths[f"{prefix}/v1/completions"] = {
+            "post": {
+                "operationId": f"{tag}completions",
+                "parameters": params,
+                "requestBody": completions,
+                "responses": _errors(400, 413, 415, 502),
+            }
+        }
+        paths[f"{prefix}/v1/responses"] = {
+            "post": {
+                "operationId": f"{tag}responses",
+                "parameters": params,
+                "requestBody": responses,
+                "responses": _errors(400, 413, 415, 502),
+            }
+        }
+        paths[f"{prefix}/v1/messages"] = {
+            "post": {
+                "operationId": f"{tag}messages",
+                "parameters": params,
+                "requestBody": messages,
+                "responses": _errors(400, 413, 415, 502),
+            }
+        }
+        paths[f"{prefix}/v1/models"] = {
+            "get": {"operationId": f"{tag}models", "parameters": params, "responses": _errors(502)}
+        }
     return {"openapi": "3.0.3", "info": {"title": "orchard-rec proxy", "version": "0.1.0"}, "paths": paths}

@@ -41,8 +41,16 @@ _STOP = object()
 
 
 class Recorder:
-    def __init__(self, store: Store, *, spool: Path | None = None, durability: str = "async", batch_size: int = 256, retry_s: float = 1.0,
-                 linger_s: float | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        spool: Path | None = None,
+        durability: str = "async",
+        batch_size: int = 256,
+        retry_s: float = 1.0,
+        linger_s: float | None = None,
+    ) -> None:
         if durability not in ("async", "wal"):
             raise ValueError("durability must be async or wal")
         if durability == "wal" and spool is None:
@@ -52,7 +60,9 @@ class Recorder:
         self.retry_s = retry_s
         self.durability = durability
         if linger_s is None:
-            linger_s = float(os.environ.get("ORCHARD_WRITER_LINGER_S", "0.005")) if durability == "async" else 0.0
+            linger_s = (
+                float(os.environ.get("ORCHARD_WRITER_LINGER_S", "0.005")) if durability == "async" else 0.0
+            )
         self.linger_s = linger_s
         """How long the writer lets a batch gather after its first call (async durability; env
         ``ORCHARD_WRITER_LINGER_S``, default 5 ms): one transaction and one wake-up per several calls

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
-
-from collections.abc import Mapping
 
 from orchard_rec.errors import BadRequest, UnsupportedMediaType
 from orchard_rec.proxy.capture import Capture

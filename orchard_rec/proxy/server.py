@@ -26,7 +26,15 @@ def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
     return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
 
 
-async def _serve(app: web.Application, host: str, port: int, stop: asyncio.Event, ready: Callable[[int], None] | None, shutdown_timeout: float, ssl_context: Any = None) -> None:
+async def _serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    ready: Callable[[int], None] | None,
+    shutdown_timeout: float,
+    ssl_context: Any = None,
+) -> None:
     runner = _runner(app, shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, ssl_context=ssl_context)
@@ -67,7 +75,14 @@ def _tuned(ready: Callable[[int], None] | None) -> Callable[[int], None]:
     return on_ready
 
 
-def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[int], None] | None = None, shutdown_timeout: float = 30.0) -> None:
+def run_forever(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    ready: Callable[[int], None] | None = None,
+    shutdown_timeout: float = 30.0,
+) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed)."""
     try:
         import uvloop
@@ -91,7 +106,14 @@ def run_forever(app: web.Application, host: str, port: int, *, ready: Callable[[
 class BackgroundServer:
     """An aiohttp app on a loopback port, in a daemon thread with its own event loop."""
 
-    def __init__(self, app: web.Application | Callable[[], web.Application], host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 10.0, ssl_context: Any = None) -> None:
+    def __init__(
+        self,
+        app: web.Application | Callable[[], web.Application],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        shutdown_timeout: float = 10.0,
+        ssl_context: Any = None,
+    ) -> None:
         self._app = app
         self.ssl_context = ssl_context
         """An ``ssl.SSLContext`` to serve HTTPS (the intercept tests' upstream)."""
@@ -122,13 +144,19 @@ class BackgroundServer:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.app = self._app() if callable(self._app) and not isinstance(self._app, web.Application) else self._app  # type: ignore[assignment]
+            self.app = (
+                self._app()
+                if callable(self._app) and not isinstance(self._app, web.Application)
+                else self._app
+            )  # type: ignore[assignment]
 
             def ready(port: int) -> None:
                 self.port = port
                 self._ready.set()
 
-            await _serve(self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout, self.ssl_context)  # type: ignore[arg-type]
+            await _serve(
+                self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout, self.ssl_context
+            )  # type: ignore[arg-type]
 
         try:
             asyncio.run(main())

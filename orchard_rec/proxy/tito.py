@@ -35,7 +35,7 @@ import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
 from orchard_rec.proxy.token import to_chat
-from orchard_rec.proxy.translate import template_message
+from orchard_rec.protocol.translate import template_message
 from orchard_rec.records import Dialect
 
 __all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
@@ -70,14 +70,22 @@ class TitoSessions:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
+    ) -> str:
         msgs = [template_message(m) for m in messages]
-        return str(self.tok.apply_chat_template(msgs, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False))
+        return str(
+            self.tok.apply_chat_template(
+                msgs, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+            )
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def plan(self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[list[int], Branch | None, int, dict[str, Any]]:
+    def plan(
+        self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], Branch | None, int, dict[str, Any]]:
         """``(prompt_ids, branch or None, branch version, decision)`` for this conversation."""
         full = self.render(messages, tools, True)
         best: Branch | None = None
@@ -90,7 +98,12 @@ class TitoSessions:
                         if full.startswith(b.text) and (best is None or len(b.text) > len(best.text)):
                             best = b
                     if best is not None:
-                        return best.tokens + self.encode(full[len(best.text):]), best, best.version, {"branch": best.index, "fresh": False}
+                        return (
+                            best.tokens + self.encode(full[len(best.text) :]),
+                            best,
+                            best.version,
+                            {"branch": best.index, "fresh": False},
+                        )
                     decision = {"fresh": True, "reason": "history differs from every branch of this session"}
                 else:
                     decision = {"fresh": True, "reason": "first call of the session"}
@@ -98,8 +111,17 @@ class TitoSessions:
             decision = {"fresh": True, "reason": "no session"}
         return self.encode(full), None, 0, decision
 
-    def commit(self, key: str | None, branch: Branch | None, version: int, prompt: list[int], completion: list[int],
-               messages: list[dict[str, Any]], answer: dict[str, Any], tools: list[dict[str, Any]] | None) -> int | None:
+    def commit(
+        self,
+        key: str | None,
+        branch: Branch | None,
+        version: int,
+        prompt: list[int],
+        completion: list[int],
+        messages: list[dict[str, Any]],
+        answer: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+    ) -> int | None:
         """Record the new exact history; returns the branch index (None without a session)."""
         if key is None:
             return None
@@ -114,7 +136,9 @@ class TitoSessions:
             if branch is not None and branch in sess.branches and branch.version == version:
                 branch.tokens, branch.text, branch.version = prompt + completion, text, version + 1
                 return branch.index
-            nb = Branch(sess.next_index, prompt + completion, text)  # a fork: a concurrent call or a fresh render
+            nb = Branch(
+                sess.next_index, prompt + completion, text
+            )  # a fork: a concurrent call or a fresh render
             sess.next_index += 1
             sess.branches.append(nb)
             del sess.branches[: -self.max_branches]
@@ -124,7 +148,9 @@ class TitoSessions:
 def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions view of a client request (messages, tools, max tokens)."""
     if dialect is Dialect.CHAT:
-        if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
+        if not isinstance(body.get("messages"), list) or not all(
+            isinstance(m, dict) for m in body["messages"]
+        ):
             raise BadRequest("messages: a list of message objects is required", param="messages")
         return body
     return to_chat(dialect, body)
@@ -138,7 +164,7 @@ def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
     m = _THINK.match(text)
     if m:
         msg["reasoning_content"] = m.group(1).strip("\n")
-        text = text[m.end():]
+        text = text[m.end() :]
     calls = []
     for raw in _CALL.findall(text):
         try:
@@ -147,8 +173,16 @@ def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
             continue
         if isinstance(c, dict) and isinstance(c.get("name"), str):
             args = c.get("arguments", {})
-            calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                          "function": {"name": c["name"], "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}})
+            calls.append(
+                {
+                    "id": "call_" + uuid.uuid4().hex[:24],
+                    "type": "function",
+                    "function": {
+                        "name": c["name"],
+                        "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    },
+                }
+            )
     content = _CALL.sub("", text).strip() if calls else text.strip()
     msg["content"] = content or None
     if calls:
@@ -156,29 +190,114 @@ def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
     return msg
 
 
-def chat_completion(model: Any, msg: dict[str, Any], finish: str, n_prompt: int, n_completion: int) -> dict[str, Any]:
+def chat_completion(
+    model: Any, msg: dict[str, Any], finish: str, n_prompt: int, n_completion: int
+) -> dict[str, Any]:
     return {
-        "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion},
+        "usage": {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_completion,
+            "total_tokens": n_prompt + n_completion,
+        },
     }
 
 
 def synth_chunks(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The chunk stream a chat completion object corresponds to."""
-    base = {"id": obj["id"], "object": "chat.completion.chunk", "created": obj["created"], "model": obj["model"]}
+    base = {
+        "id": obj["id"],
+        "object": "chat.completion.chunk",
+        "created": obj["created"],
+        "model": obj["model"],
+    }
     choice = obj["choices"][0]
     msg = choice["message"]
-    out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}]
+    out = [
+        {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
+    ]
     if msg.get("reasoning_content"):
-        out.append({**base, "choices": [{"index": 0, "delta": {"reasoning_content": msg["reasoning_content"]}, "logprobs": None, "finish_reason": None}]})
+        out.append(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"reasoning_content": msg["reasoning_content"]},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     if msg.get("content"):
-        out.append({**base, "choices": [{"index": 0, "delta": {"content": msg["content"]}, "logprobs": None, "finish_reason": None}]})
+        out.append(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": msg["content"]},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     for k, tc in enumerate(msg.get("tool_calls") or ()):
-        head = {"index": k, "id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}
-        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None}]})
-        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": k, "function": {"arguments": tc["function"]["arguments"]}}]}, "logprobs": None, "finish_reason": None}]})
-    out.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}]})
+        head = {
+            "index": k,
+            "id": tc["id"],
+            "type": "function",
+            "function": {"name": tc["function"]["name"], "arguments": ""},
+        }
+        out.append(
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        )
+        out.append(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": k, "function": {"arguments": tc["function"]["arguments"]}}
+                            ]
+                        },
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+    out.append(
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
+            ],
+        }
+    )
     out.append({**base, "choices": [], "usage": obj["usage"]})
     return out
 
@@ -191,9 +310,21 @@ def upstream_request(kind: str, chat: dict[str, Any], prompt: list[int]) -> tupl
         for k in ("temperature", "top_p", "top_k", "stop"):
             if chat.get(k) is not None:
                 params[k] = chat[k]
-        return "generate", {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "stream": False}
-    body: dict[str, Any] = {"model": chat.get("model"), "prompt": prompt, "max_tokens": max_tokens, "return_token_ids": True,
-                            "logprobs": 0, "skip_special_tokens": False, "stream": False}
+        return "generate", {
+            "input_ids": prompt,
+            "sampling_params": params,
+            "return_logprob": True,
+            "stream": False,
+        }
+    body: dict[str, Any] = {
+        "model": chat.get("model"),
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "return_token_ids": True,
+        "logprobs": 0,
+        "skip_special_tokens": False,
+        "stream": False,
+    }
     for k in ("temperature", "top_p", "top_k", "stop", "seed"):
         if chat.get(k) is not None:
             body[k] = chat[k]
@@ -208,10 +339,16 @@ def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, s
             ids = list(obj.get("output_ids") or [t[1] for t in meta.get("output_token_logprobs") or []])
             lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []] or None
             fin = meta.get("finish_reason") or {}
-            return ids, lps, "length" if (fin.get("type") if isinstance(fin, dict) else fin) == "length" else "stop"
+            return (
+                ids,
+                lps,
+                "length" if (fin.get("type") if isinstance(fin, dict) else fin) == "length" else "stop",
+            )
         c = obj["choices"][0]
         lp = c.get("logprobs") or {}
         lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []] or None
         return list(c["token_ids"]), lps, "length" if c.get("finish_reason") == "length" else "stop"
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise UpstreamProtocolError(f"the upstream's token endpoint answered without token ids: {type(exc).__name__}: {exc}") from exc
+        raise UpstreamProtocolError(
+            f"the upstream's token endpoint answered without token ids: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -20,8 +20,15 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest
-from orchard_rec.proxy.sse import SSEParser
-from orchard_rec.proxy.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses, messages_to_chat, responses_to_chat
+from orchard_rec.protocol.sse import SSEParser
+from orchard_rec.protocol.translate import (
+    MessagesStream,
+    ResponsesStream,
+    chat_to_messages,
+    chat_to_responses,
+    messages_to_chat,
+    responses_to_chat,
+)
 from orchard_rec.records import Dialect
 
 __all__ = ["Plan", "plan_for", "to_chat"]
@@ -32,7 +39,15 @@ log = logging.getLogger("orchard_rec.proxy.token")
 class Plan:
     """How one call is carried out in token mode."""
 
-    def __init__(self, client: Dialect, upstream: Dialect, body: dict[str, Any], client_body: dict[str, Any], inject_ids: bool, inject_logprobs: bool) -> None:
+    def __init__(
+        self,
+        client: Dialect,
+        upstream: Dialect,
+        body: dict[str, Any],
+        client_body: dict[str, Any],
+        inject_ids: bool,
+        inject_logprobs: bool,
+    ) -> None:
         self.client = client
         self.upstream = upstream
         self.body = body
@@ -63,7 +78,13 @@ class Plan:
             if self.client is Dialect.MESSAGES:
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else {}
                 msg = err.get("message") or obj.get("message") or data.decode("utf-8", "replace")
-                out = {"type": "error", "error": {"type": "invalid_request_error" if status < 500 else "api_error", "message": msg}}
+                out = {
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error" if status < 500 else "api_error",
+                        "message": msg,
+                    },
+                }
                 return orjson.dumps(out), out
             return data, None
         if self.client is Dialect.RESPONSES:
@@ -162,8 +183,33 @@ class StreamFilter:
         if "error" in obj and "choices" not in obj:
             err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
             if self.plan.client is Dialect.MESSAGES:
-                return self._emit([("error", {"type": "error", "error": {"type": "api_error", "message": err.get("message", "")}})])
-            return self._emit([("error", {"type": "error", "code": err.get("code"), "message": err.get("message", ""), "param": err.get("param"), "sequence_number": self.translator.seq if isinstance(self.translator, ResponsesStream) else 0})])
+                return self._emit(
+                    [
+                        (
+                            "error",
+                            {
+                                "type": "error",
+                                "error": {"type": "api_error", "message": err.get("message", "")},
+                            },
+                        )
+                    ]
+                )
+            return self._emit(
+                [
+                    (
+                        "error",
+                        {
+                            "type": "error",
+                            "code": err.get("code"),
+                            "message": err.get("message", ""),
+                            "param": err.get("param"),
+                            "sequence_number": self.translator.seq
+                            if isinstance(self.translator, ResponsesStream)
+                            else 0,
+                        },
+                    )
+                ]
+            )
         return self._emit(self.translator.feed(obj))
 
     def _finish_translation(self) -> bytes:
@@ -219,22 +265,34 @@ def to_chat(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
     except (TypeError, AttributeError, KeyError, ValueError) as exc:
-        raise BadRequest(f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}") from exc
+        raise BadRequest(
+            f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _validate_translated(dialect: Dialect, body: dict[str, Any]) -> None:
     """The checks the real API makes before generating: we answer in its place."""
     if dialect is Dialect.MESSAGES:
         msgs = body.get("messages")
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") for m in msgs):
-            raise BadRequest("messages: must be a list of {role: user|assistant, content} objects", param="messages")
-        if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool) or body["max_tokens"] < 1:
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") for m in msgs
+        ):
+            raise BadRequest(
+                "messages: must be a list of {role: user|assistant, content} objects", param="messages"
+            )
+        if (
+            not isinstance(body.get("max_tokens"), int)
+            or isinstance(body.get("max_tokens"), bool)
+            or body["max_tokens"] < 1
+        ):
             raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
         if not isinstance(body.get("model"), str):
             raise BadRequest("model: a string is required", param="model")
     else:
         inp = body.get("input")
-        if not isinstance(inp, (str, list)) or (isinstance(inp, list) and not all(isinstance(i, dict) for i in inp)):
+        if not isinstance(inp, (str, list)) or (
+            isinstance(inp, list) and not all(isinstance(i, dict) for i in inp)
+        ):
             raise BadRequest("input: a string or a list of input items is required", param="input")
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):

@@ -18,6 +18,17 @@ from orchard_rec.reconstruct.sample import Sample, SampleBuilder, Turn
 from orchard_rec.reconstruct.stream import iter_samples
 
 __all__ = [
-    "CREDIT_POLICIES", "AssistantCredit", "CreditPolicy", "LastTurnCredit", "MismatchPolicy", "Sample", "SampleBuilder",
-    "Turn", "TurnWeightsCredit", "ValueCredit", "credit_policy", "iter_samples", "reconstruct_session",
+    "CREDIT_POLICIES",
+    "AssistantCredit",
+    "CreditPolicy",
+    "LastTurnCredit",
+    "MismatchPolicy",
+    "Sample",
+    "SampleBuilder",
+    "Turn",
+    "TurnWeightsCredit",
+    "ValueCredit",
+    "credit_policy",
+    "iter_samples",
+    "reconstruct_session",
 ]

@@ -17,10 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from orchard_rec.records import Outcome
 from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.records import Outcome
 
-__all__ = ["AssistantCredit", "CREDIT_POLICIES", "CreditPolicy", "LastTurnCredit", "TurnWeightsCredit", "ValueCredit", "credit_policy"]
+__all__ = [
+    "CREDIT_POLICIES",
+    "AssistantCredit",
+    "CreditPolicy",
+    "LastTurnCredit",
+    "TurnWeightsCredit",
+    "ValueCredit",
+    "credit_policy",
+]
 
 
 class CreditPolicy(Protocol):
@@ -84,7 +92,9 @@ class ValueCredit:
         self.baseline = baseline
 
     def apply(self, sample: Sample, outcome: Outcome | None) -> None:
-        values = list(outcome.step_values) if outcome is not None and outcome.step_values is not None else None
+        values = (
+            list(outcome.step_values) if outcome is not None and outcome.step_values is not None else None
+        )
         if values is None:
             sample.metadata["credit"] = self.name + ":no-step-values"
             return
@@ -98,7 +108,12 @@ class ValueCredit:
         sample.metadata["credit"] = self.name
 
 
-CREDIT_POLICIES = {"assistant": AssistantCredit, "last-turn": LastTurnCredit, "turn-weights": TurnWeightsCredit, "value": ValueCredit}
+CREDIT_POLICIES = {
+    "assistant": AssistantCredit,
+    "last-turn": LastTurnCredit,
+    "turn-weights": TurnWeightsCredit,
+    "value": ValueCredit,
+}
 
 
 def credit_policy(name: str) -> CreditPolicy:

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from orchard_rec.records import CallOutcome, CallRecord, Outcome
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import Sample, SampleBuilder
+from orchard_rec.records import CallOutcome, CallRecord, Outcome
 
 __all__ = ["MismatchPolicy", "reconstruct_session"]
 

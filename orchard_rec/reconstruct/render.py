@@ -42,7 +42,11 @@ def render_sample(s: Sample, tok: Any = None, *, prompt_chars: int = 600) -> Pan
     while i < len(resp):  # group runs of the same style so multi-byte tokens decode whole
         style = _TRAINED if s.loss_mask[i] else (_GENERATED_UNTRAINED if generated[i] else _OBSERVATION)
         j = i
-        while j < len(resp) and (_TRAINED if s.loss_mask[j] else (_GENERATED_UNTRAINED if generated[j] else _OBSERVATION)) == style:
+        while (
+            j < len(resp)
+            and (_TRAINED if s.loss_mask[j] else (_GENERATED_UNTRAINED if generated[j] else _OBSERVATION))
+            == style
+        ):
             j += 1
         body.append(_piece(tok, resp[i:j]), style=style)
         i = j
@@ -53,7 +57,14 @@ def render_sample(s: Sample, tok: Any = None, *, prompt_chars: int = 600) -> Pan
         f"turns {len(s.turns)}  source {s.metadata.get('token_source')}"
     )
     extra = {k: s.metadata[k] for k in ("reason", "split_from", "realigned") if k in s.metadata}
-    legend = Text.assemble(("trained", _TRAINED), "  ", ("generated, not credited", _GENERATED_UNTRAINED), "  ", ("observation", _OBSERVATION), "  prompt")
+    legend = Text.assemble(
+        ("trained", _TRAINED),
+        "  ",
+        ("generated, not credited", _GENERATED_UNTRAINED),
+        "  ",
+        ("observation", _OBSERVATION),
+        "  prompt",
+    )
     parts: list[Any] = [legend]
     if extra:
         parts.append(Text(str(extra), style="magenta"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchard_rec.proxy.translate import assistant_message, chat_request_of, template_message
+from orchard_rec.protocol.translate import assistant_message, chat_request_of, template_message
 from orchard_rec.records import CallRecord, Dialect
 
 __all__ = ["retokenize"]
@@ -36,15 +36,23 @@ def retokenize(call: CallRecord, tokenizer: Any) -> CallRecord | None:
             return None
         p = tokenizer.encode(prompt, add_special_tokens=False)
         c = tokenizer.encode(text, add_special_tokens=False)
-        return dataclasses.replace(call, prompt_ids=tuple(p), completion_ids=tuple(c), completion_logprobs=None)
+        return dataclasses.replace(
+            call, prompt_ids=tuple(p), completion_ids=tuple(c), completion_logprobs=None
+        )
     chat = chat_request_of(call.dialect.value, call.request)
     answer = assistant_message(call.dialect.value, call.response)
     if chat is None or answer is None:
         return None
     messages = [template_message(m) for m in chat.get("messages") or ()]
     tools = chat.get("tools") or None
-    prompt = _ids(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True))
-    full = _ids(tokenizer.apply_chat_template(messages + [template_message(answer)], tools=tools, add_generation_prompt=False, tokenize=True))
+    prompt = _ids(
+        tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    )
+    full = _ids(
+        tokenizer.apply_chat_template(
+            messages + [template_message(answer)], tools=tools, add_generation_prompt=False, tokenize=True
+        )
+    )
     if full[: len(prompt)] == prompt:
         completion = full[len(prompt) :]
     else:  # a template that renders the history differently once an answer follows
@@ -55,5 +63,10 @@ def retokenize(call: CallRecord, tokenizer: Any) -> CallRecord | None:
         completion = completion[: len(completion) - completion[::-1].index(eos)]
     reasoning = answer.get("reasoning_content")
     if reasoning:
-        completion = tokenizer.encode("<think>\n" + reasoning.strip("\n") + "\n</think>\n\n", add_special_tokens=False) + completion
-    return dataclasses.replace(call, prompt_ids=tuple(prompt), completion_ids=tuple(completion), completion_logprobs=None)
+        completion = (
+            tokenizer.encode("<think>\n" + reasoning.strip("\n") + "\n</think>\n\n", add_special_tokens=False)
+            + completion
+        )
+    return dataclasses.replace(
+        call, prompt_ids=tuple(prompt), completion_ids=tuple(completion), completion_logprobs=None
+    )

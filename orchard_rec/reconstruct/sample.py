@@ -104,17 +104,38 @@ class Sample:
         meta = dict(d.get("metadata") or {})
         turns = [Turn(c, s, e) for c, s, e in meta.pop("turns", [])]
         return cls(
-            session_id=d["session_id"], tokens=list(d["tokens"]), response_length=d["response_length"],
-            loss_mask=list(d["loss_mask"]), rollout_log_probs=list(d["rollout_log_probs"]), turns=turns,
-            status=d.get("status", "completed"), reward=d.get("reward"), index=d.get("index", 0),
-            group_index=d.get("group_index"), token_weights=d.get("token_weights"), metadata=meta,
+            session_id=d["session_id"],
+            tokens=list(d["tokens"]),
+            response_length=d["response_length"],
+            loss_mask=list(d["loss_mask"]),
+            rollout_log_probs=list(d["rollout_log_probs"]),
+            turns=turns,
+            status=d.get("status", "completed"),
+            reward=d.get("reward"),
+            index=d.get("index", 0),
+            group_index=d.get("group_index"),
+            token_weights=d.get("token_weights"),
+            metadata=meta,
         )
 
 
 class SampleBuilder:
     """Grows one sample call by call. Observations get mask 0 and log-prob 0.0."""
 
-    __slots__ = ("session_id", "tokens", "prompt_length", "loss_mask", "log_probs", "turns", "call_ids", "prompt_ends", "metadata", "last_finish", "missing_logprobs", "sources")
+    __slots__ = (
+        "call_ids",
+        "last_finish",
+        "log_probs",
+        "loss_mask",
+        "metadata",
+        "missing_logprobs",
+        "prompt_ends",
+        "prompt_length",
+        "session_id",
+        "sources",
+        "tokens",
+        "turns",
+    )
 
     def __init__(self, session_id: str, prompt_ids: Sequence[int]) -> None:
         self.session_id = session_id
@@ -137,7 +158,13 @@ class SampleBuilder:
         self.loss_mask.extend([0] * len(ids))
         self.log_probs.extend([0.0] * len(ids))
 
-    def append_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None, call_id: str, finish_reason: str | None = None) -> None:
+    def append_generation(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        call_id: str,
+        finish_reason: str | None = None,
+    ) -> None:
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"call {call_id}: {len(logprobs)} logprobs for {len(ids)} generated tokens")
         start = len(self.tokens) - self.prompt_length
@@ -164,7 +191,11 @@ class SampleBuilder:
             f"loss_mask length {len(self.loss_mask)} / log_probs {len(self.log_probs)} != response_length {response_length}"
         )
         return Sample(
-            session_id=self.session_id, tokens=list(self.tokens), response_length=response_length,
-            loss_mask=list(self.loss_mask), rollout_log_probs=list(self.log_probs), turns=list(self.turns),
+            session_id=self.session_id,
+            tokens=list(self.tokens),
+            response_length=response_length,
+            loss_mask=list(self.loss_mask),
+            rollout_log_probs=list(self.log_probs),
+            turns=list(self.turns),
             metadata=dict(self.metadata),
         )

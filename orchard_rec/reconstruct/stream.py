@@ -84,11 +84,20 @@ def iter_samples(
                             on_session(m)
                     continue
             kept.append(members)
-        batches = ((gi, store.iter_sessions_calls([m.id for m in members])) for gi, members in enumerate(kept))
+        batches = (
+            (gi, store.iter_sessions_calls([m.id for m in members])) for gi, members in enumerate(kept)
+        )
     index = 0
     for group_index, rows in batches:
         for summary, calls in rows:
-            for s in reconstruct_session(calls, on_mismatch=on_mismatch, credit=policy, outcome=summary.outcome, session_id=summary.id, tokenizer=tokenizer):
+            for s in reconstruct_session(
+                calls,
+                on_mismatch=on_mismatch,
+                credit=policy,
+                outcome=summary.outcome,
+                session_id=summary.id,
+                tokenizer=tokenizer,
+            ):
                 if statuses and s.status not in statuses:
                     continue
                 if min_reward is not None:

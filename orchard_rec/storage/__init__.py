@@ -8,4 +8,14 @@ from orchard_rec.storage.migrate import current, downgrade, upgrade
 from orchard_rec.storage.models import Base, Call, Session
 from orchard_rec.storage.store import SessionSummary, Store, default_db_url
 
-__all__ = ["Base", "Call", "Session", "SessionSummary", "Store", "current", "default_db_url", "downgrade", "upgrade"]
+__all__ = [
+    "Base",
+    "Call",
+    "Session",
+    "SessionSummary",
+    "Store",
+    "current",
+    "default_db_url",
+    "downgrade",
+    "upgrade",
+]

@@ -9,7 +9,7 @@ it keeps the recorded text as it was, key order included.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -42,15 +42,15 @@ class Session(Base):
     updated_at: Mapped[Timestamp]
     call_count: Mapped[int] = mapped_column(BigInteger, default=0)
     """Calls recorded so far; also the counter that hands out gap-free sequence numbers."""
-    harness: Mapped[Optional[str]] = mapped_column(String(64))
+    harness: Mapped[str | None] = mapped_column(String(64))
     reward: Mapped[Json]
     """A number or an object of named rewards, from ``POST /sessions/{id}/outcome``."""
-    status: Mapped[Optional[str]] = mapped_column(String(16))
+    status: Mapped[str | None] = mapped_column(String(16))
     """completed | truncated | aborted | failed, as the harness or grader reported it."""
     step_values: Mapped[Json]
     """One value per model turn (value-based credit assignment)."""
     outcome_metadata: Mapped[Json]
-    outcome_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    outcome_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Call(Base):
@@ -63,32 +63,32 @@ class Call(Base):
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    session_id: Mapped[Optional[str]] = mapped_column(ForeignKey("sessions.id"), index=True)
-    seq: Mapped[Optional[int]] = mapped_column(BigInteger)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
+    seq: Mapped[int | None] = mapped_column(BigInteger)
     """1-based position in the session, assigned by the database writer in completion order."""
     dialect: Mapped[str] = mapped_column(String(16))
     method: Mapped[str] = mapped_column(String(8))
     path: Mapped[str] = mapped_column(Text)
     stream: Mapped[bool]
-    status_code: Mapped[Optional[int]]
+    status_code: Mapped[int | None]
     outcome: Mapped[str] = mapped_column(String(16))
     received_at: Mapped[Timestamp]
-    first_byte_at: Mapped[Optional[datetime]] = mapped_column(DateTime(timezone=True))
+    first_byte_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     done_at: Mapped[Timestamp]
-    harness: Mapped[Optional[str]] = mapped_column(String(64))
-    harness_session: Mapped[Optional[str]] = mapped_column(String(256), index=True)
-    model: Mapped[Optional[str]] = mapped_column(String(256))
+    harness: Mapped[str | None] = mapped_column(String(64))
+    harness_session: Mapped[str | None] = mapped_column(String(256), index=True)
+    model: Mapped[str | None] = mapped_column(String(256))
     headers: Mapped[Json]
     request: Mapped[Json]
     upstream_request: Mapped[Json]
     response: Mapped[Json]
     events: Mapped[Json]
-    error: Mapped[Optional[str]] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
     usage: Mapped[Json]
     prompt_ids: Mapped[Json]
     completion_ids: Mapped[Json]
     completion_logprobs: Mapped[Json]
-    finish_reason: Mapped[Optional[str]] = mapped_column(String(32))
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
     bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     call_metadata: Mapped[Json] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)

@@ -45,12 +45,14 @@ class Spool:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[bytes] = open(self.path, "ab+")
+        self._f: IO[bytes] = open(self.path, "ab+")  # noqa: SIM115 (held for the spool's lifetime)
         try:
             fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._f.close()
-            raise RuntimeError(f"spool {self.path} is in use by another proxy process; give each replica its own --spool") from None
+            raise RuntimeError(
+                f"spool {self.path} is in use by another proxy process; give each replica its own --spool"
+            ) from None
         self.depth = sum(1 for _ in self._lines())
         """Records in the spool."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -38,14 +38,14 @@ def default_db_url() -> str:
 
 
 def _ts(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
 def _epoch(dt: datetime | None) -> float | None:
     if dt is None:
         return None
     if dt.tzinfo is None:  # SQLite hands back naive datetimes; we only ever store UTC
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -59,7 +59,18 @@ class SessionSummary:
     outcome: Outcome | None = None
 
 
-_SESSION_COLUMNS = ("id", "call_count", "harness", "created_at", "updated_at", "reward", "status", "step_values", "outcome_metadata", "outcome_at")
+_SESSION_COLUMNS = (
+    "id",
+    "call_count",
+    "harness",
+    "created_at",
+    "updated_at",
+    "reward",
+    "status",
+    "step_values",
+    "outcome_metadata",
+    "outcome_at",
+)
 
 
 def _summary_of_row(row: Any) -> SessionSummary:
@@ -76,11 +87,19 @@ def _summary(s: Any, prefix: str = "") -> SessionSummary:
     if get("outcome_at") is not None:
         steps = get("step_values")
         outcome = Outcome(
-            reward=get("reward"), status=get("status"),
+            reward=get("reward"),
+            status=get("status"),
             step_values=None if steps is None else tuple(float(v) for v in steps),
             metadata=get("outcome_metadata") or {},
         )
-    return SessionSummary(get("id"), get("call_count"), get("harness"), _epoch(get("created_at")) or 0.0, _epoch(get("updated_at")) or 0.0, outcome)
+    return SessionSummary(
+        get("id"),
+        get("call_count"),
+        get("harness"),
+        _epoch(get("created_at")) or 0.0,
+        _epoch(get("updated_at")) or 0.0,
+        outcome,
+    )
 
 
 class Store:
@@ -141,7 +160,7 @@ class Store:
                 if r.session_id is not None:
                     by_session[r.session_id].append(r)
             seqs: dict[str, int] = {}
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
                 group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
                 last = self._bump_session(db, sid, len(group), now, group[0].harness)
@@ -177,7 +196,9 @@ class Store:
                     conv.append(None)
             self._insert_conv = list(zip([c.name for c in cols], conv))
         conv = self._insert_conv
-        params = [tuple(v if (v := row[name]) is None or f is None else f(v) for name, f in conv) for row in rows]
+        params = [
+            tuple(v if (v := row[name]) is None or f is None else f(v) for name, f in conv) for row in rows
+        ]
         db.connection().exec_driver_sql(self._insert_sql, params)
 
     def _bump_session(self, db: Any, sid: str, n: int, now: datetime, harness: str | None) -> int:
@@ -203,7 +224,7 @@ class Store:
         """Attach (or replace) a session's outcome; the session row is created if no call came yet."""
         if outcome.status is not None and outcome.status not in SESSION_STATUSES:
             raise ValueError(f"status must be one of {', '.join(SESSION_STATUSES)}, got {outcome.status!r}")
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         with self._sessions.begin() as db:
             s = db.get(Session, session_id, with_for_update=self.dialect == "postgresql")
             if s is None:
@@ -236,7 +257,9 @@ class Store:
     def calls(self, session_id: str | None = None, *, untagged: bool = False) -> list[CallRecord]:
         return list(self.iter_calls(session_id, untagged=untagged))
 
-    def iter_calls(self, session_id: str | None = None, *, untagged: bool = False, batch: int = 500) -> Iterator[CallRecord]:
+    def iter_calls(
+        self, session_id: str | None = None, *, untagged: bool = False, batch: int = 500
+    ) -> Iterator[CallRecord]:
         """Calls in session order (seq), streamed from the database in batches."""
         stmt = select(Call)
         if session_id is not None:
@@ -250,7 +273,12 @@ class Store:
                 yield _record(row)
 
     def iter_sessions_calls(
-        self, ids: Sequence[str] | None = None, *, since: float | None = None, harness: str | None = None, batch: int = 2000
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        since: float | None = None,
+        harness: str | None = None,
+        batch: int = 2000,
     ) -> Iterator[tuple[SessionSummary, list[CallRecord]]]:
         """Each selected session with its calls (light records: no bodies or timings), one
         session in memory at a time, from ONE streaming query ordered by session and sequence
@@ -258,7 +286,9 @@ class Store:
         of sessions."""
         t = Call.__table__
         st = Session.__table__
-        cols = [t.c[name] for name in _LIGHT_COLUMNS] + [st.c[name].label("s_" + name) for name in _SESSION_COLUMNS]
+        cols = [t.c[name] for name in _LIGHT_COLUMNS] + [
+            st.c[name].label("s_" + name) for name in _SESSION_COLUMNS
+        ]
         stmt = select(*cols).join(st, st.c.id == t.c.session_id)
         if ids:
             stmt = stmt.where(t.c.session_id.in_(list(ids)))
@@ -302,7 +332,7 @@ def _dumps(obj: Any) -> str:
 
 def _sqlite_time(dt: datetime) -> str:
     """SQLAlchemy's SQLite DATETIME storage format, in UTC (what its bind processor writes)."""
-    return (dt.astimezone(timezone.utc) if dt.tzinfo else dt).isoformat(" ", "microseconds")[:26]
+    return (dt.astimezone(UTC) if dt.tzinfo else dt).isoformat(" ", "microseconds")[:26]
 
 
 def _loads(v: Any) -> Any:
@@ -357,19 +387,48 @@ def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
 
 
 _LIGHT_COLUMNS = (
-    "id", "session_id", "seq", "received_at", "dialect", "method", "path", "stream", "status_code", "outcome", "harness",
-    "model", "error", "prompt_ids", "completion_ids", "completion_logprobs", "finish_reason",
+    "id",
+    "session_id",
+    "seq",
+    "received_at",
+    "dialect",
+    "method",
+    "path",
+    "stream",
+    "status_code",
+    "outcome",
+    "harness",
+    "model",
+    "error",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "finish_reason",
 )
 
 
 def _light_record(c: Any) -> CallRecord:
     """A record without bodies or timings: what reconstruction reads."""
     return CallRecord(
-        call_id=c.id, session_id=c.session_id, dialect=Dialect(c.dialect), method=c.method, path=c.path,
-        stream=c.stream, status_code=c.status_code, outcome=CallOutcome(c.outcome),
-        received_at=_epoch(c.received_at) or 0.0, first_byte_at=None, done_at=0.0, harness=c.harness, model=c.model, error=c.error,
-        prompt_ids=_tuple(c.prompt_ids), completion_ids=_tuple(c.completion_ids),
-        completion_logprobs=_tuple(c.completion_logprobs), finish_reason=c.finish_reason, seq=c.seq,
+        call_id=c.id,
+        session_id=c.session_id,
+        dialect=Dialect(c.dialect),
+        method=c.method,
+        path=c.path,
+        stream=c.stream,
+        status_code=c.status_code,
+        outcome=CallOutcome(c.outcome),
+        received_at=_epoch(c.received_at) or 0.0,
+        first_byte_at=None,
+        done_at=0.0,
+        harness=c.harness,
+        model=c.model,
+        error=c.error,
+        prompt_ids=_tuple(c.prompt_ids),
+        completion_ids=_tuple(c.completion_ids),
+        completion_logprobs=_tuple(c.completion_logprobs),
+        finish_reason=c.finish_reason,
+        seq=c.seq,
     )
 
 

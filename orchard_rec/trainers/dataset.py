@@ -33,7 +33,9 @@ AdvantageFn = Callable[[Sample], "float | Sequence[float] | None"]
 def sample_tensors(s: Sample, advantage_fn: AdvantageFn | None = None) -> dict[str, torch.Tensor]:
     p, n = s.prompt_length, len(s.tokens)
     mask = [0] * p + list(s.loss_mask)
-    weights = [0.0] * p + (list(s.token_weights) if s.token_weights is not None else [float(m) for m in s.loss_mask])
+    weights = [0.0] * p + (
+        list(s.token_weights) if s.token_weights is not None else [float(m) for m in s.loss_mask]
+    )
     item = {
         "input_ids": torch.tensor(s.tokens, dtype=torch.long),
         "labels": torch.tensor([t if m else -100 for t, m in zip(s.tokens, mask)], dtype=torch.long),
@@ -46,9 +48,13 @@ def sample_tensors(s: Sample, advantage_fn: AdvantageFn | None = None) -> dict[s
     if advantage_fn is not None:
         adv = advantage_fn(s)
         if adv is not None:
-            resp = [float(adv)] * s.response_length if isinstance(adv, (int, float)) else [float(a) for a in adv]
+            resp = (
+                [float(adv)] * s.response_length if isinstance(adv, (int, float)) else [float(a) for a in adv]
+            )
             if len(resp) != s.response_length:
-                raise ValueError(f"advantage_fn gave {len(resp)} values for response_length {s.response_length}")
+                raise ValueError(
+                    f"advantage_fn gave {len(resp)} values for response_length {s.response_length}"
+                )
             item["advantages"] = torch.tensor([0.0] * p + resp, dtype=torch.float32)
     return item
 
@@ -82,7 +88,14 @@ class OrchardDataset(Dataset):  # type: ignore[type-arg]
 class OrchardIterableDataset(IterableDataset):  # type: ignore[type-arg]
     """Streams from the database (``db=``, reconstructing as it goes) or a jsonl file (``path=``)."""
 
-    def __init__(self, *, db: str | None = None, path: str | Path | None = None, advantage_fn: AdvantageFn | None = None, **selection: Any) -> None:
+    def __init__(
+        self,
+        *,
+        db: str | None = None,
+        path: str | Path | None = None,
+        advantage_fn: AdvantageFn | None = None,
+        **selection: Any,
+    ) -> None:
         if (db is None) == (path is None):
             raise ValueError("give exactly one of db= or path=")
         self.db, self.path, self.advantage_fn, self.selection = db, path, advantage_fn, selection
@@ -126,7 +139,9 @@ def collate(batch: list[dict[str, torch.Tensor]], pad_token_id: int = 0) -> dict
     return out
 
 
-def collate_packed(batch: list[dict[str, torch.Tensor]], max_tokens: int | None = None, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def collate_packed(
+    batch: list[dict[str, torch.Tensor]], max_tokens: int | None = None, pad_token_id: int = 0
+) -> dict[str, torch.Tensor]:
     """Pack samples into rows of at most ``max_tokens`` (default: all in one row).
 
     Adds ``cu_seqlens`` (per row, padded with the row length) so attention can be kept

@@ -26,7 +26,9 @@ def credited_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple
     """``(loss, credited token count)``: next-token CE weighted by ``token_weights`` on the targets."""
     targets = batch["input_ids"][:, 1:]
     weights = batch["token_weights"][:, 1:] * (batch["labels"][:, 1:] != -100)
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), reduction="none").view_as(targets)
+    ce = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets.reshape(-1), reduction="none"
+    ).view_as(targets)
     total = weights.sum()
     return (ce * weights).sum() / total.clamp_min(1e-8), (weights > 0).sum()
 

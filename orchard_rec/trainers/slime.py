@@ -43,7 +43,9 @@ def to_slime_sample(s: Sample) -> Any:
     return sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt()))
 
 
-def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False) -> list[list[Any]]:
+def generate_rollout(
+    args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False
+) -> list[list[Any]]:
     """Groups ``rollout_id * batch .. (rollout_id + 1) * batch`` of the recorded sessions."""
     db = _opt(args, "orchard_db", os.environ.get("ORCHARD_DB", "sqlite:///./orchard.db"))
     batch = int(_opt(args, "rollout_batch_size", 1))
@@ -92,14 +94,25 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     from orchard_rec.harnesses import run_harness
     from orchard_rec.reconstruct.merge import reconstruct_session
 
-    upstream = _opt(args, "orchard_upstream") or f"http://{args.sglang_router_ip}:{args.sglang_router_port}/v1"
+    upstream = (
+        _opt(args, "orchard_upstream") or f"http://{args.sglang_router_ip}:{args.sglang_router_port}/v1"
+    )
     db = _opt(args, "orchard_db", os.environ.get("ORCHARD_DB", "sqlite:///./orchard.db"))
     harness = get_harness(_opt(args, "orchard_harness", "codex"))
     proxy = _proxy_for(upstream, db)
     sid = f"slime-{uuid.uuid4().hex[:12]}"
-    prompt = sample.prompt if isinstance(sample.prompt, str) else "\n".join(m.get("content", "") for m in sample.prompt if isinstance(m, dict))
+    prompt = (
+        sample.prompt
+        if isinstance(sample.prompt, str)
+        else "\n".join(m.get("content", "") for m in sample.prompt if isinstance(m, dict))
+    )
     res = await asyncio.to_thread(
-        run_harness, harness, proxy, sid, [prompt], model=_opt(args, "orchard_model", "default"),
+        run_harness,
+        harness,
+        proxy,
+        sid,
+        [prompt],
+        model=_opt(args, "orchard_model", "default"),
         timeout=float(_opt(args, "orchard_timeout", 600)),
     )
     await asyncio.to_thread(_flush, proxy)
@@ -112,7 +125,11 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     status_cls = type(sample.status)
     if not built:
         sample.status = status_cls("failed")
-        sample.metadata = {**(sample.metadata or {}), "orchard_session": sid, "harness_exit_code": res.exit_code}
+        sample.metadata = {
+            **(sample.metadata or {}),
+            "orchard_session": sid,
+            "harness_exit_code": res.exit_code,
+        }
         return sample
     main = max(built, key=lambda s: len(s.turns))  # the harness's main line (sub-agents aside)
     sample.tokens = list(main.tokens)
@@ -120,6 +137,11 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     sample.loss_mask = list(main.loss_mask)
     sample.rollout_log_probs = list(main.rollout_log_probs)
     sample.status = status_cls(main.status if res.exit_code == 0 else "failed")
-    sample.metadata = {**(sample.metadata or {}), **main.to_dict()["metadata"], "orchard_session": sid,
-                       "harness_exit_code": res.exit_code, "samples_in_session": len(built)}
+    sample.metadata = {
+        **(sample.metadata or {}),
+        **main.to_dict()["metadata"],
+        "orchard_session": sid,
+        "harness_exit_code": res.exit_code,
+        "samples_in_session": len(built),
+    }
     return sample

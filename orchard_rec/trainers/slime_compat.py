@@ -49,7 +49,12 @@ def _defaults() -> dict[str, Any]:
         "train_metadata": None,
         "session_id": None,
         "non_generation_time": 0.0,
-        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0, "completion_token_num": 0},
+        "spec_info": {
+            "spec_accept_token_num": 0,
+            "spec_draft_token_num": 0,
+            "spec_verify_ct": 0,
+            "completion_token_num": 0,
+        },
         "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
     }
 
@@ -61,10 +66,18 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
     d = _defaults()
     meta = s.to_dict()["metadata"]
     d.update(
-        group_index=s.group_index, index=s.index, prompt=prompt, tokens=list(s.tokens), response=response,
-        response_length=s.response_length, reward=s.reward, loss_mask=list(s.loss_mask),
-        rollout_log_probs=list(s.rollout_log_probs), status=s.status if s.status in SLIME_STATUSES else "failed",
-        metadata=meta, session_id=s.session_id,
+        group_index=s.group_index,
+        index=s.index,
+        prompt=prompt,
+        tokens=list(s.tokens),
+        response=response,
+        response_length=s.response_length,
+        reward=s.reward,
+        loss_mask=list(s.loss_mask),
+        rollout_log_probs=list(s.rollout_log_probs),
+        status=s.status if s.status in SLIME_STATUSES else "failed",
+        metadata=meta,
+        session_id=s.session_id,
     )
     d["prefix_cache_info"]["total_prompt_tokens"] = s.prompt_length
     if s.token_weights is not None:

@@ -29,8 +29,13 @@ def agent_loop_output(s: Sample) -> Any:
         "reward_score": numeric_reward(s.reward),
         "num_turns": 2 * len(s.turns),
         "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0},
-        "extra_fields": {"session_id": s.session_id, "index": s.index, "group_index": s.group_index, "status": s.status,
-                         "call_ids": list(s.metadata.get("call_ids", []))},
+        "extra_fields": {
+            "session_id": s.session_id,
+            "index": s.index,
+            "group_index": s.group_index,
+            "status": s.status,
+            "call_ids": list(s.metadata.get("call_ids", [])),
+        },
     }
     try:
         from verl.experimental.agent_loop.agent_loop import AgentLoopOutput  # type: ignore[import-not-found]

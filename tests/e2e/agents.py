@@ -13,9 +13,26 @@ import anthropic
 import openai
 
 TURNS = ("Please run `echo one` and then run `echo two`", "Finally run `echo three`")
-CHAT_TOOL = {"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
-RESP_TOOL = {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
-ANTH_TOOL = {"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+CHAT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "exec_command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
+RESP_TOOL = {
+    "type": "function",
+    "name": "exec_command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+}
+ANTH_TOOL = {
+    "name": "Bash",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
 INJECTED = ('"token_ids": [', '"prompt_token_ids": [', '"logprob":')
 
 
@@ -40,14 +57,23 @@ def chat_agent(base_url: str, stream: bool | None = None, headers: dict[str, str
             n += 1
             if s:
                 content, calls = "", {}
-                for ch in client.chat.completions.create(model="m", messages=messages, tools=[CHAT_TOOL], stream=True):  # type: ignore[arg-type]
+                for ch in client.chat.completions.create(
+                    model="m", messages=messages, tools=[CHAT_TOOL], stream=True
+                ):  # type: ignore[arg-type]
                     _clean(ch)
                     if not ch.choices:
                         continue
                     d = ch.choices[0].delta
                     content += d.content or ""
                     for t in d.tool_calls or ():
-                        c = calls.setdefault(t.index, {"id": t.id, "type": "function", "function": {"name": t.function.name, "arguments": ""}})  # type: ignore[union-attr]
+                        c = calls.setdefault(
+                            t.index,
+                            {
+                                "id": t.id,
+                                "type": "function",
+                                "function": {"name": t.function.name, "arguments": ""},
+                            },
+                        )  # type: ignore[union-attr]
                         c["function"]["arguments"] += t.function.arguments or ""  # type: ignore[union-attr]
                 msg: dict[str, Any] = {"role": "assistant", "content": content or None}
                 if calls:
@@ -58,12 +84,25 @@ def chat_agent(base_url: str, stream: bool | None = None, headers: dict[str, str
                 m = r.choices[0].message
                 msg = {"role": "assistant", "content": m.content}
                 if m.tool_calls:
-                    msg["tool_calls"] = [{"id": t.id, "type": "function", "function": {"name": t.function.name, "arguments": t.function.arguments}} for t in m.tool_calls]  # type: ignore[union-attr]
+                    msg["tool_calls"] = [
+                        {
+                            "id": t.id,
+                            "type": "function",
+                            "function": {"name": t.function.name, "arguments": t.function.arguments},
+                        }
+                        for t in m.tool_calls
+                    ]  # type: ignore[union-attr]
             messages.append(msg)
             if not msg.get("tool_calls"):
                 break
             for tc in msg["tool_calls"]:
-                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": tool_output(json.loads(tc["function"]["arguments"])["cmd"])})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": tc["id"],
+                        "content": tool_output(json.loads(tc["function"]["arguments"])["cmd"]),
+                    }
+                )
     return n
 
 
@@ -89,12 +128,20 @@ def responses_agent(base_url: str, stream: bool | None = None, headers: dict[str
             if not calls:
                 break
             for c in calls:
-                items.append({"type": "function_call_output", "call_id": c.call_id, "output": tool_output(json.loads(c.arguments)["cmd"])})  # type: ignore[union-attr]
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": c.call_id,
+                        "output": tool_output(json.loads(c.arguments)["cmd"]),
+                    }
+                )  # type: ignore[union-attr]
     return n
 
 
 def messages_agent(base_url: str, stream: bool | None = None, headers: dict[str, str] | None = None) -> int:
-    client = anthropic.Anthropic(base_url=base_url, api_key="sk-ant-x", max_retries=0, default_headers=headers)
+    client = anthropic.Anthropic(
+        base_url=base_url, api_key="sk-ant-x", max_retries=0, default_headers=headers
+    )
     messages: list[dict[str, Any]] = []
     n = 0
     for turn in TURNS:
@@ -102,7 +149,13 @@ def messages_agent(base_url: str, stream: bool | None = None, headers: dict[str,
         while True:
             s = (n % 2 == 1) if stream is None else stream
             n += 1
-            kw: dict[str, Any] = {"model": "m", "max_tokens": 512, "system": "You are an agent.", "messages": messages, "tools": [ANTH_TOOL]}
+            kw: dict[str, Any] = {
+                "model": "m",
+                "max_tokens": 512,
+                "system": "You are an agent.",
+                "messages": messages,
+                "tools": [ANTH_TOOL],
+            }
             if s:
                 with client.messages.stream(**kw) as st:
                     for ev in st:
@@ -111,11 +164,25 @@ def messages_agent(base_url: str, stream: bool | None = None, headers: dict[str,
             else:
                 m = client.messages.create(**kw)
             _clean(m)
-            messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]})
+            messages.append(
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]}
+            )
             uses = [b for b in m.content if b.type == "tool_use"]
             if not uses:
                 break
-            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": tool_output(u.input["command"])} for u in uses]})  # type: ignore[union-attr, index]
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": u.id,
+                            "content": tool_output(u.input["command"]),
+                        }
+                        for u in uses
+                    ],
+                }
+            )  # type: ignore[union-attr, index]
     return n
 
 

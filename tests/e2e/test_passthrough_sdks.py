@@ -17,13 +17,39 @@ import pytest
 
 from orchard_rec.records import CallOutcome, Dialect
 
-TOOLS = [{"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
-RESP_TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
-ANTH_TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "exec_command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
+RESP_TOOLS = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+]
+ANTH_TOOLS = [
+    {
+        "name": "Bash",
+        "description": "run",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
 
 
 def _post_raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
 
@@ -32,15 +58,39 @@ def _post_raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
 @pytest.mark.parametrize(
     "path,body",
     [
-        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "run `ls`"}], "tools": TOOLS, "return_token_ids": True, "logprobs": True}),
-        ("/v1/completions", {"model": "m", "prompt": "Once upon", "max_tokens": 8, "return_token_ids": True, "logprobs": 1}),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "run `ls`"}],
+                "tools": TOOLS,
+                "return_token_ids": True,
+                "logprobs": True,
+            },
+        ),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": "Once upon", "max_tokens": 8, "return_token_ids": True, "logprobs": 1},
+        ),
         ("/v1/responses", {"model": "m", "input": "run `ls`", "tools": RESP_TOOLS}),
-        ("/v1/messages?beta=true", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "run `ls`"}], "tools": ANTH_TOOLS}),
+        (
+            "/v1/messages?beta=true",
+            {
+                "model": "m",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "run `ls`"}],
+                "tools": ANTH_TOOLS,
+            },
+        ),
     ],
 )
 def test_client_receives_the_upstreams_bytes(upstream, proxy_factory, db_url, path, body, stream) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
-    got = _post_raw(f"{proxy.url}/s/bytes{path}", {**body, "stream": stream}, {"anthropic-version": "2023-06-01"} if "messages" in path else None)
+    got = _post_raw(
+        f"{proxy.url}/s/bytes{path}",
+        {**body, "stream": stream},
+        {"anthropic-version": "2023-06-01"} if "messages" in path else None,
+    )
     assert got == upstream.fake.sent[-1]
     assert upstream.fake.log[-1][1] == {**body, "stream": stream}  # forwarded body unchanged
     proxy.flush()
@@ -57,11 +107,19 @@ def test_openai_sdk_chat_completions_and_responses(upstream, proxy_factory, db_u
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
     client = openai.OpenAI(base_url=f"{proxy.url}/s/sdk-run/v1", api_key="sk-secret-openai", max_retries=0)
 
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "please run `ls -la`"}], tools=TOOLS)  # type: ignore[arg-type]
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "please run `ls -la`"}], tools=TOOLS
+    )  # type: ignore[arg-type]
     assert r.choices[0].finish_reason == "tool_calls"
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"cmd": "ls -la"}  # type: ignore[index, union-attr]
 
-    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices)
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        if c.choices
+    )
     assert text == "Hello! You said: hi"
 
     c = client.completions.create(model="m", prompt="Once", max_tokens=16)
@@ -81,7 +139,15 @@ def test_openai_sdk_chat_completions_and_responses(upstream, proxy_factory, db_u
     proxy.flush()
     recs = proxy.store().calls("sdk-run")
     assert [r.seq for r in recs] == list(range(1, 8))
-    assert [r.dialect for r in recs] == [Dialect.CHAT, Dialect.CHAT, Dialect.COMPLETIONS, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.RESPONSES, Dialect.MODELS]
+    assert [r.dialect for r in recs] == [
+        Dialect.CHAT,
+        Dialect.CHAT,
+        Dialect.COMPLETIONS,
+        Dialect.COMPLETIONS,
+        Dialect.RESPONSES,
+        Dialect.RESPONSES,
+        Dialect.MODELS,
+    ]
     assert all(r.harness == "openai-python" for r in recs)
     assert recs[1].response["choices"][0]["message"]["content"] == "Hello! You said: hi"  # stream reassembled
     assert recs[5].response["output"][0]["content"][0]["text"] == "Hello! You said: hello there"
@@ -93,12 +159,21 @@ def test_openai_sdk_chat_completions_and_responses(upstream, proxy_factory, db_u
 def test_anthropic_sdk_messages_with_tool_use(upstream, proxy_factory, db_url) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
     client = anthropic.Anthropic(base_url=f"{proxy.url}/s/anth", api_key="sk-ant-secret", max_retries=0)
-    m = client.messages.create(model="m", max_tokens=100, messages=[{"role": "user", "content": "run `pwd`"}], tools=ANTH_TOOLS)  # type: ignore[arg-type]
-    assert m.stop_reason == "tool_use" and m.content[-1].type == "tool_use" and m.content[-1].input == {"command": "pwd"}  # type: ignore[union-attr]
+    m = client.messages.create(
+        model="m", max_tokens=100, messages=[{"role": "user", "content": "run `pwd`"}], tools=ANTH_TOOLS
+    )  # type: ignore[arg-type]
+    assert (
+        m.stop_reason == "tool_use"
+        and m.content[-1].type == "tool_use"
+        and m.content[-1].input == {"command": "pwd"}
+    )  # type: ignore[union-attr]
     history = [
         {"role": "user", "content": "run `pwd`"},
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[-1].id, "content": "/tmp/work"}]},  # type: ignore[union-attr]
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": m.content[-1].id, "content": "/tmp/work"}],
+        },  # type: ignore[union-attr]
     ]
     with client.messages.stream(model="m", max_tokens=100, messages=history, tools=ANTH_TOOLS) as s:  # type: ignore[arg-type]
         final = s.get_final_message()
@@ -106,6 +181,9 @@ def test_anthropic_sdk_messages_with_tool_use(upstream, proxy_factory, db_url) -
     assert final.stop_reason == "end_turn"
     proxy.flush()
     recs = proxy.store().calls("anth")
-    assert [(r.seq, r.dialect, r.stream) for r in recs] == [(1, Dialect.MESSAGES, False), (2, Dialect.MESSAGES, True)]
+    assert [(r.seq, r.dialect, r.stream) for r in recs] == [
+        (1, Dialect.MESSAGES, False),
+        (2, Dialect.MESSAGES, True),
+    ]
     assert recs[1].response["content"][0]["text"] == "Done. The command printed: /tmp/work"
     assert all("x-api-key" not in r.headers and r.harness == "anthropic-python" for r in recs)

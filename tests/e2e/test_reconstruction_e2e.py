@@ -6,6 +6,7 @@ ever receives an injected field (checked inside the agents)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 
 import pytest
 from factories import check_invariants
@@ -41,13 +42,18 @@ def _run_sessions(proxy_url: str) -> dict[str, int]:
 def _check(store, sid: str, sent: int, on_mismatch: str, drift: bool) -> None:  # type: ignore[no-untyped-def]
     calls = store.calls(sid)
     assert len(calls) == sent and [c.seq for c in calls] == list(range(1, sent + 1))
-    bad = [(c.seq, c.outcome, c.stream, c.error, c.prompt_ids is None, c.completion_ids is None) for c in calls if not (c.outcome is CallOutcome.OK and c.prompt_ids and c.completion_ids)]
+    bad = [
+        (c.seq, c.outcome, c.stream, c.error, c.prompt_ids is None, c.completion_ids is None)
+        for c in calls
+        if not (c.outcome is CallOutcome.OK and c.prompt_ids and c.completion_ids)
+    ]
     assert not bad, (sid, bad)
     samples = reconstruct_session(calls, on_mismatch=on_mismatch)  # type: ignore[arg-type]
     check_invariants(calls, samples)
     linear = all(
-        list(b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]) == list(a.prompt_ids) + list(a.completion_ids)
-        for a, b in zip(calls, calls[1:])
+        list(b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)])
+        == list(a.prompt_ids) + list(a.completion_ids)
+        for a, b in itertools.pairwise(calls)
     )
     assert linear is (not drift), "drift mode must really break the token prefix, and only it"
     if linear or on_mismatch == "realign":  # (3), and realign keeps drifted sessions whole

@@ -24,7 +24,9 @@ def _samples(store, sid, tok=None):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
 @pytest.mark.parametrize("drift", [False, True])
-def test_retokenized_samples_match_server_ids_only_without_drift(upstream_factory, proxy_factory, tmp_path, hf_tokenizer, dialect, drift) -> None:  # type: ignore[no-untyped-def]
+def test_retokenized_samples_match_server_ids_only_without_drift(
+    upstream_factory, proxy_factory, tmp_path, hf_tokenizer, dialect, drift
+) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(drift=drift)
     token = proxy_factory(up.url, f"sqlite:///{tmp_path / 'token.db'}", mode="token")
     passthrough = proxy_factory(up.url, f"sqlite:///{tmp_path / 'pass.db'}", mode="passthrough")
@@ -38,7 +40,9 @@ def test_retokenized_samples_match_server_ids_only_without_drift(upstream_factor
     assert _samples(passthrough.store(), "x") == []  # no ids and no tokenizer: nothing to train on
     retok = _samples(passthrough.store(), "x", hf_tokenizer)
     exact = _samples(token.store(), "x", None)
-    assert all(s.metadata["token_source"] == "retokenized" and s.metadata.get("missing_logprobs") for s in retok)
+    assert all(
+        s.metadata["token_source"] == "retokenized" and s.metadata.get("missing_logprobs") for s in retok
+    )
     assert all(s.metadata["token_source"] == "server" for s in exact)
     if not drift:
         assert [s.tokens for s in retok] == [s.tokens for s in exact]

@@ -21,7 +21,9 @@ def _base(url: str, sid: str, dialect: str) -> str:
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
-def test_sessions_are_exact_and_prompts_prefix_consistent(upstream_factory, proxy_factory, sqlite_url, dialect, kind) -> None:  # type: ignore[no-untyped-def]
+def test_sessions_are_exact_and_prompts_prefix_consistent(
+    upstream_factory, proxy_factory, sqlite_url, dialect, kind
+) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(drift=True)
     proxy = proxy_factory(up.url, sqlite_url, mode="tito", tokenizer="demo", upstream_kind=kind)
     for k, stream in enumerate([None, True, False]):
@@ -33,8 +35,12 @@ def test_sessions_are_exact_and_prompts_prefix_consistent(upstream_factory, prox
         proxy.flush()
         calls = proxy.store().calls(sid)
         assert len(calls) == n and all(c.outcome is CallOutcome.OK for c in calls)
-        for a, b, prompt_b in zip(calls, calls[1:], sent[1:]):  # the upstream's own log: each prompt extends the last
-            assert prompt_b[: len(a.prompt_ids) + len(a.completion_ids)] == list(a.prompt_ids) + list(a.completion_ids)
+        for a, b, prompt_b in zip(
+            calls, calls[1:], sent[1:]
+        ):  # the upstream's own log: each prompt extends the last
+            assert prompt_b[: len(a.prompt_ids) + len(a.completion_ids)] == list(a.prompt_ids) + list(
+                a.completion_ids
+            )
             assert list(b.prompt_ids) == prompt_b
         assert [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (n - 1)
         [sample] = reconstruct_session(calls)  # one exact sample, drift or not
@@ -52,9 +58,17 @@ def test_an_edited_history_starts_a_new_branch(upstream, proxy_factory, sqlite_u
     client = openai.OpenAI(base_url=f"{proxy.url}/s/edit/v1", api_key="x", max_retries=0)
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]
     a1 = client.chat.completions.create(model="m", messages=msgs).choices[0].message.content
-    client.chat.completions.create(model="m", messages=msgs + [{"role": "assistant", "content": a1}, {"role": "user", "content": "more"}])
+    client.chat.completions.create(
+        model="m", messages=msgs + [{"role": "assistant", "content": a1}, {"role": "user", "content": "more"}]
+    )
     # a compacted history: the first exchange summarised away
-    client.chat.completions.create(model="m", messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "summary: said hello. more"}])
+    client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "summary: said hello. more"},
+        ],
+    )
     proxy.flush()
     calls = proxy.store().calls("edit")
     decisions = [c.metadata["tito"] for c in calls]

@@ -16,13 +16,38 @@ import pytest
 
 from orchard_rec.records import Dialect
 
-TOOLS = [{"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
-RESP_TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
-ANTH_TOOLS = [{"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "exec_command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
+RESP_TOOLS = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+]
+ANTH_TOOLS = [
+    {
+        "name": "Bash",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
 
 
 def _raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
 
@@ -30,7 +55,12 @@ def _raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_ids_recorded_and_hidden_from_the_client(upstream, proxy_factory, sqlite_url, stream) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
-    body = {"model": "m", "messages": [{"role": "user", "content": "run `ls`"}], "tools": TOOLS, "stream": stream}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "run `ls`"}],
+        "tools": TOOLS,
+        "stream": stream,
+    }
     got = _raw(f"{proxy.url}/s/t/v1/chat/completions", body)
     assert b'token_ids":[' not in got and b'"logprob"' not in got
     sent_up = upstream.fake.log[-1][1]
@@ -44,8 +74,8 @@ def test_chat_ids_recorded_and_hidden_from_the_client(upstream, proxy_factory, s
         expect["choices"][0]["logprobs"] = None
         assert json.loads(got) == expect
     else:
-        ups = [json.loads(l[6:]) for l in up_bytes.decode().split("\n\n") if l.startswith("data: {")]
-        downs = [json.loads(l[6:]) for l in got.decode().split("\n\n") if l.startswith("data: {")]
+        ups = [json.loads(ln[6:]) for ln in up_bytes.decode().split("\n\n") if ln.startswith("data: {")]
+        downs = [json.loads(ln[6:]) for ln in got.decode().split("\n\n") if ln.startswith("data: {")]
         assert len(ups) == len(downs)
         for u, d in zip(ups, downs):
             if "prompt_token_ids" in u:
@@ -66,10 +96,17 @@ def test_chat_ids_recorded_and_hidden_from_the_client(upstream, proxy_factory, s
 
 def test_client_that_asks_for_ids_gets_them_untouched(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True, "logprobs": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "return_token_ids": True,
+        "logprobs": True,
+    }
     got = _raw(f"{proxy.url}/v1/chat/completions", body)
     assert got == upstream.fake.sent[-1]
-    got = _raw(f"{proxy.url}/v1/completions", {"model": "m", "prompt": "x", "return_token_ids": True, "logprobs": 1})
+    got = _raw(
+        f"{proxy.url}/v1/completions", {"model": "m", "prompt": "x", "return_token_ids": True, "logprobs": 1}
+    )
     assert got == upstream.fake.sent[-1]
 
 
@@ -98,7 +135,10 @@ def test_responses_translated_to_chat_and_back(upstream, proxy_factory, db_url, 
     proxy = proxy_factory(upstream.url, db_url, mode="token")
     client = openai.OpenAI(base_url=f"{proxy.url}/s/r/v1", api_key="x", max_retries=0)
     kw: dict[str, Any] = {"model": "m", "tools": RESP_TOOLS, "instructions": "Be brief."}
-    first_input: list[Any] = [{"type": "message", "role": "developer", "content": "You run commands."}, {"role": "user", "content": "run `echo hi`"}]
+    first_input: list[Any] = [
+        {"type": "message", "role": "developer", "content": "You run commands."},
+        {"role": "user", "content": "run `echo hi`"},
+    ]
     if stream:
         with client.responses.stream(input=first_input, **kw) as s:
             types = [e.type for e in s]
@@ -109,7 +149,10 @@ def test_responses_translated_to_chat_and_back(upstream, proxy_factory, db_url, 
         r1 = client.responses.create(input=first_input, **kw)
     call = r1.output[-1]
     assert call.type == "function_call" and json.loads(call.arguments) == {"cmd": "echo hi"}  # type: ignore[union-attr]
-    second_input = first_input + [call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "hi"}]  # type: ignore[union-attr]
+    second_input = first_input + [
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "hi"},
+    ]  # type: ignore[union-attr]
     if stream:
         with client.responses.stream(input=second_input, **kw) as s:
             r2 = s.get_final_response()
@@ -121,20 +164,31 @@ def test_responses_translated_to_chat_and_back(upstream, proxy_factory, db_url, 
     recs = proxy.store().calls("r")
     assert [r.dialect for r in recs] == [Dialect.RESPONSES, Dialect.RESPONSES]
     up = recs[1].upstream_request
-    assert up["messages"][0] == {"role": "system", "content": "Be brief."} and up["messages"][1]["role"] == "system"
+    assert (
+        up["messages"][0] == {"role": "system", "content": "Be brief."}
+        and up["messages"][1]["role"] == "system"
+    )
     assert up["messages"][-1]["role"] == "tool" and up["messages"][-2]["tool_calls"][0]["id"] == call.call_id  # type: ignore[union-attr]
     for r in recs:
         assert r.prompt_ids and r.completion_ids and len(r.completion_logprobs) == len(r.completion_ids)  # type: ignore[arg-type]
         assert r.response["object"] == "response" and r.response["status"] == "completed"
     # call 2's prompt extends call 1's prompt + completion: the Responses history re-renders exactly
-    assert recs[1].prompt_ids[: len(recs[0].prompt_ids) + len(recs[0].completion_ids)] == recs[0].prompt_ids + recs[0].completion_ids  # type: ignore[operator, arg-type]
+    assert (
+        recs[1].prompt_ids[: len(recs[0].prompt_ids) + len(recs[0].completion_ids)]
+        == recs[0].prompt_ids + recs[0].completion_ids
+    )  # type: ignore[operator, arg-type]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_translated_to_chat_and_back(upstream, proxy_factory, db_url, stream) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="token")
     client = anthropic.Anthropic(base_url=f"{proxy.url}/s/a", api_key="x", max_retries=0)
-    kw: dict[str, Any] = {"model": "m", "max_tokens": 200, "tools": ANTH_TOOLS, "system": [{"type": "text", "text": "You are Claude.", "cache_control": {"type": "ephemeral"}}]}
+    kw: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 200,
+        "tools": ANTH_TOOLS,
+        "system": [{"type": "text", "text": "You are Claude.", "cache_control": {"type": "ephemeral"}}],
+    }
     msgs: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "run `pwd`"}]}]
 
     def ask(messages: list[Any]) -> Any:
@@ -147,8 +201,13 @@ def test_messages_translated_to_chat_and_back(upstream, proxy_factory, db_url, s
 
     m1 = ask(msgs)
     assert m1.stop_reason == "tool_use" and m1.content[-1].input == {"command": "pwd"}
-    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m1.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m1.content[-1].id, "content": "/work"}]}]
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m1.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": m1.content[-1].id, "content": "/work"}],
+        },
+    ]
     m2 = ask(msgs)
     assert m2.content[0].text == "Done. The command printed: /work" and m2.stop_reason == "end_turn"
     assert m2.usage.output_tokens > 0
@@ -156,11 +215,15 @@ def test_messages_translated_to_chat_and_back(upstream, proxy_factory, db_url, s
     recs = proxy.store().calls("a")
     assert [r.dialect for r in recs] == [Dialect.MESSAGES, Dialect.MESSAGES]
     assert all(r.completion_ids and r.prompt_ids for r in recs)
-    assert recs[1].response["type"] == "message" and recs[1].response["content"][0]["text"].startswith("Done.")
+    assert recs[1].response["type"] == "message" and recs[1].response["content"][0]["text"].startswith(
+        "Done."
+    )
     assert recs[1].finish_reason == "end_turn"
 
 
-def test_upstream_error_on_translated_messages_is_anthropic_shaped(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+def test_upstream_error_on_translated_messages_is_anthropic_shaped(
+    upstream, proxy_factory, sqlite_url
+) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
     client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as e:

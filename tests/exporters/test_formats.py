@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from orchard_rec.exporters import ExportError, get, read_jsonl
 from orchard_rec.exporters.pipeline import export
 from orchard_rec.trainers.slime_compat import SLIME_FIELDS, SlimeSample
-
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +80,10 @@ class AgentLoopOutput(BaseModel):  # verl/experimental/agent_loop/agent_loop.py 
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]
-    response_logprobs: Optional[list[float]] = None
-    routed_experts: Optional[Any] = None
-    multi_modal_data: Optional[dict[str, Any]] = None
-    reward_score: Optional[float] = None
+    response_logprobs: list[float] | None = None
+    routed_experts: Any | None = None
+    multi_modal_data: dict[str, Any] | None = None
+    reward_score: float | None = None
     num_turns: int = 0
     metrics: AgentLoopMetrics
     extra_fields: dict[str, Any] = {}
@@ -148,7 +147,9 @@ def test_sft_formats_flag_credited_assistant_turns(recorded, tmp_path) -> None: 
         assert row["tools"] and row["messages"][-1]["content"].startswith("Done.")
     export(recorded, "slime-sft", tmp_path / "last.jsonl", credit="last-turn")
     rows = [json.loads(line) for line in (tmp_path / "last.jsonl").read_text().splitlines()]
-    assert [m["step_loss_mask"] for m in rows[0]["messages"] if m["role"] == "assistant"] == [0] * (len(ref[0].turns) - 1) + [1]
+    assert [m["step_loss_mask"] for m in rows[0]["messages"] if m["role"] == "assistant"] == [0] * (
+        len(ref[0].turns) - 1
+    ) + [1]
     export(recorded, "verl-sft", tmp_path / "vsft.parquet")
     t = pq.read_table(tmp_path / "vsft.parquet").to_pylist()
     assert len(t) == len(ref) and json.loads(t[0]["messages"])[-1]["loss"] == 1
@@ -161,7 +162,11 @@ def test_group_by_and_filters(recorded, tmp_path) -> None:  # type: ignore[no-un
     # rewards by task: t0 = [1, 1] all pass, t1 = [0, 0] all fail, t2 = [1, 0] mixed
     kept = _jsonl(recorded, tmp_path, group_by="task", pass_rate=(0.25, 0.75))
     assert sorted(r.session_id for r in kept) == ["sess-2", "sess-5"]
-    assert [r.session_id for r in _jsonl(recorded, tmp_path, min_reward=0.5)] == ["sess-0", "sess-2", "sess-3"]
+    assert [r.session_id for r in _jsonl(recorded, tmp_path, min_reward=0.5)] == [
+        "sess-0",
+        "sess-2",
+        "sess-3",
+    ]
     assert _jsonl(recorded, tmp_path, statuses=["failed"]) == []
     with pytest.raises(ExportError, match="needs --group-by"):
         _jsonl(recorded, tmp_path, pass_rate=(0.2, 0.8))

@@ -21,21 +21,39 @@ PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
 
 
 @pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
-def test_real_harness_completes_a_tool_task_through_the_proxy(harness, upstream, proxy_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_real_harness_completes_a_tool_task_through_the_proxy(
+    harness, upstream, proxy_factory, sqlite_url, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     install(harness)
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
     sid = f"{harness.name}-run"
-    res = run_harness(harness, proxy.url, sid, [PROMPT], model="fake-model", workdir=tmp_path / "work", home=tmp_path / "home", timeout=150)
+    res = run_harness(
+        harness,
+        proxy.url,
+        sid,
+        [PROMPT],
+        model="fake-model",
+        workdir=tmp_path / "work",
+        home=tmp_path / "home",
+        timeout=150,
+    )
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"  # the tool really ran
     proxy.flush()
     store = proxy.store()
     calls = store.calls(sid)
     assert store.count_calls() == len(calls) >= 2  # every call of the run is in this one session
-    assert all(c.outcome is CallOutcome.OK and c.harness == (harness.name if harness is not OPENCLAW else c.harness) for c in calls)
+    assert all(
+        c.outcome is CallOutcome.OK and c.harness == (harness.name if harness is not OPENCLAW else c.harness)
+        for c in calls
+    )
     assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
     outcome = store.session(sid).outcome  # type: ignore[union-attr]
-    assert outcome.status == "completed" and outcome.metadata["exit_code"] == 0 and outcome.metadata["duration_s"] > 0
+    assert (
+        outcome.status == "completed"
+        and outcome.metadata["exit_code"] == 0
+        and outcome.metadata["duration_s"] > 0
+    )
     for policy in ("split", harness.on_mismatch):
         check_invariants(calls, reconstruct_session(calls, on_mismatch=policy))
     [sample] = reconstruct_session(calls, on_mismatch=harness.on_mismatch)  # the run is one sample
@@ -52,8 +70,25 @@ def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(upstream, tmp_pat
 
     install(CODEX)
     db = f"sqlite:///{tmp_path / 'run.db'}"
-    r = CliRunner().invoke(app, ["run", "codex", "--upstream", upstream.url, "--db", db, "--session", "cli-run",
-                                 "--model", "fake-model", "--workdir", str(tmp_path / "w"), "--", PROMPT])
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "codex",
+            "--upstream",
+            upstream.url,
+            "--db",
+            db,
+            "--session",
+            "cli-run",
+            "--model",
+            "fake-model",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--",
+            PROMPT,
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert r.output.strip().splitlines()[-1] == "cli-run"
     store = Store(db)
@@ -66,7 +101,11 @@ def test_harness_config_snippets() -> None:
 
     from orchard_rec.cli import app
 
-    out = CliRunner().invoke(app, ["harness", "config", "codex", "--base-url", "http://127.0.0.1:8100", "--session", "s1"]).output
+    out = (
+        CliRunner()
+        .invoke(app, ["harness", "config", "codex", "--base-url", "http://127.0.0.1:8100", "--session", "s1"])
+        .output
+    )
     assert 'base_url = "http://127.0.0.1:8100/s/s1/v1"' in out and 'wire_api = "responses"' in out
     out = CliRunner().invoke(app, ["harness", "config", "claude-code", "--session", "s1"]).output
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:8100/s/s1\n" in out
@@ -76,17 +115,32 @@ def test_harness_config_snippets() -> None:
     assert r.exit_code != 0 and "unknown harness 'nope'" in r.output
 
 
-def test_codex_through_tito_is_one_exact_sample(upstream_factory, proxy_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_codex_through_tito_is_one_exact_sample(
+    upstream_factory, proxy_factory, sqlite_url, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     install(CODEX)
     up = upstream_factory(drift=True)
     proxy = proxy_factory(up.url, sqlite_url, mode="tito", tokenizer="demo")
-    res = run_harness(CODEX, proxy.url, "codex-tito", [PROMPT], model="fake-model", workdir=tmp_path / "work", home=tmp_path / "home", timeout=150)
+    res = run_harness(
+        CODEX,
+        proxy.url,
+        "codex-tito",
+        [PROMPT],
+        model="fake-model",
+        workdir=tmp_path / "work",
+        home=tmp_path / "home",
+        timeout=150,
+    )
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"
     proxy.flush()
     calls = proxy.store().calls("codex-tito")
-    assert len(calls) >= 2 and [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (len(calls) - 1)
-    assert all(c.upstream_request["prompt"] == list(c.prompt_ids) for c in calls)  # ids, not text, went upstream
+    assert len(calls) >= 2 and [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (
+        len(calls) - 1
+    )
+    assert all(
+        c.upstream_request["prompt"] == list(c.prompt_ids) for c in calls
+    )  # ids, not text, went upstream
     [sample] = reconstruct_session(calls)
     assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
     check_invariants(calls, [sample])

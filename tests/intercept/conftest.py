@@ -97,13 +97,28 @@ class Intercept:
 
 
 @pytest.fixture
-def intercept_factory(intercept_cmd: list[str], mitm_confdir: Path, tmp_path: Path) -> Iterator[Callable[..., Intercept]]:
+def intercept_factory(
+    intercept_cmd: list[str], mitm_confdir: Path, tmp_path: Path
+) -> Iterator[Callable[..., Intercept]]:
     started: list[Intercept] = []
 
     def start(db: str, *args: str) -> Intercept:
-        cmd = [*intercept_cmd, "intercept", "--listen", "127.0.0.1:0", "--db", db, "--confdir", str(mitm_confdir),
-               "--spool", str(tmp_path / f"intercept{len(started)}.spool"), *args]
-        env = {k: v for k, v in os.environ.items() if k.lower() not in ("https_proxy", "http_proxy", "all_proxy")}
+        cmd = [
+            *intercept_cmd,
+            "intercept",
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            db,
+            "--confdir",
+            str(mitm_confdir),
+            "--spool",
+            str(tmp_path / f"intercept{len(started)}.spool"),
+            *args,
+        ]
+        env = {
+            k: v for k, v in os.environ.items() if k.lower() not in ("https_proxy", "http_proxy", "all_proxy")
+        }
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         lines: queue.Queue[str | None] = queue.Queue()
         log: list[str] = []
@@ -147,4 +162,3 @@ def via(monkeypatch: pytest.MonkeyPatch) -> Callable[[Intercept], None]:
         monkeypatch.setenv("SSL_CERT_FILE", str(it.ca_cert))
 
     return use
-

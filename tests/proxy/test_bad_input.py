@@ -12,7 +12,9 @@ import pytest
 from orchard_rec.records import CallOutcome
 
 
-def _post(url: str, data: bytes, ctype: str | None = "application/json", headers: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+def _post(
+    url: str, data: bytes, ctype: str | None = "application/json", headers: dict[str, str] | None = None
+) -> tuple[int, dict]:  # type: ignore[type-arg]
     h = {**({"Content-Type": ctype} if ctype else {}), **(headers or {})}
     req = urllib.request.Request(url, data=data, headers=h, method="POST")
     try:
@@ -54,7 +56,9 @@ def test_malformed_json_in_each_dialect(proxy) -> None:  # type: ignore[no-untyp
 
 
 def test_wrong_content_type_and_oversized_body(proxy) -> None:  # type: ignore[no-untyped-def]
-    status, body = _post(f"{proxy.url}/v1/chat/completions", b"model=m", ctype="application/x-www-form-urlencoded")
+    status, body = _post(
+        f"{proxy.url}/v1/chat/completions", b"model=m", ctype="application/x-www-form-urlencoded"
+    )
     assert status == 415 and "content-type" in _openai_error(body)
     big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 10000}]}).encode()
     status, body = _post(f"{proxy.url}/v1/chat/completions", big)
@@ -68,7 +72,9 @@ def test_unknown_route_and_bad_session_id(proxy) -> None:  # type: ignore[no-unt
     assert status == 404 and "no route" in _openai_error(body)
     status, body = _post(f"{proxy.url}/s/{'x' * 200}/v1/chat/completions", b"{}")
     assert status == 400 and "session id" in _openai_error(body)
-    status, body = _post(f"{proxy.url}/v1/chat/completions", b"{}", headers={"X-Orchard-Session": "../../etc/passwd"})
+    status, body = _post(
+        f"{proxy.url}/v1/chat/completions", b"{}", headers={"X-Orchard-Session": "../../etc/passwd"}
+    )
     assert status == 400 and "session id" in _openai_error(body)
 
 
@@ -79,7 +85,9 @@ def test_unreachable_upstream_is_a_502_in_dialect_and_recorded_failed(proxy_fact
     proxy = proxy_factory(f"http://127.0.0.1:{dead}/v1", sqlite_url, mode="passthrough")
     status, body = _post(f"{proxy.url}/s/dead/v1/chat/completions", b'{"model": "m", "messages": []}')
     assert status == 502 and "unreachable" in _openai_error(body)
-    status, body = _post(f"{proxy.url}/s/dead/v1/messages", b'{"model": "m", "messages": [], "max_tokens": 5}')
+    status, body = _post(
+        f"{proxy.url}/s/dead/v1/messages", b'{"model": "m", "messages": [], "max_tokens": 5}'
+    )
     assert status == 502 and "unreachable" in _anthropic_error(body)
     proxy.flush()
     recs = proxy.store().calls("dead")
@@ -96,7 +104,15 @@ def test_upstream_errors_are_relayed_with_status_and_body(upstream, proxy) -> No
 
 
 def test_websocket_upgrade_is_refused_at_once(proxy) -> None:  # type: ignore[no-untyped-def]
-    req = urllib.request.Request(f"{proxy.url}/v1/responses", headers={"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    req = urllib.request.Request(
+        f"{proxy.url}/v1/responses",
+        headers={
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 426

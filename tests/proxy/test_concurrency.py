@@ -15,7 +15,11 @@ TURNS = 4
 async def _session(http: aiohttp.ClientSession, base: str, sid: str) -> int:
     sent = 0
     for turn in range(TURNS):
-        body = {"model": "m", "messages": [{"role": "user", "content": f"session {sid} turn {turn}"}], "stream": turn % 2 == 1}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": f"session {sid} turn {turn}"}],
+            "stream": turn % 2 == 1,
+        }
         async with http.post(f"{base}/s/{sid}/v1/chat/completions", json=body) as r:
             data = await r.read()
             assert r.status == 200
@@ -48,4 +52,6 @@ def test_fifty_interleaved_sessions(upstream, proxy_factory, db_url) -> None:  #
         for r in recs:  # no cross-talk: every recorded request and response belongs to this session
             assert r.request["messages"][0]["content"].startswith(f"session {sid} turn")
             assert f"session {sid} turn" in r.response["choices"][0]["message"]["content"]
-        assert [r.request["messages"][0]["content"] for r in recs] == [f"session {sid} turn {t}" for t in range(TURNS)]
+        assert [r.request["messages"][0]["content"] for r in recs] == [
+            f"session {sid} turn {t}" for t in range(TURNS)
+        ]

@@ -17,13 +17,19 @@ from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
 
 
-def test_client_disconnect_mid_stream_is_recorded_aborted_and_cancels_upstream(upstream_factory, proxy_factory, db_url) -> None:  # type: ignore[no-untyped-def]
+def test_client_disconnect_mid_stream_is_recorded_aborted_and_cancels_upstream(
+    upstream_factory, proxy_factory, db_url
+) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.05)
     proxy = proxy_factory(up.url, db_url, mode="passthrough")
 
     async def main() -> bytes:
         async with aiohttp.ClientSession() as http:
-            body = {"model": "m", "messages": [{"role": "user", "content": "tell me a long story please"}], "stream": True}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "tell me a long story please"}],
+                "stream": True,
+            }
             async with http.post(f"{proxy.url}/s/gone/v1/chat/completions", json=body) as r:
                 first = await r.content.readany()
                 r.close()  # hang up mid-stream
@@ -51,9 +57,24 @@ def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory
     up = upstream_factory(chunk_delay=0.01)
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", up.url, "--db", db_url, "--port", str(port), "--mode", "passthrough",
-         "--spool", str(tmp_path / "term.spool")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "orchard_rec.cli",
+            "serve",
+            "--upstream",
+            up.url,
+            "--db",
+            db_url,
+            "--port",
+            str(port),
+            "--mode",
+            "passthrough",
+            "--spool",
+            str(tmp_path / "term.spool"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -67,7 +88,11 @@ def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory
         completed: list[int] = []
 
         async def one(http: aiohttp.ClientSession, i: int) -> None:
-            body = {"model": "m", "messages": [{"role": "user", "content": f"call {i}: write a long answer"}], "stream": True}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": f"call {i}: write a long answer"}],
+                "stream": True,
+            }
             try:
                 async with http.post(f"{base}/s/term/v1/chat/completions", json=body) as r:
                     data = await r.read()
@@ -90,7 +115,11 @@ def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory
             proc.kill()
     assert len(completed) == 20  # graceful: in-flight streams were allowed to finish
     recs = Store(db_url).calls("term")
-    done = {int(r.request["messages"][0]["content"].split(":")[0].split()[1]) for r in recs if r.outcome is CallOutcome.OK}
+    done = {
+        int(r.request["messages"][0]["content"].split(":")[0].split()[1])
+        for r in recs
+        if r.outcome is CallOutcome.OK
+    }
     assert set(completed) <= done
     assert [r.seq for r in recs] == list(range(1, len(recs) + 1))
 
@@ -102,7 +131,11 @@ def test_healthz_and_metrics(upstream, proxy_factory, sqlite_url) -> None:  # ty
     with urllib.request.urlopen(proxy.url + "/healthz") as r:
         health = json.loads(r.read())
     assert r.status == 200 and health["status"] == "ok"
-    req = urllib.request.Request(proxy.url + "/s/m/v1/chat/completions", data=b'{"model":"m","messages":[{"role":"user","content":"hi"}]}', headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        proxy.url + "/s/m/v1/chat/completions",
+        data=b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+        headers={"Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req).read()
     proxy.flush()
     with urllib.request.urlopen(proxy.url + "/metrics") as r:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from factories import call
 
-from orchard_rec.records import CallOutcome, Outcome
 from orchard_rec.reconstruct import LastTurnCredit, TurnWeightsCredit, ValueCredit, reconstruct_session
+from orchard_rec.records import CallOutcome, Outcome
 
 EOT = 9
 
@@ -58,7 +58,7 @@ def test_template_that_drops_reasoning_from_history() -> None:
     c1 = [5, 210, 6, 201, EOT]  # <think> 210 </think> 201 <eot>
     p2 = [101, 201, EOT, 301]  # history keeps only the answer
     c2 = [202, EOT]
-    [a, b] = reconstruct_session([gen(p1, c1), gen(p2, c2)])
+    [_a, b] = reconstruct_session([gen(p1, c1), gen(p2, c2)])
     assert b.metadata["reason"] == "mismatch"
     [r] = reconstruct_session([gen(p1, c1), gen(p2, c2)], on_mismatch="realign")
     assert r.tokens == [101, 5, 210, 6, 201, EOT, 301, 202, EOT]
@@ -118,5 +118,7 @@ def test_credit_policies() -> None:
     assert s.loss_mask == [1, 1, 0, 0, 0, 0, 1, 1]
     assert s.token_weights == [0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 2.0, 2.0]
     # value rises at steps 0 and 2, falls at step 1: only turns 0 and 2 are credited
-    [s] = reconstruct_session(_three_turns(), credit=ValueCredit(), outcome=Outcome(step_values=(0.4, 0.2, 0.9)))
+    [s] = reconstruct_session(
+        _three_turns(), credit=ValueCredit(), outcome=Outcome(step_values=(0.4, 0.2, 0.9))
+    )
     assert s.loss_mask == [1, 1, 0, 0, 0, 0, 1, 1]

@@ -17,8 +17,8 @@ from factories import call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchard_rec.records import CallRecord
 from orchard_rec.reconstruct import Sample, reconstruct_session
+from orchard_rec.records import CallRecord
 
 ids = st.lists(st.integers(min_value=10, max_value=60), min_size=1, max_size=6)
 
@@ -36,7 +36,11 @@ def sessions(draw: st.DrawFn, linear_only: bool = False) -> Session:
     calls: list[CallRecord] = []
     linear = True
     for _ in range(draw(st.integers(1, 8))):
-        action = "extend" if linear_only else draw(st.sampled_from(["extend", "extend", "drift", "fork", "subagent"]))
+        action = (
+            "extend"
+            if linear_only
+            else draw(st.sampled_from(["extend", "extend", "drift", "fork", "subagent"]))
+        )
         k = draw(st.integers(0, len(lines) - 1))
         if action == "subagent":
             lines.append([2] + draw(ids))
@@ -53,7 +57,14 @@ def sessions(draw: st.DrawFn, linear_only: bool = False) -> Session:
         if action != "extend" or len(lines) > 1:
             linear = False
         completion = draw(ids) + [9]
-        calls.append(call("s", prompt_ids=prompt, completion_ids=completion, logprobs=[-(i % 7) / 10 - 0.01 for i in completion]))
+        calls.append(
+            call(
+                "s",
+                prompt_ids=prompt,
+                completion_ids=completion,
+                logprobs=[-(i % 7) / 10 - 0.01 for i in completion],
+            )
+        )
         prompts.append(prompt)
         lines[k] = prompt + completion
     return Session(calls, linear)

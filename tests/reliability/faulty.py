@@ -21,7 +21,10 @@ class FaultyUpstream:
         self.started += 1
         try:
             if fault == "fault-500":
-                return web.json_response({"error": {"message": "engine crashed", "type": "InternalServerError", "code": 500}}, status=500)
+                return web.json_response(
+                    {"error": {"message": "engine crashed", "type": "InternalServerError", "code": 500}},
+                    status=500,
+                )
             if fault == "fault-hang":
                 await asyncio.sleep(30)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -22,11 +22,10 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
-
-from pg import PgCluster
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -35,8 +34,12 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}).encode()
-    req = urllib.request.Request(f"{base}/s/{sid}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}
+    ).encode()
+    req = urllib.request.Request(
+        f"{base}/s/{sid}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
         return r.status
@@ -61,7 +64,9 @@ def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_
         status, health = _get(proxy.url + "/healthz")
         assert status == 200 and json.loads(health)["status"] == "degraded"
         _, metrics = _get(proxy.url + "/metrics")
-        spooled = float([l for l in metrics.splitlines() if l.startswith("orchard_spool_depth")][0].split()[1])
+        spooled = float(
+            next(ln for ln in metrics.splitlines() if ln.startswith("orchard_spool_depth")).split()[1]
+        )
         assert spooled == sent
         cluster.restart()
         deadline = time.monotonic() + 30
@@ -106,8 +111,26 @@ def _free_port() -> int:
 
 
 def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen:  # type: ignore[type-arg]
-    p = subprocess.Popen([sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db, "--port", str(port),
-                          "--durability", "wal", "--spool", str(spool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchard_rec.cli",
+            "serve",
+            "--upstream",
+            upstream,
+            "--db",
+            db,
+            "--port",
+            str(port),
+            "--durability",
+            "wal",
+            "--spool",
+            str(spool),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(400):
         try:
             if _get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
@@ -139,7 +162,7 @@ def test_kill_9_under_load_loses_no_completed_call_with_wal(upstream, tmp_path) 
                     data = await r.read()
                     if r.status == 200 and (not body["stream"] or data.endswith(b"data: [DONE]\n\n")):
                         completed.add(text)
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 return
 
     async def main() -> None:

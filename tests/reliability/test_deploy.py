@@ -17,6 +17,10 @@ def test_manifests_are_valid_kubernetes() -> None:
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz" == container["livenessProbe"]["httpGet"]["path"]
+    assert (
+        container["readinessProbe"]["httpGet"]["path"]
+        == "/healthz"
+        == container["livenessProbe"]["httpGet"]["path"]
+    )
     job = next(d for d in docs if d["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["orchard-rec", "db", "upgrade"]

@@ -16,13 +16,42 @@ from hypothesis import strategies as st
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
-keys = st.sampled_from(["model", "messages", "input", "prompt", "stream", "tools", "max_tokens", "system", "instructions", "tool_choice", "content", "role"])
+keys = st.sampled_from(
+    [
+        "model",
+        "messages",
+        "input",
+        "prompt",
+        "stream",
+        "tools",
+        "max_tokens",
+        "system",
+        "instructions",
+        "tool_choice",
+        "content",
+        "role",
+    ]
+)
 bodies = st.dictionaries(keys, json_values, max_size=6) | st.fixed_dictionaries(
-    {"model": st.text(max_size=5), "messages": st.lists(st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "tool_call_id"]), json_values, max_size=4), max_size=4)},
+    {
+        "model": st.text(max_size=5),
+        "messages": st.lists(
+            st.dictionaries(
+                st.sampled_from(["role", "content", "tool_calls", "tool_call_id"]), json_values, max_size=4
+            ),
+            max_size=4,
+        ),
+    },
     optional={"stream": st.booleans(), "max_tokens": json_values, "tools": st.lists(json_values, max_size=3)},
 )
 
@@ -43,7 +72,9 @@ def _raw(port: int, data: bytes, timeout: float = 10) -> tuple[int, bytes]:
 
 
 def _req(path: str, body: bytes, extra: str = "", ctype: str = "application/json") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
+    ).encode() + body
 
 
 def _start(mode: str, d):  # type: ignore[no-untyped-def]
@@ -51,7 +82,13 @@ def _start(mode: str, d):  # type: ignore[no-untyped-def]
     from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
 
     up = BackgroundServer(DemoUpstream().app()).start()
-    cfg = ProxyConfig(upstream=up.url + "/v1", db=f"sqlite:///{d / 'f.db'}", spool=str(d / "f.spool"), mode=mode, max_body_bytes=1 << 20)
+    cfg = ProxyConfig(
+        upstream=up.url + "/v1",
+        db=f"sqlite:///{d / 'f.db'}",
+        spool=str(d / "f.spool"),
+        mode=mode,
+        max_body_bytes=1 << 20,
+    )
     return up, BackgroundServer(lambda: build_app(cfg)).start()
 
 
@@ -100,11 +137,24 @@ def test_random_bytes_never_5xx(fuzz_proxy, route, blob) -> None:  # type: ignor
 def test_hostile_inputs(fuzz_proxy, route) -> None:  # type: ignore[no-untyped-def]
     port = fuzz_proxy.port
     cases = [
-        b"\xff\xfe\xfd{\"model\": \"m\"}",  # invalid UTF-8
+        b'\xff\xfe\xfd{"model": "m"}',  # invalid UTF-8
         b"[" * 5000 + b"]" * 5000,  # deeply nested
-        json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 900_000}]}).encode(),  # near the limit
-        json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode(),  # over it
-        json.dumps({"model": 5, "messages": "no", "input": 7, "prompt": [None], "max_tokens": "many", "stream": False}).encode(),
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x" * 900_000}]}
+        ).encode(),  # near the limit
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x" * 2_000_000}]}
+        ).encode(),  # over it
+        json.dumps(
+            {
+                "model": 5,
+                "messages": "no",
+                "input": 7,
+                "prompt": [None],
+                "max_tokens": "many",
+                "stream": False,
+            }
+        ).encode(),
     ]
     for body in cases:
         status, out = _raw(port, _req(route, body), timeout=20)

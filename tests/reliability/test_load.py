@@ -37,8 +37,24 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
     up = upstream_factory(chunk_delay=0.002)
     db = f"sqlite:///{tmp_path / 'load.db'}"
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", up.url, "--db", db, "--port", str(port), "--mode", "token"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchard_rec.cli",
+            "serve",
+            "--upstream",
+            up.url,
+            "--db",
+            db,
+            "--port",
+            str(port),
+            "--mode",
+            "token",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(400):
@@ -54,7 +70,11 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
             nonlocal sent, ok
             turn = 0
             while time.monotonic() < stop:
-                body = {"model": "m", "messages": [{"role": "user", "content": f"session {i} turn {turn}"}], "stream": True}
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"session {i} turn {turn}"}],
+                    "stream": True,
+                }
                 sent += 1
                 async with http.post(f"{base}/s/load-{i}/v1/chat/completions", json=body) as r:
                     data = await r.read()
@@ -68,7 +88,9 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
 
         async def main() -> None:
             conn = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
+            async with aiohttp.ClientSession(
+                connector=conn, timeout=aiohttp.ClientTimeout(total=120)
+            ) as http:
                 stop = time.monotonic() + SECONDS
                 await asyncio.gather(sampler(stop), *(session(i, http, stop) for i in range(SESSIONS)))
 
@@ -79,7 +101,9 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
                 break
             time.sleep(0.2)
         peak = _rss_peak_mb(proc.pid)
-        print(f"\nload: {SESSIONS} sessions x {SECONDS:.0f}s: sent {sent}, ok {ok}, peak RSS {peak:.0f} MB, samples {rss[:3]}..{rss[-3:]}")
+        print(
+            f"\nload: {SESSIONS} sessions x {SECONDS:.0f}s: sent {sent}, ok {ok}, peak RSS {peak:.0f} MB, samples {rss[:3]}..{rss[-3:]}"
+        )
         assert ok == sent > SESSIONS
         assert peak < 600, f"peak RSS {peak:.0f} MB"
         half = rss[len(rss) // 2]
@@ -90,17 +114,25 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
         proc.wait(60)
 
 
-def test_back_pressure_answers_429_in_the_callers_dialect(upstream_factory, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+def test_back_pressure_answers_429_in_the_callers_dialect(
+    upstream_factory, proxy_factory, sqlite_url
+) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.05)
     proxy = proxy_factory(up.url, sqlite_url, mode="passthrough", max_inflight=4)
 
     async def main() -> list[tuple[int, dict | None]]:  # type: ignore[type-arg]
         async with aiohttp.ClientSession() as http:
+
             async def one(i: int) -> tuple[int, dict | None]:  # type: ignore[type-arg]
-                body = {"model": "m", "messages": [{"role": "user", "content": f"long story {i}"}], "stream": True}
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"long story {i}"}],
+                    "stream": True,
+                }
                 async with http.post(f"{proxy.url}/s/bp/v1/chat/completions", json=body) as r:
                     data = await r.read()
                     return r.status, (json.loads(data) if r.status != 200 else None)
+
             return await asyncio.gather(*(one(i) for i in range(16)))
 
     results = asyncio.run(main())

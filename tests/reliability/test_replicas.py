@@ -16,25 +16,51 @@ TURNS = 4
 
 async def _drive(bases: list[str], rotate: bool) -> None:
     async with aiohttp.ClientSession() as http:
+
         async def session(i: int) -> None:
-            messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"task {i}: run `echo {i}`"}]
+            messages = [
+                {"role": "system", "content": "agent"},
+                {"role": "user", "content": f"task {i}: run `echo {i}`"},
+            ]
             for turn in range(TURNS):
                 base = bases[(i + turn) % len(bases)] if rotate else bases[0]
-                body = {"model": "m", "messages": messages, "stream": turn % 2 == 0,
-                        "tools": [{"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]}
-                async with http.post(f"{base}/s/rep-{i}/v1/chat/completions", json={**body, "stream": False}) as r:
+                body = {
+                    "model": "m",
+                    "messages": messages,
+                    "stream": turn % 2 == 0,
+                    "tools": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "exec_command",
+                                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+                            },
+                        }
+                    ],
+                }
+                async with http.post(
+                    f"{base}/s/rep-{i}/v1/chat/completions", json={**body, "stream": False}
+                ) as r:
                     msg = (await r.json())["choices"][0]["message"]
-                messages = messages + [{"role": "assistant", "content": msg["content"], "tool_calls": msg["tool_calls"] or None}]
+                messages = messages + [
+                    {"role": "assistant", "content": msg["content"], "tool_calls": msg["tool_calls"] or None}
+                ]
                 if msg["tool_calls"]:
-                    messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": f"out {i}"})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": f"out {i}"}
+                    )
                 else:
                     messages.append({"role": "user", "content": f"again {turn}"})
+
         await asyncio.gather(*(session(i) for i in range(SESSIONS)))
 
 
 def test_three_replicas_share_one_postgres(upstream, proxy_factory, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
     shared = pg.new_database()
-    replicas = [proxy_factory(upstream.url, shared, mode="token", spool=str(tmp_path / f"replica-{k}.spool")) for k in range(3)]
+    replicas = [
+        proxy_factory(upstream.url, shared, mode="token", spool=str(tmp_path / f"replica-{k}.spool"))
+        for k in range(3)
+    ]
     asyncio.run(_drive([r.url for r in replicas], rotate=True))
     for r in replicas:
         r.flush()
@@ -63,5 +89,10 @@ def _debug_diff(got, want):  # type: ignore[no-untyped-def]
     for (sa, ta, _), (sb, tb, _) in zip(got, want):
         if ta != tb:
             n = next(k for k, (x, y) in enumerate(zip(ta, tb)) if x != y)
-            return sa, sb, tok.decode(ta[n - 20 : n + 60], skip_special_tokens=False), tok.decode(tb[n - 20 : n + 60], skip_special_tokens=False)
+            return (
+                sa,
+                sb,
+                tok.decode(ta[n - 20 : n + 60], skip_special_tokens=False),
+                tok.decode(tb[n - 20 : n + 60], skip_special_tokens=False),
+            )
     return None

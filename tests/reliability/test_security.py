@@ -41,7 +41,9 @@ def key_upstream(upstream):  # type: ignore[no-untyped-def]
 
 
 def _post(url: str, body: dict, headers: dict) -> tuple[int, dict]:  # type: ignore[type-arg]
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
@@ -52,28 +54,55 @@ def _post(url: str, body: dict, headers: dict) -> tuple[int, dict]:  # type: ign
 def test_keys_sessions_admin_and_secrets(key_upstream, proxy_factory, db_url, caplog) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.DEBUG)
     url, seen = key_upstream
-    proxy = proxy_factory(url, db_url, mode="token", api_keys=(CLIENT_KEY, f"{BOUND_KEY}:team-a-"), admin_keys=(ADMIN_KEY,), upstream_key=UPSTREAM_KEY)
+    proxy = proxy_factory(
+        url,
+        db_url,
+        mode="token",
+        api_keys=(CLIENT_KEY, f"{BOUND_KEY}:team-a-"),
+        admin_keys=(ADMIN_KEY,),
+        upstream_key=UPSTREAM_KEY,
+    )
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
     status, body = _post(f"{proxy.url}/v1/chat/completions", chat, {})
     assert status == 401 and body["error"]["type"] == "authentication_error"
-    status, body = _post(f"{proxy.url}/v1/messages", {"model": "m", "max_tokens": 5, "messages": []}, {"x-api-key": "wrong", "anthropic-version": "2023-06-01"})
+    status, body = _post(
+        f"{proxy.url}/v1/messages",
+        {"model": "m", "max_tokens": 5, "messages": []},
+        {"x-api-key": "wrong", "anthropic-version": "2023-06-01"},
+    )
     assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
 
     ok = openai.OpenAI(base_url=f"{proxy.url}/s/run-1/v1", api_key=CLIENT_KEY, max_retries=0)
-    assert ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+    assert (
+        ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        .choices[0]
+        .message.content
+    )
     ant = anthropic.Anthropic(base_url=f"{proxy.url}/s/team-a-7", api_key=BOUND_KEY, max_retries=0)
     assert ant.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "hi"}]).content
     with pytest.raises(openai.PermissionDeniedError):  # a key bound to team-a- cannot record elsewhere
-        openai.OpenAI(base_url=f"{proxy.url}/s/team-b-1/v1", api_key=BOUND_KEY, max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        openai.OpenAI(
+            base_url=f"{proxy.url}/s/team-b-1/v1", api_key=BOUND_KEY, max_retries=0
+        ).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
     # the upstream saw only the proxy's own key, never a client's
     assert all(h.get("Authorization") == f"Bearer {UPSTREAM_KEY}" for h in seen)
     assert not any(CLIENT_KEY in json.dumps(h) or BOUND_KEY in json.dumps(h) for h in seen)
 
     # admin routes need the admin key
-    assert _post(f"{proxy.url}/sessions/run-1/outcome", {"reward": 1}, {"Authorization": f"Bearer {CLIENT_KEY}"})[0] == 401
-    assert _post(f"{proxy.url}/sessions/run-1/outcome", {"reward": 1}, {"Authorization": f"Bearer {ADMIN_KEY}"})[0] == 200
+    assert (
+        _post(
+            f"{proxy.url}/sessions/run-1/outcome", {"reward": 1}, {"Authorization": f"Bearer {CLIENT_KEY}"}
+        )[0]
+        == 401
+    )
+    assert (
+        _post(f"{proxy.url}/sessions/run-1/outcome", {"reward": 1}, {"Authorization": f"Bearer {ADMIN_KEY}"})[
+            0
+        ]
+        == 200
+    )
 
     proxy.flush()
     eng = create_engine(db_url)

@@ -23,12 +23,16 @@ def faulty():  # type: ignore[no-untyped-def]
     srv.stop()
 
 
-async def _call(url: str, model: str, stream: bool = True, timeout: float = 20) -> tuple[int, bytes, list[float], str | None]:
+async def _call(
+    url: str, model: str, stream: bool = True, timeout: float = 20
+) -> tuple[int, bytes, list[float], str | None]:
     stamps: list[float] = []
     t0 = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         try:
-            async with http.post(url, json={"model": model, "messages": [{"role": "user", "content": "x"}], "stream": stream}) as r:
+            async with http.post(
+                url, json={"model": model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
+            ) as r:
                 data = b""
                 async for chunk in r.content.iter_any():
                     stamps.append(time.monotonic() - t0)
@@ -50,8 +54,10 @@ def test_upstream_5xx_is_relayed_and_recorded(faulty, proxy_factory, sqlite_url)
 @pytest.mark.parametrize("mode", ["passthrough", "token"])
 def test_reset_mid_stream_cuts_the_clients_stream(faulty, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(faulty[1], sqlite_url, mode=mode)
-    status, body, _, err = asyncio.run(_call(f"{proxy.url}/s/r/v1/chat/completions", "fault-reset"))
-    assert err == "ClientPayloadError" or not body.endswith(b"[DONE]\n\n")  # a cut stream, as from the upstream
+    _status, body, _, err = asyncio.run(_call(f"{proxy.url}/s/r/v1/chat/completions", "fault-reset"))
+    assert err == "ClientPayloadError" or not body.endswith(
+        b"[DONE]\n\n"
+    )  # a cut stream, as from the upstream
     proxy.flush()
     [rec] = proxy.store().calls("r")
     assert rec.outcome is CallOutcome.FAILED and "upstream stream broke" in (rec.error or "")
@@ -76,7 +82,7 @@ def test_slow_stream_is_forwarded_chunk_by_chunk(faulty, proxy_factory, sqlite_u
 
 
 def test_read_timeouts_before_and_during_the_stream(faulty, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
-    fake, url = faulty
+    _fake, url = faulty
     proxy = proxy_factory(url, sqlite_url, mode="passthrough", read_timeout=0.5)
     status, body, _, _ = asyncio.run(_call(f"{proxy.url}/s/t/v1/chat/completions", "fault-hang"))
     assert status == 504 and b"timed out" in body and b'"error"' in body

@@ -29,8 +29,23 @@ def test_round_trip_keeps_every_field(db_url: str) -> None:
     assert store.write_batch([rec]) == 1
     [back] = store.calls("sess-a")
     assert back.seq == 1
-    for f in ("call_id", "session_id", "dialect", "request", "response", "events", "prompt_ids", "completion_ids",
-              "completion_logprobs", "headers", "usage", "finish_reason", "harness", "outcome", "status_code"):
+    for f in (
+        "call_id",
+        "session_id",
+        "dialect",
+        "request",
+        "response",
+        "events",
+        "prompt_ids",
+        "completion_ids",
+        "completion_logprobs",
+        "headers",
+        "usage",
+        "finish_reason",
+        "harness",
+        "outcome",
+        "status_code",
+    ):
         assert getattr(back, f) == getattr(rec, f), f
     assert abs(back.received_at - rec.received_at) < 1e-3
     store.close()

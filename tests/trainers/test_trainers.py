@@ -23,8 +23,17 @@ from orchard_rec.trainers.verl import RecordedAgentLoop, agent_loop_output
 
 
 def test_plugin_signatures_match_what_slime_calls() -> None:
-    assert list(inspect.signature(slime_plugins.generate_rollout).parameters) == ["args", "rollout_id", "data_source", "evaluation"]
-    assert list(inspect.signature(slime_plugins.generate).parameters)[:3] == ["args", "sample", "sampling_params"]
+    assert list(inspect.signature(slime_plugins.generate_rollout).parameters) == [
+        "args",
+        "rollout_id",
+        "data_source",
+        "evaluation",
+    ]
+    assert list(inspect.signature(slime_plugins.generate).parameters)[:3] == [
+        "args",
+        "sample",
+        "sampling_params",
+    ]
     assert inspect.iscoroutinefunction(slime_plugins.generate)
 
 
@@ -47,7 +56,13 @@ def test_slime_generate_runs_a_harness_against_the_rollout_server(upstream, tmp_
 
     install(CODEX)
     host, port = upstream.server.host, upstream.server.port
-    args = Namespace(sglang_router_ip=host, sglang_router_port=port, orchard_db=f"sqlite:///{tmp_path / 'g.db'}", orchard_harness="codex", orchard_model="fake-model")
+    args = Namespace(
+        sglang_router_ip=host,
+        sglang_router_port=port,
+        orchard_db=f"sqlite:///{tmp_path / 'g.db'}",
+        orchard_harness="codex",
+        orchard_model="fake-model",
+    )
     monkeypatch.chdir(tmp_path)
     sample = SlimeSample(prompt="Please run `echo orchard > marker.txt` and report.", index=3)
     out = asyncio.run(slime_plugins.generate(args, sample, {"temperature": 1.0}))
@@ -55,7 +70,9 @@ def test_slime_generate_runs_a_harness_against_the_rollout_server(upstream, tmp_
     assert out.response_length == len(out.loss_mask) == len(out.rollout_log_probs) > 0
     assert sum(out.loss_mask) > 0 and out.metadata["harness_exit_code"] == 0
     assert len(out.metadata["call_ids"]) == 2 and out.metadata["samples_in_session"] == 1
-    assert any(path == "/v1/chat/completions" for path, _ in upstream.fake.log)  # Codex's Responses calls, translated
+    assert any(
+        path == "/v1/chat/completions" for path, _ in upstream.fake.log
+    )  # Codex's Responses calls, translated
 
 
 def test_dataset_tensors_equal_the_jsonl_export(recorded_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -79,7 +96,10 @@ def test_dataset_tensors_equal_the_jsonl_export(recorded_db, tmp_path) -> None: 
     width = max(n0, n1)
     assert batch["input_ids"].shape == (2, width)
     short = 0 if n0 < n1 else 1
-    assert batch["labels"][short, min(n0, n1):].eq(-100).all() and batch["attention_mask"][short, min(n0, n1):].eq(0).all()
+    assert (
+        batch["labels"][short, min(n0, n1) :].eq(-100).all()
+        and batch["attention_mask"][short, min(n0, n1) :].eq(0).all()
+    )
     packed = collate_packed([ds[0], ds[1]])
     assert packed["input_ids"].shape == (1, n0 + n1)
     assert packed["position_ids"][0].tolist() == list(range(n0)) + list(range(n1))
@@ -92,8 +112,15 @@ def _tiny_model(vocab: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=65536)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=65536,
+    )
     return LlamaForCausalLM(cfg)
 
 

@@ -14,7 +14,13 @@ from collections.abc import Iterable
 
 __all__ = ["TERMINAL_EVENTS", "SSEParser", "parse_sse"]
 
-TERMINAL_EVENTS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
+TERMINAL_EVENTS = (
+    b"data: [DONE]",
+    b"response.completed",
+    b"response.incomplete",
+    b"response.failed",
+    b"message_stop",
+)
 """Bytes that mark the last event of a stream in each dialect (a client may hang up right after)."""
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")

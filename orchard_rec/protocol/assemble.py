@@ -63,7 +63,12 @@ def _chat(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
             idx = c.get("index", 0)
             acc = choices.setdefault(
                 idx,
-                {"index": idx, "message": {"role": "assistant", "content": None}, "finish_reason": None, "_tools": {}},
+                {
+                    "index": idx,
+                    "message": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                    "_tools": {},
+                },
             )
             delta = c.get("delta") or {}
             msg = acc["message"]
@@ -75,7 +80,8 @@ def _chat(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
                     msg[key] = (msg.get(key) or "") + piece
             for tc in delta.get("tool_calls") or ():
                 t = acc["_tools"].setdefault(
-                    tc.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 if tc.get("id"):
                     t["id"] = tc["id"]
@@ -112,7 +118,12 @@ def _completions(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
     if not chunks:
         return None
     first = chunks[0]
-    out: dict[str, Any] = {"id": first.get("id"), "object": "text_completion", "created": first.get("created"), "model": first.get("model")}
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": "text_completion",
+        "created": first.get("created"),
+        "model": first.get("model"),
+    }
     choices: dict[int, dict[str, Any]] = {}
     usage = None
     for ch in chunks:
@@ -128,7 +139,9 @@ def _completions(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
                 acc.setdefault("token_ids", []).extend(c["token_ids"])
             lp = c.get("logprobs")
             if lp:
-                dst = acc.setdefault("logprobs", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+                dst = acc.setdefault(
+                    "logprobs", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                )
                 for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                     if lp.get(k):
                         dst[k].extend(lp[k])
@@ -224,7 +237,11 @@ def extract_tokens(
         choices = obj.get("choices") or [{}]
         c0 = choices[0] if isinstance(choices[0], dict) else {}
         lp = c0.get("logprobs") if isinstance(c0.get("logprobs"), dict) else None
-        lps = [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]] if lp and lp.get("token_logprobs") else None
+        lps = (
+            [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]]
+            if lp and lp.get("token_logprobs")
+            else None
+        )
         return c0.get("prompt_token_ids"), c0.get("token_ids"), lps, c0.get("finish_reason"), usage
     if dialect is Dialect.RESPONSES:
         return None, None, None, obj.get("status"), usage

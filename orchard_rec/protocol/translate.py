@@ -26,14 +26,14 @@ import orjson
 
 __all__ = [
     "MessagesStream",
-    "template_message",
+    "ResponsesStream",
     "assistant_message",
     "chat_request_of",
-    "ResponsesStream",
     "chat_to_messages",
     "chat_to_responses",
     "messages_to_chat",
     "responses_to_chat",
+    "template_message",
 ]
 
 
@@ -80,7 +80,9 @@ def _responses_content(content: Any) -> Any:
         elif t == "input_image":
             url = p.get("image_url") or p.get("file_id")
             if url:
-                parts.append({"type": "image_url", "image_url": {"url": url, "detail": p.get("detail", "auto")}})
+                parts.append(
+                    {"type": "image_url", "image_url": {"url": url, "detail": p.get("detail", "auto")}}
+                )
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
@@ -95,7 +97,10 @@ def _responses_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[s
             continue
         kind = t.get("type")
         if kind == "function":
-            fn = {"name": t.get("name"), "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+            fn = {
+                "name": t.get("name"),
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            }
             if t.get("description"):
                 fn["description"] = t["description"]
             out.append({"type": "function", "function": fn})
@@ -109,7 +114,11 @@ def _responses_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[s
             fn = {
                 "name": t.get("name"),
                 "description": t.get("description") or "",
-                "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "string"}},
+                    "required": ["input"],
+                },
             }
             out.append({"type": "function", "function": fn})
         else:
@@ -144,8 +153,16 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             text = _text_of(item.get("content")) or _text_of(item.get("summary"))
             pending_reasoning = (pending_reasoning or "") + text
         elif kind in ("function_call", "custom_tool_call"):
-            args = item.get("arguments") if kind == "function_call" else orjson.dumps({"input": item.get("input", "")}).decode()
-            call = {"id": item.get("call_id") or item.get("id"), "type": "function", "function": {"name": item.get("name"), "arguments": args or ""}}
+            args = (
+                item.get("arguments")
+                if kind == "function_call"
+                else orjson.dumps({"input": item.get("input", "")}).decode()
+            )
+            call = {
+                "id": item.get("call_id") or item.get("id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": args or ""},
+            }
             if last is not None and last["role"] == "assistant" and not last.get("_closed"):
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -156,7 +173,13 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 messages.append(msg)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             out = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text_of(out) if not isinstance(out, str) else out})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": _text_of(out) if not isinstance(out, str) else out,
+                }
+            )
         # item_reference and unknown items carry nothing a chat model can see
     for m in messages:
         m.pop("_closed", None)
@@ -171,7 +194,16 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = {"type": "function", "function": {"name": tc["name"]}}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    for k in ("temperature", "top_p", "parallel_tool_calls", "stream", "user", "seed", "stop", "top_logprobs"):
+    for k in (
+        "temperature",
+        "top_p",
+        "parallel_tool_calls",
+        "stream",
+        "user",
+        "seed",
+        "stop",
+        "top_logprobs",
+    ):
         if body.get(k) is not None:
             chat[k] = body[k]
     effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
@@ -192,7 +224,9 @@ def _usage_responses(u: Any) -> dict[str, Any] | None:
         return None
     return {
         "input_tokens": u.get("prompt_tokens", 0),
-        "input_tokens_details": {"cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0},
+        "input_tokens_details": {
+            "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+        },
         "output_tokens": u.get("completion_tokens", 0),
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u.get("total_tokens", u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)),
@@ -226,14 +260,30 @@ def _response_shell(req: dict[str, Any], rid: str, created: int, status: str) ->
     }
 
 
-def _call_item(call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed") -> dict[str, Any]:
+def _call_item(
+    call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed"
+) -> dict[str, Any]:
     if name in custom:
         try:
             inp = orjson.loads(arguments).get("input", "")
         except (orjson.JSONDecodeError, AttributeError):
             inp = arguments
-        return {"type": "custom_tool_call", "id": "ctc_" + _hex(), "call_id": call_id, "name": name, "input": inp, "status": status}
-    return {"type": "function_call", "id": "fc_" + _hex(), "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+        return {
+            "type": "custom_tool_call",
+            "id": "ctc_" + _hex(),
+            "call_id": call_id,
+            "name": name,
+            "input": inp,
+            "status": status,
+        }
+    return {
+        "type": "function_call",
+        "id": "fc_" + _hex(),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def chat_to_responses(chat: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
@@ -246,15 +296,31 @@ def chat_to_responses(chat: dict[str, Any], req: dict[str, Any]) -> dict[str, An
     out = resp["output"]
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if reasoning:
-        out.append({"type": "reasoning", "id": "rs_" + _hex(), "summary": [], "content": [{"type": "reasoning_text", "text": reasoning}]})
+        out.append(
+            {
+                "type": "reasoning",
+                "id": "rs_" + _hex(),
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+            }
+        )
     if msg.get("content"):
-        out.append({
-            "type": "message", "id": "msg_" + _hex(), "status": "completed", "role": "assistant",
-            "content": [{"type": "output_text", "text": msg["content"], "annotations": [], "logprobs": []}],
-        })
+        out.append(
+            {
+                "type": "message",
+                "id": "msg_" + _hex(),
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": msg["content"], "annotations": [], "logprobs": []}
+                ],
+            }
+        )
     for tc in msg.get("tool_calls") or ():
         fn = tc.get("function") or {}
-        out.append(_call_item(tc.get("id") or "call_" + _hex(), fn.get("name", ""), fn.get("arguments", ""), custom))
+        out.append(
+            _call_item(tc.get("id") or "call_" + _hex(), fn.get("name", ""), fn.get("arguments", ""), custom)
+        )
     if finish == "length":
         resp["status"] = "incomplete"
         resp["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -290,7 +356,10 @@ class ResponsesStream:
     def _start(self) -> list[tuple[str, dict[str, Any]]]:
         self.started = True
         snap = dict(self.resp)
-        return [self._ev("response.created", response=snap), self._ev("response.in_progress", response=dict(snap))]
+        return [
+            self._ev("response.created", response=snap),
+            self._ev("response.in_progress", response=dict(snap)),
+        ]
 
     def _close(self) -> list[tuple[str, dict[str, Any]]]:
         item, kind = self.open, self.open_kind
@@ -301,19 +370,59 @@ class ResponsesStream:
         evs: list[tuple[str, dict[str, Any]]] = []
         if kind == "message":
             part = item["content"][0]
-            evs.append(self._ev("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0, text=part["text"], logprobs=[]))
-            evs.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=dict(part)))
+            evs.append(
+                self._ev(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=[],
+                )
+            )
+            evs.append(
+                self._ev(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    part=dict(part),
+                )
+            )
             item["status"] = "completed"
         elif kind == "reasoning":
             text = item["content"][0]["text"]
-            evs.append(self._ev("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0, text=text))
+            evs.append(
+                self._ev(
+                    "response.reasoning_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    text=text,
+                )
+            )
         elif kind == "call":
             item = _call_item(item["call_id"], item["name"], item["arguments"], self.custom)
             item["id"] = self._call_id_item
             if item["type"] == "function_call":
-                evs.append(self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=idx, name=item["name"], arguments=item["arguments"]))
+                evs.append(
+                    self._ev(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        name=item["name"],
+                        arguments=item["arguments"],
+                    )
+                )
             else:
-                evs.append(self._ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=idx, input=item["input"]))
+                evs.append(
+                    self._ev(
+                        "response.custom_tool_call_input.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        input=item["input"],
+                    )
+                )
         evs.append(self._ev("response.output_item.done", output_index=idx, item=item))
         self.items.append(item)
         return evs
@@ -330,23 +439,69 @@ class ResponsesStream:
             if r:
                 if self.open_kind != "reasoning":
                     evs += self._close()
-                    self.open = {"type": "reasoning", "id": "rs_" + _hex(), "summary": [], "content": [{"type": "reasoning_text", "text": ""}]}
+                    self.open = {
+                        "type": "reasoning",
+                        "id": "rs_" + _hex(),
+                        "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}],
+                    }
                     self.open_kind = "reasoning"
-                    evs.append(self._ev("response.output_item.added", output_index=len(self.items), item={**self.open, "content": []}))
+                    evs.append(
+                        self._ev(
+                            "response.output_item.added",
+                            output_index=len(self.items),
+                            item={**self.open, "content": []},
+                        )
+                    )
                 self.open["content"][0]["text"] += r
-                evs.append(self._ev("response.reasoning_text.delta", item_id=self.open["id"], output_index=len(self.items), content_index=0, delta=r))
+                evs.append(
+                    self._ev(
+                        "response.reasoning_text.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.items),
+                        content_index=0,
+                        delta=r,
+                    )
+                )
             if d.get("content"):
                 if self.open_kind != "message":
                     evs += self._close()
-                    self.open = {"type": "message", "id": "msg_" + _hex(), "status": "in_progress", "role": "assistant", "content": []}
+                    self.open = {
+                        "type": "message",
+                        "id": "msg_" + _hex(),
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    }
                     self.open_kind = "message"
                     idx = len(self.items)
-                    evs.append(self._ev("response.output_item.added", output_index=idx, item={**self.open, "content": []}))
+                    evs.append(
+                        self._ev(
+                            "response.output_item.added", output_index=idx, item={**self.open, "content": []}
+                        )
+                    )
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     self.open["content"].append(part)
-                    evs.append(self._ev("response.content_part.added", item_id=self.open["id"], output_index=idx, content_index=0, part=dict(part)))
+                    evs.append(
+                        self._ev(
+                            "response.content_part.added",
+                            item_id=self.open["id"],
+                            output_index=idx,
+                            content_index=0,
+                            part=dict(part),
+                        )
+                    )
                 self.open["content"][0]["text"] += d["content"]
-                evs.append(self._ev("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items), content_index=0, delta=d["content"], logprobs=[]))
+                evs.append(
+                    self._ev(
+                        "response.output_text.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.items),
+                        content_index=0,
+                        delta=d["content"],
+                        logprobs=[],
+                    )
+                )
             for tc in d.get("tool_calls") or ():
                 ti = tc.get("index", 0)
                 fn = tc.get("function") or {}
@@ -354,18 +509,33 @@ class ResponsesStream:
                     evs += self._close()
                     self.tool_index = ti
                     self.open_kind = "call"
-                    self.open = {"call_id": tc.get("id") or "call_" + _hex(), "name": fn.get("name") or "", "arguments": ""}
+                    self.open = {
+                        "call_id": tc.get("id") or "call_" + _hex(),
+                        "name": fn.get("name") or "",
+                        "arguments": "",
+                    }
                     self._call_id_item = ("ctc_" if self.open["name"] in self.custom else "fc_") + _hex()
-                    added = _call_item(self.open["call_id"], self.open["name"], "", self.custom, status="in_progress")
+                    added = _call_item(
+                        self.open["call_id"], self.open["name"], "", self.custom, status="in_progress"
+                    )
                     added["id"] = self._call_id_item
-                    evs.append(self._ev("response.output_item.added", output_index=len(self.items), item=added))
+                    evs.append(
+                        self._ev("response.output_item.added", output_index=len(self.items), item=added)
+                    )
                 elif fn.get("name"):
                     self.open["name"] += fn["name"]
                 if fn.get("arguments"):
                     self.open["arguments"] += fn["arguments"]
                     if self.open["name"] in self.custom:
                         continue  # custom tool input is only known once the JSON wrapper is complete
-                    evs.append(self._ev("response.function_call_arguments.delta", item_id=self._call_id_item, output_index=len(self.items), delta=fn["arguments"]))
+                    evs.append(
+                        self._ev(
+                            "response.function_call_arguments.delta",
+                            item_id=self._call_id_item,
+                            output_index=len(self.items),
+                            delta=fn["arguments"],
+                        )
+                    )
             if c.get("finish_reason"):
                 self.finish_reason = c["finish_reason"]
         return evs
@@ -430,7 +600,11 @@ def _without_billing_block(system: Any) -> Any:
     on every request. It is accounting for Anthropic's API, not prompt: a model served elsewhere
     should not read it, and kept it would break every session's token prefix at its first line."""
     if isinstance(system, list):  # the form Claude Code sends (2.1.332); a plain string is left as it is
-        return [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].startswith(_BILLING))]
+        return [
+            b
+            for b in system
+            if not (isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].startswith(_BILLING))
+        ]
     return system
 
 
@@ -462,7 +636,14 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                     msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
                 elif t == "tool_use":
                     msg.setdefault("tool_calls", []).append(
-                        {"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()}}
+                        {
+                            "id": b.get("id"),
+                            "type": "function",
+                            "function": {
+                                "name": b.get("name"),
+                                "arguments": orjson.dumps(b.get("input", {})).decode(),
+                            },
+                        }
                     )
                 elif t == "text":
                     texts.append(b)
@@ -483,7 +664,10 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     tools = []
     for t in body.get("tools") or ():
         if isinstance(t, dict) and "input_schema" in t:
-            fn = {"name": t.get("name"), "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}
+            fn = {
+                "name": t.get("name"),
+                "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+            }
             if t.get("description"):
                 fn["description"] = t["description"]
             tools.append({"type": "function", "function": fn})
@@ -556,7 +740,14 @@ def chat_to_messages(chat: dict[str, Any], req: dict[str, Any]) -> dict[str, Any
     calls = msg.get("tool_calls") or []
     for tc in calls:
         fn = tc.get("function") or {}
-        content.append({"type": "tool_use", "id": tc.get("id") or "toolu_" + _hex(), "name": fn.get("name", ""), "input": _tool_input(fn.get("arguments", ""))})
+        content.append(
+            {
+                "type": "tool_use",
+                "id": tc.get("id") or "toolu_" + _hex(),
+                "name": fn.get("name", ""),
+                "input": _tool_input(fn.get("arguments", "")),
+            }
+        )
     stop_seq = choice.get("stop_reason") if isinstance(choice.get("stop_reason"), str) else None
     return {
         "id": "msg_" + _hex(),
@@ -584,22 +775,44 @@ class MessagesStream:
         self.usage: Any = None
         self.any_tool = False
         self.msg = {
-            "id": "msg_" + _hex(), "type": "message", "role": "assistant", "model": req.get("model"),
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0},
+            "id": "msg_" + _hex(),
+            "type": "message",
+            "role": "assistant",
+            "model": req.get("model"),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 0,
+            },
         }
 
     def _start(self, prompt_tokens: int) -> list[tuple[str, dict[str, Any]]]:
         self.started = True
         self.msg["usage"]["input_tokens"] = prompt_tokens
-        return [("message_start", {"type": "message_start", "message": dict(self.msg)}), ("ping", {"type": "ping"})]
+        return [
+            ("message_start", {"type": "message_start", "message": dict(self.msg)}),
+            ("ping", {"type": "ping"}),
+        ]
 
     def _close(self) -> list[tuple[str, dict[str, Any]]]:
         if self.open_kind is None:
             return []
         evs: list[tuple[str, dict[str, Any]]] = []
         if self.open_kind == "thinking":
-            evs.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
+            evs.append(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": self.index,
+                        "delta": {"type": "signature_delta", "signature": ""},
+                    },
+                )
+            )
         evs.append(("content_block_stop", {"type": "content_block_stop", "index": self.index}))
         self.open_kind = None
         return evs
@@ -608,7 +821,12 @@ class MessagesStream:
         evs = self._close()
         self.index += 1
         self.open_kind = kind
-        evs.append(("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}))
+        evs.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": block},
+            )
+        )
         return evs
 
     def feed(self, chunk: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -616,7 +834,9 @@ class MessagesStream:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if not self.started:
-            n = len(chunk.get("prompt_token_ids") or ()) or ((chunk.get("usage") or {}).get("prompt_tokens") or 0)
+            n = len(chunk.get("prompt_token_ids") or ()) or (
+                (chunk.get("usage") or {}).get("prompt_tokens") or 0
+            )
             evs += self._start(n)
         for c in chunk.get("choices") or ():
             if c.get("index", 0) != 0:
@@ -626,20 +846,55 @@ class MessagesStream:
             if r:
                 if self.open_kind != "thinking":
                     evs += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                evs.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": "thinking_delta", "thinking": r}}))
+                evs.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": self.index,
+                            "delta": {"type": "thinking_delta", "thinking": r},
+                        },
+                    )
+                )
             if d.get("content"):
                 if self.open_kind != "text":
                     evs += self._open("text", {"type": "text", "text": ""})
-                evs.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": d["content"]}}))
+                evs.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": self.index,
+                            "delta": {"type": "text_delta", "text": d["content"]},
+                        },
+                    )
+                )
             for tc in d.get("tool_calls") or ():
                 ti = tc.get("index", 0)
                 fn = tc.get("function") or {}
                 if self.open_kind != "tool_use" or self.tool_index != ti:
                     self.tool_index = ti
                     self.any_tool = True
-                    evs += self._open("tool_use", {"type": "tool_use", "id": tc.get("id") or "toolu_" + _hex(), "name": fn.get("name") or "", "input": {}})
+                    evs += self._open(
+                        "tool_use",
+                        {
+                            "type": "tool_use",
+                            "id": tc.get("id") or "toolu_" + _hex(),
+                            "name": fn.get("name") or "",
+                            "input": {},
+                        },
+                    )
                 if fn.get("arguments"):
-                    evs.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}}))
+                    evs.append(
+                        (
+                            "content_block_delta",
+                            {
+                                "type": "content_block_delta",
+                                "index": self.index,
+                                "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]},
+                            },
+                        )
+                    )
             if c.get("finish_reason"):
                 self.finish_reason = c["finish_reason"]
                 if isinstance(c.get("stop_reason"), str):
@@ -651,7 +906,16 @@ class MessagesStream:
         evs += self._close()
         usage = _usage_messages(self.usage)
         stop = _stop_reason(self.finish_reason, self.any_tool, self.stop_sequence)
-        evs.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": self.stop_sequence}, "usage": {"output_tokens": usage["output_tokens"]}}))
+        evs.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": self.stop_sequence},
+                    "usage": {"output_tokens": usage["output_tokens"]},
+                },
+            )
+        )
         evs.append(("message_stop", {"type": "message_stop"}))
         return evs
 
@@ -678,11 +942,28 @@ def assistant_message(dialect: str, response: Any) -> dict[str, Any] | None:
             if kind == "message":
                 texts.append(_text_of(item.get("content")))
             elif kind == "reasoning":
-                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (_text_of(item.get("content")) or _text_of(item.get("summary")))
+                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (
+                    _text_of(item.get("content")) or _text_of(item.get("summary"))
+                )
             elif kind == "function_call":
-                calls.append({"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}})
+                calls.append(
+                    {
+                        "id": item.get("call_id"),
+                        "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                    }
+                )
             elif kind == "custom_tool_call":
-                calls.append({"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": orjson.dumps({"input": item.get("input", "")}).decode()}})
+                calls.append(
+                    {
+                        "id": item.get("call_id"),
+                        "type": "function",
+                        "function": {
+                            "name": item.get("name"),
+                            "arguments": orjson.dumps({"input": item.get("input", "")}).decode(),
+                        },
+                    }
+                )
         msg["content"] = "".join(texts) or None
     elif dialect == "messages":
         texts = []
@@ -693,7 +974,16 @@ def assistant_message(dialect: str, response: Any) -> dict[str, Any] | None:
             elif kind == "thinking":
                 msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
             elif kind == "tool_use":
-                calls.append({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()}})
+                calls.append(
+                    {
+                        "id": b.get("id"),
+                        "type": "function",
+                        "function": {
+                            "name": b.get("name"),
+                            "arguments": orjson.dumps(b.get("input", {})).decode(),
+                        },
+                    }
+                )
         msg["content"] = "".join(texts) or None
     else:
         return None
@@ -722,7 +1012,11 @@ def _template_text(content: Any) -> str | None:
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"))
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text")
+        )
     return str(content)
 
 
