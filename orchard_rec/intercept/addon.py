@@ -36,13 +36,13 @@ import orjson
 
 from orchard_rec.errors import BadRequest, OrchardError, error_body
 from orchard_rec.intercept.config import InterceptConfig
+from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.app import default_spool, dialect_of
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.server import tune_interpreter
-from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store

@@ -42,6 +42,13 @@ from orchard_rec.errors import (
     UpstreamUnavailable,
     error_body,
 )
+from orchard_rec.protocol.sse import TERMINAL_EVENTS
+from orchard_rec.protocol.translate import (
+    MessagesStream,
+    ResponsesStream,
+    chat_to_messages,
+    chat_to_responses,
+)
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
@@ -49,7 +56,6 @@ from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.request import caller, take_body
-from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.tito import (
     TitoSessions,
     chat_completion,
@@ -60,7 +66,6 @@ from orchard_rec.proxy.tito import (
     upstream_request,
 )
 from orchard_rec.proxy.token import Plan, plan_for
-from orchard_rec.protocol.translate import MessagesStream, ResponsesStream, chat_to_messages, chat_to_responses
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 

@@ -34,8 +34,8 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
-from orchard_rec.proxy.token import to_chat
 from orchard_rec.protocol.translate import template_message
+from orchard_rec.proxy.token import to_chat
 from orchard_rec.records import Dialect
 
 __all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
