@@ -35,7 +35,7 @@ def parse_chatml(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] 
                 messages.append({"role": "tool", "content": out})
             continue
         if role == "assistant":
-            calls = []
+            calls: list[dict[str, Any]] = []
             for raw in _CALL.findall(body):
                 try:
                     c = json.loads(raw)

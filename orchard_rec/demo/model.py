@@ -87,8 +87,14 @@ class ScriptedModel:
         """Emit a non-canonical split of the generated text, so re-tokenizing it gives other ids."""
         self.think = think
         """Open each answer with a ``<think>`` block (returned as reasoning)."""
-        self.eos = self.tok.token_to_id("<|im_end|>")
+        self.eos = self._special("<|im_end|>")
         self._call_n = 0
+
+    def _special(self, token: str) -> int:
+        tid = self.tok.token_to_id(token)
+        if tid is None:
+            raise KeyError(f"the demo tokenizer has no {token!r}")
+        return tid
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -145,7 +151,7 @@ class ScriptedModel:
         secs = gen.sections
         if self.think:
             reasoning = "The user wants a tool run." if calls else "I can answer now."
-            secs.append(Section("reasoning", [self.tok.token_to_id("<think>")]))
+            secs.append(Section("reasoning", [self._special("<think>")]))
             secs.append(
                 Section(
                     "reasoning",
@@ -153,7 +159,7 @@ class ScriptedModel:
                     "\n" + reasoning + "\n",
                 )
             )
-            secs.append(Section("reasoning", [self.tok.token_to_id("</think>")] + self.encode("\n\n")))
+            secs.append(Section("reasoning", [self._special("</think>")] + self.encode("\n\n")))
         if text:
             secs.append(Section("content", self._noncanonical(self.encode(text)), text))
         for k, (name, args) in enumerate(calls):
