@@ -1,0 +1,119 @@
+"""Balanced Adaptive Rollout (BAR): choose exactly N of a task's G recorded attempts.
+
+The rule is Orchard's ``progressive_generate_and_rm_group`` /
+``_try_select_training_group`` (MSR-Orchard/slime, ``slime/rollout/sglang_rollout.py``),
+applied after the fact to recorded runs:
+
+1. Attempts that are aborted, have no reward, or timed out (status ``truncated`` with
+   ``metadata["exit_status"] == "TimeExceeded"``) are *backfill only*. The rest are
+   positive (reward > 0) or negative. Each list is ranked completed, then truncated,
+   then timed out, then aborted (a stable sort: ties keep their recorded order).
+2. If positives + negatives < N, no balanced group exists. Otherwise the ideal number of
+   positives is ``round((lo + hi) / 2 * N)`` (Python's round: half to even) and the
+   feasible count closest to it in ``[ceil(lo*N), floor(hi*N)]`` wins (ties: the order of
+   a stable sort of that range by distance, so the smaller count first); feasible means
+   enough positives and negatives. The group is the top positives then the top negatives.
+3. If the window cannot be met, it is relaxed to [0, 1]; if that fails too, the first N
+   of positives + negatives + backfill in rank order are taken.
+
+``seed`` shuffles the recorded order before ranking (a different tie order per seed);
+without it the recorded order stands. The result is deterministic either way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from orchard_rec.reconstruct.sample import numeric_reward
+
+__all__ = ["Attempt", "bar_select", "rank_key"]
+
+
+class Attempt(Protocol):
+    reward: Any
+    status: str
+    metadata: dict[str, Any]
+
+
+A = TypeVar("A", bound=Attempt)
+
+
+def _status(a: Attempt) -> str:
+    return str(getattr(a.status, "value", a.status))
+
+
+def timed_out(a: Attempt) -> bool:
+    return _status(a) == "truncated" and (a.metadata or {}).get("exit_status") == "TimeExceeded"
+
+
+def rank_key(a: Attempt) -> int:
+    """0 completed, 1 truncated, 2 truncated by the time limit, 3 aborted or anything else."""
+    s = _status(a)
+    if s == "completed":
+        return 0
+    if s == "truncated":
+        return 2 if timed_out(a) else 1
+    return 3
+
+
+def _split(attempts: Sequence[A], reward: Callable[[A], float | None]) -> tuple[list[A], list[A], list[A]]:
+    pos: list[A] = []
+    neg: list[A] = []
+    backfill: list[A] = []
+    for a in attempts:
+        r = reward(a)
+        if r is None or _status(a) == "aborted" or timed_out(a):
+            backfill.append(a)
+        elif r > 0:
+            pos.append(a)
+        else:
+            neg.append(a)
+    pos.sort(key=rank_key)
+    neg.sort(key=rank_key)
+    backfill.sort(key=rank_key)
+    return pos, neg, backfill
+
+
+def _try(pos: list[A], neg: list[A], n: int, lo: float, hi: float) -> list[A] | None:
+    if len(pos) + len(neg) < n:
+        return None
+    ideal = round((lo + hi) / 2 * n)
+    for n_pos in sorted(range(math.ceil(lo * n), math.floor(hi * n) + 1), key=lambda x: abs(x - ideal)):
+        if n_pos <= len(pos) and n - n_pos <= len(neg):
+            return pos[:n_pos] + neg[: n - n_pos]
+    return None
+
+
+def bar_select(
+    attempts: Sequence[A],
+    n: int,
+    lo: float,
+    hi: float,
+    *,
+    seed: int | None = None,
+    reward: Callable[[A], float | None] | None = None,
+) -> tuple[list[A], str]:
+    """``(chosen attempts, how)``: ``how`` is ``window``, ``relaxed`` or ``fallback``.
+
+    ``reward`` maps an attempt to its scalar (default: ``numeric_reward(a.reward)``).
+    Fewer than N attempts in all gives all of them (``fallback``).
+    """
+    if n < 1:
+        raise ValueError(f"BAR needs N >= 1 (got {n})")
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"BAR needs 0 <= LO <= HI <= 1 (got {lo}:{hi})")
+    items = list(attempts)
+    if seed is not None:
+        random.Random(seed).shuffle(items)
+    get = reward or (lambda a: numeric_reward(a.reward))
+    pos, neg, backfill = _split(items, get)
+    chosen = _try(pos, neg, n, lo, hi)
+    if chosen is not None:
+        return chosen, "window"
+    chosen = _try(pos, neg, n, 0.0, 1.0)
+    if chosen is not None:
+        return chosen, "relaxed"
+    return (pos + neg + backfill)[:n], "fallback"
