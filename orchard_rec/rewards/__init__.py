@@ -20,6 +20,6 @@ __all__ = [
     "SweProcessReward",
     "get",
     "names",
-    "register",
     "observed_tests",
+    "register",
 ]
