@@ -55,6 +55,7 @@ EXPORTERS: dict[str, str] = {
     "trl": "orchard_rec.exporters.trl:TrlExporter",
     "trl-grpo": "orchard_rec.exporters.trl:TrlGrpoExporter",
     "openrlhf": "orchard_rec.exporters.openrlhf:OpenRLHFExporter",
+    "value": "orchard_rec.exporters.value:ValueExporter",
 }
 
 
