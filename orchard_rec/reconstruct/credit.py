@@ -10,6 +10,9 @@ the model did not generate (invariant 2 holds for every policy by construction).
   after each step (``Outcome.step_values``, one per generation in session order), credit
   only the turns where the value rises over the previous step (the first turn against
   ``baseline``).
+- ``critical-step``: credit-assignment SFT on the critical mistake: every turn of a
+  resolved run; otherwise the turns before the step after which the value never
+  recovers.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ __all__ = [
     "CREDIT_POLICIES",
     "AssistantCredit",
     "CreditPolicy",
+    "CriticalStepCredit",
     "LastTurnCredit",
     "TurnWeightsCredit",
     "ValueCredit",
     "credit_policy",
+    "critical_step",
 ]
 
 
@@ -108,11 +113,58 @@ class ValueCredit:
         sample.metadata["credit"] = self.name
 
 
+def critical_step(values: Sequence[float], baseline: float = 0.0) -> int | None:
+    """The first step after which the value never recovers: ``values[t]`` falls below the
+    value before it and no later value gets back to that level. None when there is none."""
+    for t, v in enumerate(values):
+        before = values[t - 1] if t > 0 else baseline
+        if v < before and all(later < before for later in values[t:]):
+            return t
+    return None
+
+
+class CriticalStepCredit:
+    """Credit-assignment SFT: train on everything of a resolved run; otherwise only on the
+    turns before the critical mistake (``critical_step`` of ``Outcome.step_values``). A run
+    that is not resolved and has no step values gets no credit (nothing says which of its
+    turns were good). Resolved = the outcome's ``resolved`` metadata, else a reward > 0."""
+
+    name = "critical-step"
+
+    def __init__(self, baseline: float = 0.0) -> None:
+        self.baseline = baseline
+
+    def apply(self, sample: Sample, outcome: Outcome | None) -> None:
+        meta = outcome.metadata if outcome is not None else {}
+        if "resolved" in meta:
+            resolved = meta["resolved"] in (True, 1, "true", "True")
+        else:
+            r = outcome.reward if outcome is not None else None
+            resolved = isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0
+        if resolved:
+            sample.metadata["credit"] = self.name + ":resolved"
+            return
+        values = (
+            list(outcome.step_values) if outcome is not None and outcome.step_values is not None else None
+        )
+        order = sample.metadata.get("turn_steps")
+        steps = order if order is not None else list(range(len(sample.turns)))
+        if values is None:
+            _keep_turns(sample, [False] * len(sample.turns))
+            sample.metadata["credit"] = self.name + ":no-step-values"
+            return
+        c = critical_step(values, self.baseline)
+        _keep_turns(sample, [c is None or s < c for s in steps])
+        sample.metadata["credit"] = self.name
+        sample.metadata["critical_step"] = c
+
+
 CREDIT_POLICIES = {
     "assistant": AssistantCredit,
     "last-turn": LastTurnCredit,
     "turn-weights": TurnWeightsCredit,
     "value": ValueCredit,
+    "critical-step": CriticalStepCredit,
 }
 
 

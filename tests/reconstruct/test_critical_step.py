@@ -1,0 +1,53 @@
+"""critical-step credit: train before the mistake the run never recovers from."""
+
+from __future__ import annotations
+
+from factories import call
+
+from orchard_rec.reconstruct import reconstruct_session
+from orchard_rec.reconstruct.credit import CriticalStepCredit, critical_step
+from orchard_rec.records import Outcome
+
+EOT = 9
+
+
+def _four_turns():  # type: ignore[no-untyped-def]
+    p1 = [101]
+    p2 = p1 + [201, EOT, 301]
+    p3 = p2 + [202, EOT, 302]
+    p4 = p3 + [203, EOT, 303]
+    lp = [-0.1, -0.1]
+    return [
+        call("s", prompt_ids=p, completion_ids=[c, EOT], logprobs=lp)
+        for p, c in ((p1, 201), (p2, 202), (p3, 203), (p4, 204))
+    ]
+
+
+def test_critical_step_rule() -> None:
+    assert critical_step([0.2, 0.5, 0.1, 0.3]) == 2  # falls below 0.5 at step 2, never back
+    assert critical_step([0.2, 0.5, 0.1, 0.6]) is None  # recovers
+    assert critical_step([0.5, 0.1, 0.6, 0.2, 0.1]) == 3  # the first dip recovers; the second does not
+    assert critical_step([-0.1, -0.2]) == 0  # below the baseline from the start
+    assert critical_step([]) is None
+
+
+def test_masks_turns_from_the_critical_step() -> None:
+    [s] = reconstruct_session(
+        _four_turns(), credit=CriticalStepCredit(), outcome=Outcome(step_values=(0.2, 0.5, 0.1, 0.3))
+    )
+    # response: 201 9 | 301 | 202 9 | 302 | 203 9 | 303 | 204 9  -> turns 0,1 trained; 2,3 not
+    assert s.loss_mask == [1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert s.metadata["critical_step"] == 2
+
+
+def test_resolved_runs_train_everything_and_unvalued_failures_nothing() -> None:
+    [s] = reconstruct_session(
+        _four_turns(),
+        credit=CriticalStepCredit(),
+        outcome=Outcome(reward=0.0, step_values=(0.2, 0.5, 0.1, 0.3), metadata={"resolved": True}),
+    )
+    assert s.loss_mask == [1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1]
+    [s] = reconstruct_session(_four_turns(), credit=CriticalStepCredit(), outcome=Outcome(reward=1.0))
+    assert sum(s.loss_mask) == 8
+    [s] = reconstruct_session(_four_turns(), credit=CriticalStepCredit(), outcome=Outcome(reward=0.0))
+    assert sum(s.loss_mask) == 0 and s.metadata["credit"] == "critical-step:no-step-values"
