@@ -17,7 +17,7 @@ the model did not generate (invariant 2 holds for every policy by construction).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from orchard_rec.reconstruct.sample import Sample
@@ -159,7 +159,7 @@ class CriticalStepCredit:
         sample.metadata["critical_step"] = c
 
 
-CREDIT_POLICIES = {
+CREDIT_POLICIES: dict[str, Callable[[], CreditPolicy]] = {
     "assistant": AssistantCredit,
     "last-turn": LastTurnCredit,
     "turn-weights": TurnWeightsCredit,
@@ -170,6 +170,6 @@ CREDIT_POLICIES = {
 
 def credit_policy(name: str) -> CreditPolicy:
     try:
-        return CREDIT_POLICIES[name]()  # type: ignore[no-any-return]
+        return CREDIT_POLICIES[name]()
     except KeyError:
         raise ValueError(f"unknown credit policy {name!r}; known: {', '.join(CREDIT_POLICIES)}") from None
