@@ -19,13 +19,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from orchard_rec.errors import ExportError
 from orchard_rec.reconstruct.sample import Sample
 
 __all__ = ["EXPORTERS", "ExportError", "ExportStats", "Exporter", "atomic_output", "available", "get"]
-
-
-class ExportError(Exception):
-    """A format that cannot be used here (unknown name, missing extra, unwritable path)."""
 
 
 @dataclass

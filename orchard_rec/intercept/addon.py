@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from orchard_rec.errors import BadRequest, OrchardError, error_body
+from orchard_rec.errors import OrchardError, UpgradeRequired, error_body
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.proxy.app import default_spool, dialect_of
@@ -134,10 +134,9 @@ class InterceptAddon:
             # recorded as calls. A quick 426 makes it fall back to POST + SSE at once, as with the proxy.
             from mitmproxy import http
 
-            exc = BadRequest(
+            exc = UpgradeRequired(
                 "WebSocket transport is not supported while recording; use HTTP POST with stream=true"
             )
-            exc.status = 426
             flow.response = http.Response.make(
                 426, error_body(exc, False), {"content-type": "application/json"}
             )

@@ -33,13 +33,21 @@ from aiohttp import web
 
 from orchard_rec.errors import (
     BadRequest,
+    Forbidden,
+    InternalError,
+    MethodNotAllowed,
     NotFound,
     OrchardError,
     PayloadTooLarge,
+    Rejected,
     TooManyRequests,
     Unauthorized,
+    UpgradeRequired,
     UpstreamProtocolError,
+    UpstreamStatus,
+    UpstreamTimeout,
     UpstreamUnavailable,
+    UsageError,
     error_body,
 )
 from orchard_rec.protocol.sse import TERMINAL_EVENTS
@@ -140,19 +148,19 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.status == 404:
             err: OrchardError = NotFound(f"no route for {request.method} {request.path}")
         elif exc.status == 405:
-            err = NotFound(f"method {request.method} not allowed on {request.path}")
-            err.status = 405
+            err = MethodNotAllowed(f"method {request.method} not allowed on {request.path}")
         elif exc.status == 413:
             err = PayloadTooLarge(exc.text or "request body too large")
+        elif exc.status < 500:
+            err = Rejected.of(exc.status)(exc.text or exc.reason)
         else:
-            err = BadRequest(exc.text or exc.reason)
-            err.status = exc.status
+            err = InternalError(exc.text or exc.reason)
         return _error_response(request, err)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:  # a bug of ours: answer in the dialect, log it, never a bare traceback page
         log.exception("internal error on %s %s", request.method, request.path)
-        err = OrchardError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
+        err = InternalError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
         return _error_response(request, err)
 
 
@@ -210,9 +218,7 @@ def _authorize(request: web.Request, session_id: str | None, *, admin: bool = Fa
         secret, _, prefix = entry.partition(":")
         if hmac.compare_digest(key, secret):
             if prefix and not (session_id or "").startswith(prefix):
-                err = Unauthorized(f"this key may only record sessions whose id starts with {prefix!r}")
-                err.status = 403
-                raise err
+                raise Forbidden(f"this key may only record sessions whose id starts with {prefix!r}")
             return
     raise Unauthorized("invalid API key")
 
@@ -248,10 +254,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             # fall back to POST + SSE without retry delays.
             cap.status_code = 426
             cap.outcome = CallOutcome.REJECTED
-            exc = BadRequest(
+            exc = UpgradeRequired(
                 "WebSocket transport is not supported by this proxy; use HTTP POST with stream=true"
             )
-            exc.status = 426
             return _error_response(request, exc)
         raw = await _read_body(request)
         body = take_body(cap, raw, request.headers.get("content-type"))
@@ -318,11 +323,9 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             )
         except (orjson.JSONDecodeError, AttributeError):
             msg = None
-        err = BadRequest(
+        raise UpstreamStatus.of(status)(
             f"upstream token endpoint answered {status}: {msg or data[:300].decode('utf-8', 'replace')}"
         )
-        err.status = status
-        raise err
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -441,9 +444,7 @@ def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
         raise UpstreamUnavailable(f"upstream {upstream} is unreachable: {exc}") from exc
     except TimeoutError as exc:
         cap.fail(CallOutcome.FAILED, "upstream timed out")
-        err = UpstreamUnavailable(f"upstream {upstream} timed out")
-        err.status = 504
-        raise err from exc
+        raise UpstreamTimeout(f"upstream {upstream} timed out") from exc
     except aiohttp.ClientError as exc:
         cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
         raise UpstreamProtocolError(
@@ -593,7 +594,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         from orchard_rec.tokenizer import load_hf_tokenizer
 
         if not config.tokenizer:
-            raise ValueError(
+            raise UsageError(
                 "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
             )
         app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer))
