@@ -103,8 +103,8 @@ class Rejected(OrchardError):
         """The class for a 4xx ``status``: one drawn in the tree, else one built once for it."""
         if not 400 <= status < 500:
             raise ValueError(f"{status} is not a 4xx status")
-        for known in _walk(Rejected):
-            if known.status == status and known is not SessionNotFound and known is not Rejected:
+        for known in Rejected.__subclasses__():  # the drawn ones, and any built before
+            if known.status == status:
                 return known
         if status not in Rejected._built:
             Rejected._built[status] = type(f"Rejected{status}", (Rejected,), {"status": status})
@@ -212,13 +212,6 @@ class UpstreamStatus(UpstreamError):
                 attrs.update(openai_type="invalid_request_error", anthropic_type="invalid_request_error")
             UpstreamStatus._built[status] = type(f"UpstreamStatus{status}", (UpstreamStatus,), attrs)
         return UpstreamStatus._built[status]
-
-
-def _walk(cls: type[OrchardError]) -> list[type[OrchardError]]:
-    out: list[type[OrchardError]] = [cls]
-    for sub in cls.__subclasses__():
-        out.extend(_walk(sub))
-    return out
 
 
 def error_body(exc: OrchardError, anthropic: bool) -> bytes:

@@ -283,7 +283,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             cap.outcome.value,
             cap.bytes_in,
             cap.bytes_out,
-            cap.done_at - cap.received_at,
+            (cap.done_at or time.time()) - cap.received_at,
             None if cap.first_byte_at is None else cap.first_byte_at - cap.received_at,
         )
 
@@ -570,6 +570,10 @@ async def post_outcome(request: web.Request) -> web.Response:
     return web.json_response({"session_id": sid, "recorded": True})
 
 
+async def openapi_handler(request: web.Request) -> web.Response:
+    return web.json_response(openapi_spec())
+
+
 async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
 
@@ -620,7 +624,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_post("/sessions/{sid}/outcome", post_outcome)
-    app.router.add_get("/openapi.json", lambda _r: web.json_response(openapi_spec()))
+    app.router.add_get("/openapi.json", openapi_handler)
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     return app
