@@ -1,43 +1,463 @@
-"""The ``orchard-rec`` command line. Each command parses options and calls one library function."""
+"""The ``orchard-rec`` command line. Each command parses options and calls one library function.
+
+Mistakes are reported in one or two lines saying what to do, never a traceback (``--debug``
+or ``ORCHARD_DEBUG=1`` shows it). Exit codes: 0 success, 1 a runtime failure (the database,
+the network, a file, an empty selection), 2 a usage mistake (an option, a value, a URL),
+130 interrupted. Configuration is checked before anything is created or a "ready" line is
+printed. Read commands (``sessions``, ``calls``, ``show``, ``export``) open the database
+read-only: they never create, migrate or write it. Messages go to stderr; data to stdout.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import tempfile
+import os
+import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from orchard_rec.storage.store import default_db_url
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Record LLM calls of agent harnesses and turn them into training samples.",
-)
-db_app = typer.Typer(
-    no_args_is_help=True, help="Database schema (Alembic migrations shipped in the package)."
-)
+if TYPE_CHECKING:
+    from orchard_rec.proxy.config import ProxyConfig
+    from orchard_rec.records import CallRecord
+    from orchard_rec.storage.store import Store
+
+__all__ = ["CliError", "app", "main"]
+
+# -- errors ------------------------------------------------------------------------------------------
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A mistake or failure the user can act on: ``message`` (what), ``hint`` (what to do)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+
+
+def usage_error(message: str, hint: str | None = None) -> CliError:
+    return CliError(message, hint, exit_code=EXIT_USAGE)
+
+
+_debug = False
+
+# typer >= 0.20 vendors its own click (``typer._click``): catch both families.
+_CLICK: list[Any] = [click.exceptions]
+with contextlib.suppress(ImportError):
+    from typer._click import exceptions as _typer_click
+
+    _CLICK.append(_typer_click)
+_USAGE = tuple({m.UsageError for m in _CLICK})
+_CLICK_ERROR = tuple({m.ClickException for m in _CLICK})
+_EXIT = tuple({getattr(m, "Exit", typer.Exit) for m in _CLICK} | {typer.Exit})
+_ABORT = tuple({getattr(m, "Abort", typer.Abort) for m in _CLICK} | {typer.Abort, KeyboardInterrupt})
+
+
+def _report(message: str, hint: str | None = None) -> None:
+    typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo(f"  {hint}", err=True)
+
+
+def _explain(exc: BaseException) -> tuple[str, str | None, int]:
+    """One exception → (message, hint, exit code)."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.errors import OrchardError
+    from orchard_rec.exporters.base import ExportError
+
+    if isinstance(exc, CliError):
+        return exc.message, exc.hint, exc.exit_code
+    if isinstance(exc, OrchardError):
+        return str(exc), getattr(exc, "hint", None), int(getattr(exc, "exit_code", EXIT_FAILURE))
+    if isinstance(exc, ExportError):
+        return str(exc), None, EXIT_FAILURE
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        err = _db_error(exc, None)
+        return err.message, err.hint, err.exit_code
+    if isinstance(exc, OSError):
+        what = exc.strerror or str(exc)
+        return (f"{what}: {exc.filename}" if exc.filename else what), None, EXIT_FAILURE
+    return (
+        f"{type(exc).__name__}: {exc}",
+        "an unexpected error: run again with --debug for the traceback, and please report it",
+        EXIT_FAILURE,
+    )
+
+
+class _Group(TyperGroup):
+    """Every command's errors end here: one or two lines on stderr and an exit code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: list[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(
+                args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
+            )
+        global _debug
+        argv = list(sys.argv[1:] if args is None else args)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        _debug = os.environ.get("ORCHARD_DEBUG", "") not in ("", "0")
+        if "--debug" in argv[:cut]:
+            argv.remove("--debug")
+            _debug = True
+        try:
+            rv = super().main(
+                args=argv,
+                prog_name=prog_name or "orchard-rec",
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+        except _USAGE as exc:
+            path = exc.ctx.command_path if exc.ctx is not None else "orchard-rec"
+            _report(exc.format_message(), f"see: {path} --help")
+            sys.exit(EXIT_USAGE)
+        except _CLICK_ERROR as exc:
+            _report(exc.format_message())
+            sys.exit(exc.exit_code)
+        except _EXIT as exc:
+            sys.exit(exc.exit_code)
+        except _ABORT:
+            typer.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            if _debug:
+                raise
+            message, hint, code = _explain(exc)
+            _report(message, hint)
+            sys.exit(code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _typer(**kw: Any) -> typer.Typer:
+    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False, **kw)
+
+
+app = _typer(cls=_Group, help="Record LLM calls of agent harnesses and turn them into training samples.")
+db_app = _typer(help="Database schema (Alembic migrations shipped in the package).")
 app.add_typer(db_app, name="db")
-harness_app = typer.Typer(no_args_is_help=True, help="Agent harnesses: configuration snippets and installs.")
+harness_app = _typer(help="Agent harnesses: configuration snippets and installs.")
 app.add_typer(harness_app, name="harness")
-train_app = typer.Typer(no_args_is_help=True, help="Reference training loops (needs the train extra: torch).")
+train_app = _typer(help="Reference training loops (needs the train extra: torch).")
 app.add_typer(train_app, name="train")
+demo_app = typer.Typer(
+    rich_markup_mode=None,
+    add_completion=False,
+    invoke_without_command=True,
+    help="The bundled demo: the whole loop (default), or its model server alone (`demo upstream`).",
+)
+app.add_typer(demo_app, name="demo")
+
 console = Console()
+"""Data (tables, samples) on stdout."""
+err = Console(stderr=True)
+"""Messages, progress and warnings on stderr."""
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {message}", err=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("orchard-rec")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            v = "unknown"
+        typer.echo(f"orchard-rec {v}")
+        raise typer.Exit()
+
+
+@app.callback(cls=_Group)
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback of an error (also after a command, or ORCHARD_DEBUG=1)."
+    ),
+) -> None:
+    """Record LLM calls of agent harnesses and turn them into training samples."""
+
 
 DbOpt = typer.Option(
     default_db_url(),
     "--db",
     envvar="ORCHARD_DB",
-    help="SQLAlchemy URL (sqlite:///... or postgresql+psycopg://...).",
+    help="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB.",
 )
+
+ProxyMode = Literal["token", "passthrough", "tito"]
+OnMismatch = Literal["split", "realign"]
+Credit = Literal["assistant", "last-turn", "turn-weights", "value"]
+
+
+# -- the database ------------------------------------------------------------------------------------
+
+
+def _parse_db(db: str) -> Any:
+    """The URL of ``--db``, checked: only SQLite and PostgreSQL (exit 2 otherwise)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    hint = "use sqlite:///PATH (e.g. sqlite:///./orchard.db) or postgresql+psycopg://USER@HOST/DB"
+    try:
+        url = make_url(db)
+    except (ArgumentError, ValueError):
+        raise usage_error(f"--db {db!r} is not a database URL", hint) from None
+    backend = url.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise usage_error(f"--db {db!r}: orchard-rec stores to SQLite or PostgreSQL, not {backend}", hint)
+    if backend == "sqlite" and url.database in (None, "", ":memory:"):
+        raise usage_error(f"--db {db!r} names no file", hint)
+    if backend == "postgresql":
+        driver = url.get_driver_name()
+        try:
+            __import__({"psycopg": "psycopg", "psycopg2": "psycopg2"}.get(driver, driver))
+        except ImportError:
+            raise CliError(
+                f"--db {_where(url)}: the PostgreSQL driver {driver} is not installed",
+                "pip install 'orchard-rec[postgres]' and use postgresql+psycopg://...",
+            ) from None
+    return url
+
+
+def _where(url: Any) -> str:
+    if url.get_backend_name() == "sqlite":
+        return str(url.database)
+    return str(url.render_as_string(hide_password=True))
+
+
+def _db_error(exc: BaseException, url: Any) -> CliError:
+    """A database failure in words: unreachable server, unwritable folder, ..."""
+    from sqlalchemy import exc as sa_exc
+
+    where = _where(url) if url is not None else "the database"
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    if isinstance(exc, sa_exc.OperationalError):
+        low = first.lower()
+        if url is not None and url.get_backend_name() == "postgresql":
+            return CliError(
+                f"cannot reach PostgreSQL at {where}: {first}",
+                "is the server running and the URL (host, port, user, database) right? (--db or ORCHARD_DB)",
+            )
+        if "readonly" in low or "read-only" in low:
+            return CliError(
+                f"{where} cannot be written: {first}", "check the file's and its folder's permissions"
+            )
+        return CliError(f"cannot open the database {where}: {first}")
+    if isinstance(exc, sa_exc.ArgumentError):
+        return usage_error(f"bad --db URL: {first}")
+    return CliError(f"database error on {where}: {first}")
+
+
+def open_read(db: str) -> Store:
+    """The database for a read command: must exist, must be migrated; opened read-only."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.storage import migrate
+    from orchard_rec.storage.store import Store
+
+    url = _parse_db(db)
+    if url.get_backend_name() == "sqlite" and not Path(url.database).is_file():
+        shown = url.database if db != default_db_url() else "./orchard.db"
+        raise CliError(f"no orchard-rec database at {shown} (use --db or ORCHARD_DB)")
+    store = Store(db, readonly=True)
+    try:
+        rev = migrate.current(db, engine=store.engine)
+    except sa_exc.SQLAlchemyError as exc:
+        store.close()
+        raise _db_error(exc, url) from None
+    head = migrate.head()
+    if rev != head:
+        store.close()
+        upgrade = f"orchard-rec db upgrade --db {db}" if db != default_db_url() else "orchard-rec db upgrade"
+        if rev is None:
+            raise CliError(
+                f"{_where(url)} is not an orchard-rec database (no schema)",
+                f"`{upgrade}` creates the schema (serve does it too)",
+            )
+        if not migrate.known(rev):
+            raise CliError(
+                f"{_where(url)} was written by a newer orchard-rec (schema {rev})",
+                "upgrade orchard-rec to read it",
+            )
+        raise CliError(
+            f"{_where(url)} needs a migration (schema {rev}, this orchard-rec reads {head})",
+            f"migrate it with `{upgrade}` (or start `orchard-rec serve`, which migrates)",
+        )
+    return store
+
+
+def open_write(db: str, *, migrate_schema: bool = True) -> Store:
+    """The database for a command that writes: the folder is checked, the schema migrated."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.storage.store import Store
+
+    url = _parse_db(db)
+    if url.get_backend_name() == "sqlite":
+        path = Path(url.database)
+        folder = path.parent
+        if not folder.is_dir():
+            raise CliError(
+                f"cannot create the database {path}: folder {folder} does not exist",
+                "create the folder or choose another --db",
+            )
+        if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise CliError(
+                f"cannot write the database {path}: {'it' if path.exists() else 'its folder'} is read-only",
+                "choose a writable --db (reading commands work on a read-only database)",
+            )
+    store = Store(db)
+    try:
+        if migrate_schema:
+            store.upgrade()
+        else:
+            with store.engine.connect():
+                pass
+    except sa_exc.SQLAlchemyError as exc:
+        store.close()
+        raise _db_error(exc, url) from None
+    return store
+
+
+@contextlib.contextmanager
+def _reading(db: str) -> Iterator[Store]:
+    store = open_read(db)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _since(value: datetime | None) -> float | None:
+    return value.replace(tzinfo=value.tzinfo or UTC).timestamp() if value else None
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    """A table on a terminal; tab-separated lines, never cut, when piped."""
+    if console.is_terminal:
+        t = Table(*headers)
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+        return
+    typer.echo("\t".join(headers))
+    for r in rows:
+        typer.echo("\t".join(r))
+
+
+# -- tokenizers ----------------------------------------------------------------------------------------
+
+
+def _load_tokenizer(name: str, *, hf: bool) -> Any:
+    """``--tokenizer``: ``demo``, a folder, a tokenizer.json, or a cached Hugging Face id (offline)."""
+    from orchard_rec.tokenizer import load_hf_tokenizer, load_tokenizer
+
+    p = Path(name).expanduser()
+    if name != "demo" and not p.exists() and (name.startswith(("/", ".", "~")) or os.sep * 2 in name):
+        raise usage_error(
+            f"--tokenizer {name}: no such file or folder",
+            "give the model's folder (with tokenizer.json / tokenizer_config.json), or 'demo'",
+        )
+    try:
+        return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
+    except Exception as exc:
+        if _debug:
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CliError(
+            f"cannot load tokenizer {name!r}: {first}",
+            "give a local model folder (nothing is downloaded); needs the hf extra for chat templates",
+        ) from None
+
+
+# -- serve -----------------------------------------------------------------------------------------------
+
+
+def _check_upstream(upstream: str, option: str = "--upstream") -> str:
+    from urllib.parse import urlsplit
+
+    u = upstream.strip().rstrip("/")
+    parts = urlsplit(u)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        guess = f"http://{u}" if "://" not in u else u
+        raise usage_error(f"{option} {upstream!r} is not an http(s) URL", f"e.g. {option} {guess}") from None
+    if not parts.path.rstrip("/").endswith("/v1"):
+        _warn(
+            f"{option} {u} has no /v1 path: OpenAI-style servers (vLLM, SGLang) serve under /v1, "
+            f"so this may need {option} {u}/v1"
+        )
+    return u
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise usage_error(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
+    except PermissionError:
+        raise CliError(f"no permission to listen on {host}:{port}", "choose a --port above 1023") from None
+    except OSError as exc:
+        raise CliError(
+            f"port {port} on {host} is in use ({exc.strerror})",
+            "stop what listens there (another orchard-rec?) or choose another --port",
+        ) from None
+    finally:
+        s.close()
+
+
+def _proxy_config(**kw: Any) -> ProxyConfig:
+    from pydantic import ValidationError
+
+    from orchard_rec.proxy.config import ProxyConfig
+
+    try:
+        return ProxyConfig(**kw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(p) for p in e.get("loc", ())) or "option"
+        raise usage_error(f"--{where.replace('_', '-')}: {e.get('msg')}") from None
 
 
 @app.command()
@@ -48,7 +468,7 @@ def serve(
     db: str = DbOpt,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8100, "--port"),
-    mode: str = typer.Option(
+    mode: ProxyMode = typer.Option(
         "token",
         "--mode",
         help="token (ask the upstream for token ids), passthrough, or tito (render here, send ids).",
@@ -56,16 +476,16 @@ def serve(
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="tito: the model's HF tokenizer (path, or 'demo')."
     ),
-    upstream_kind: str = typer.Option(
+    upstream_kind: Literal["vllm", "sglang"] = typer.Option(
         "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
     ),
-    tool_parser: str = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser (hermes)."),
+    tool_parser: Literal["hermes"] = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser."),
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body accepted."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
-    durability: str = typer.Option(
+    durability: Literal["async", "wal"] = typer.Option(
         "async",
         "--durability",
         help="async, or wal: the last byte waits for the fsync'd spool (kill -9 safe).",
@@ -88,14 +508,24 @@ def serve(
     upstream_key_env: str | None = typer.Option(
         None, "--upstream-key-env", help="Name of the env var holding the upstream's API key."
     ),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="On SIGTERM/Ctrl-C, wait this long for calls in flight."
+    ),
+    log_level: Literal["debug", "info", "warning", "error"] = typer.Option(
+        "info", "--log-level", help="info: one access-log line per call; warning: problems only."
+    ),
+    log_format: Literal["text", "json"] = typer.Option(
+        "text", "--log-format", help="Log lines as text or one JSON object per line."
+    ),
 ) -> None:
     """Run the recording proxy."""
-    import os
+    from orchard_rec.proxy.server import configure_logging, serve_proxy
 
-    from orchard_rec.proxy import ProxyConfig, build_app, run_forever
-
-    if mode not in ("token", "passthrough", "tito"):
-        raise typer.BadParameter("--mode must be token, passthrough or tito")
+    upstream = _check_upstream(upstream)
+    if mode == "tito" and not tokenizer:
+        raise usage_error(
+            "--mode tito needs --tokenizer", "the model's Hugging Face tokenizer folder (or 'demo')"
+        )
 
     def _keys(values: list[str] | None) -> tuple[str, ...]:
         return tuple(k.strip() for v in values or () for k in v.split(",") if k.strip())
@@ -104,94 +534,200 @@ def serve(
     if upstream_key_env:
         upstream_key = os.environ.get(upstream_key_env)
         if not upstream_key:
-            raise typer.BadParameter(
-                f"environment variable {upstream_key_env} is empty or unset", param_hint="--upstream-key-env"
+            raise usage_error(
+                f"--upstream-key-env: the environment variable {upstream_key_env} is empty or unset"
             )
-    cfg = ProxyConfig(
+    cfg = _proxy_config(
         upstream=upstream,
         db=db,
         mode=mode,
-        max_body_bytes=int(max_body_mb * 1024 * 1024),  # type: ignore[arg-type]
+        max_body_bytes=max(1, int(max_body_mb * 1024 * 1024)),
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         durability=durability,
-        spool=spool,  # type: ignore[arg-type]
+        spool=spool,
         max_inflight=max_inflight,
         api_keys=_keys(api_key),
         admin_keys=_keys(admin_key),
         upstream_key=upstream_key,
         tokenizer=tokenizer,
         upstream_kind=upstream_kind,
-        tool_parser=tool_parser,  # type: ignore[arg-type]
+        tool_parser=tool_parser,
     )
-    console.print(
-        f"orchard-rec proxy on http://{host}:{port}  ->  {cfg.upstream}  (mode {cfg.mode}, durability {cfg.durability}, auth {'on' if cfg.api_keys else 'off'})"
-    )
-    run_forever(
-        build_app(cfg),
-        host,
-        port,
-        ready=lambda p: console.print(f"ready: OPENAI_BASE_URL=http://{host}:{p}/s/<session>/v1"),
-    )
+    if tokenizer:
+        _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
+    _check_port(host, port)
+    open_write(db).close()  # reachable, writable, migrated: before anything listens
+    configure_logging(log_level, log_format)
+    serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
 
 
-@app.command()
-def sessions(db: str = DbOpt, as_json: bool = typer.Option(False, "--json")) -> None:
-    """List recorded sessions."""
-    from orchard_rec.storage import Store
+# -- reading -------------------------------------------------------------------------------------------------
 
-    store = Store(db)
-    rows = store.sessions()
-    if as_json:
-        typer.echo(
-            json.dumps(
-                [
-                    {
-                        "id": s.id,
-                        "calls": s.call_count,
-                        "harness": s.harness,
-                        "created_at": s.created_at,
-                        "updated_at": s.updated_at,
-                    }
-                    for s in rows
-                ]
+
+def _session_rows(
+    store: Store,
+    *,
+    limit: int | None,
+    since: float | None,
+    harness: str | None,
+    status: list[str] | None,
+    min_reward: float | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
+    from sqlalchemy import func, select
+
+    from orchard_rec.storage.models import Call, Session
+    from orchard_rec.storage.store import _epoch, _ts
+
+    where = []
+    if since is not None:
+        where.append(Session.updated_at >= _ts(since))
+    if harness:
+        where.append(Session.harness == harness)
+    if status:
+        where.append(Session.status.in_(status))
+    with store.engine.connect() as conn:
+        total = int(conn.scalar(select(func.count()).select_from(Session).where(*where)) or 0)
+        stmt = select(Session).where(*where).order_by(Session.updated_at.desc(), Session.id.desc())
+        if min_reward is None and limit:
+            stmt = stmt.limit(limit)
+        rows = [dict(r._mapping) for r in conn.execute(stmt.with_only_columns(*Session.__table__.c))]
+        if min_reward is not None:
+            rows = [r for r in rows if _scalar_reward(r["reward"]) is not None]
+            rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
+            total = len(rows)
+            rows = rows[:limit] if limit else rows
+        last: dict[str, dict[str, Any]] = {}
+        ids = [r["id"] for r in rows]
+        for k in range(0, len(ids), 500):
+            chunk = ids[k : k + 500]
+            q = (
+                select(Call.session_id, Call.model, Call.usage, Call.prompt_ids, Call.completion_ids)
+                .join(Session, Session.id == Call.session_id)
+                .where(Call.session_id.in_(chunk), Call.seq == Session.call_count)
             )
+            for c in conn.execute(q):
+                last[c.session_id] = dict(c._mapping)
+    out = []
+    for r in reversed(rows):
+        lc = last.get(r["id"], {})
+        out.append(
+            {
+                "id": r["id"],
+                "calls": r["call_count"],
+                "status": r["status"],
+                "reward": r["reward"],
+                "model": lc.get("model"),
+                "tokens": _tokens_of(lc),
+                "harness": r["harness"],
+                "metadata": r["outcome_metadata"] or {},
+                "created_at": _epoch(r["created_at"]),
+                "updated_at": _epoch(r["updated_at"]),
+            }
         )
-        return
-    t = Table("session", "calls", "harness", "first call (UTC)", "last call (UTC)")
-    for s in rows:
-        t.add_row(s.id, str(s.call_count), s.harness or "", _when(s.created_at), _when(s.updated_at))
-    console.print(t)
+    return out, total
+
+
+def _scalar_reward(v: Any) -> float | None:
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            v = json.loads(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def _tokens_of(last_call: dict[str, Any]) -> int | None:
+    """A session's size: its last call's prompt + completion (ids when recorded, else usage)."""
+
+    def load(v: Any) -> Any:
+        return json.loads(v) if isinstance(v, str) else v
+
+    p, c = load(last_call.get("prompt_ids")), load(last_call.get("completion_ids"))
+    if isinstance(p, list) and isinstance(c, list):
+        return len(p) + len(c)
+    u = load(last_call.get("usage"))
+    if isinstance(u, dict):
+        a = u.get("prompt_tokens", u.get("input_tokens"))
+        b = u.get("completion_tokens", u.get("output_tokens"))
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+    return None
+
+
+def _reward_text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            v = json.loads(v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}={x}" for k, x in v.items())
+    return str(v)
 
 
 @app.command()
-def calls(
-    session: str = typer.Argument(..., help="Session id."),
+def sessions(
     db: str = DbOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="A JSON list instead of a table."),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        "-n",
+        help="The newest N sessions (default: 100 in a table, all with --json; 0: all).",
+    ),
+    since: datetime | None = typer.Option(None, "--since", help="Active since (ISO date/time, UTC)."),
+    harness: str | None = typer.Option(None, "--harness"),
+    status: list[str] | None = typer.Option(None, "--status", help="Outcome status (repeatable)."),
+    min_reward: float | None = typer.Option(None, "--min-reward", help="Scalar reward at least this."),
 ) -> None:
-    """List the calls of one session, in sequence order."""
-    from orchard_rec.storage import Store
-
-    store = Store(db)
-    recs = store.calls(session)
-    if not recs and store.session(session) is None:
-        console.print(f"[red]no session {session!r} in {db}[/red]")
-        raise typer.Exit(1)
+    """List recorded sessions (newest last) with their outcome, model and size."""
+    n = limit if limit is not None else (None if as_json else 100)
+    with _reading(db) as store:
+        rows, total = _session_rows(
+            store, limit=n or None, since=_since(since), harness=harness, status=status, min_reward=min_reward
+        )
     if as_json:
-        typer.echo(json.dumps([_call_summary(r) for r in recs]))
+        typer.echo(json.dumps(rows))
         return
-    _print_calls(recs)
+    _table(
+        [
+            "session",
+            "calls",
+            "status",
+            "reward",
+            "model",
+            "tokens",
+            "harness",
+            "first call (UTC)",
+            "last call (UTC)",
+        ],
+        [
+            [
+                s["id"],
+                str(s["calls"]),
+                s["status"] or "-",
+                _reward_text(s["reward"]),
+                s["model"] or "-",
+                "-" if s["tokens"] is None else str(s["tokens"]),
+                s["harness"] or "-",
+                _when(s["created_at"] or 0),
+                _when(s["updated_at"] or 0),
+            ]
+            for s in rows
+        ],
+    )
+    if len(rows) < total:
+        typer.echo(f"(the newest {len(rows)} of {total} sessions; --limit 0 shows all)", err=True)
 
 
-def _call_summary(r: object) -> dict[str, object]:
-    from orchard_rec.records import CallRecord
-
-    assert isinstance(r, CallRecord)
-    return {
+def _call_summary(r: CallRecord, *, full: bool = False) -> dict[str, Any]:
+    d: dict[str, Any] = {
         "seq": r.seq,
         "call_id": r.call_id,
         "dialect": r.dialect.value,
+        "method": r.method,
         "path": r.path,
         "stream": r.stream,
         "status": r.status_code,
@@ -204,24 +740,144 @@ def _call_summary(r: object) -> dict[str, object]:
         "latency_ms": round((r.done_at - r.received_at) * 1000, 2),
         "error": r.error,
     }
+    if full:
+        d.update(
+            received_at=r.received_at,
+            usage=r.usage,
+            metadata=dict(r.metadata),
+            request=r.request,
+            response=r.response,
+        )
+    return d
 
 
-def _print_calls(recs: list) -> None:  # type: ignore[type-arg]
-    t = Table("seq", "dialect", "stream", "status", "outcome", "prompt ids", "completion ids", "finish", "ms")
+def _print_calls(recs: list[CallRecord]) -> None:
+    rows = []
     for r in recs:
         s = _call_summary(r)
-        t.add_row(
-            str(s["seq"]),
-            str(s["dialect"]),
-            "yes" if s["stream"] else "no",
-            str(s["status"]),
-            str(s["outcome"]),
-            str(s["prompt_tokens"] if s["prompt_tokens"] is not None else "-"),
-            str(s["completion_tokens"] if s["completion_tokens"] is not None else "-"),
-            str(s["finish_reason"] or ""),
-            str(s["latency_ms"]),
+        rows.append(
+            [
+                str(s["seq"]),
+                str(s["dialect"]),
+                "yes" if s["stream"] else "no",
+                str(s["status"]),
+                str(s["outcome"]),
+                str(s["prompt_tokens"] if s["prompt_tokens"] is not None else "-"),
+                str(s["completion_tokens"] if s["completion_tokens"] is not None else "-"),
+                str(s["finish_reason"] or "-"),
+                str(s["latency_ms"]),
+            ]
         )
-    console.print(t)
+    _table(
+        ["seq", "dialect", "stream", "status", "outcome", "prompt ids", "completion ids", "finish", "ms"],
+        rows,
+    )
+
+
+@app.command()
+def calls(
+    session: str = typer.Argument(..., help="Session id."),
+    db: str = DbOpt,
+    as_json: bool = typer.Option(
+        False, "--json", help="A JSON list with each call's request and response as recorded."
+    ),
+    seq: int | None = typer.Option(None, "--seq", help="Only the call with this sequence number."),
+) -> None:
+    """List the calls of one session, in sequence order."""
+    with _reading(db) as store:
+        recs = store.calls(session)
+        if not recs and store.session(session) is None:
+            raise CliError(f"no session {session!r} in {db}", "list them with `orchard-rec sessions`")
+    if seq is not None:
+        recs = [r for r in recs if r.seq == seq]
+        if not recs:
+            raise CliError(f"session {session!r} has no call {seq}")
+    if as_json:
+        typer.echo(json.dumps([_call_summary(r, full=True) for r in recs], default=str))
+        return
+    _print_calls(recs)
+
+
+def _plain_sample(s: Any, tok: Any, prompt_chars: int) -> str:
+    """A sample as text with the loss mask in markers: <train>..</train> (credited),
+    <gen>..</gen> (generated, not credited), <obs>..</obs> (observation)."""
+
+    def piece(ids: list[int]) -> str:
+        if tok is None:
+            return " ".join(map(str, ids)) + " "
+        try:
+            return str(tok.decode(ids, skip_special_tokens=False))
+        except TypeError:
+            return str(tok.decode(ids))
+
+    generated = [False] * s.response_length
+    for t in s.turns:
+        for i in range(t.start, t.end):
+            generated[i] = True
+    prompt = piece(s.prompt_ids)
+    head = (
+        f"# session {s.session_id} sample {s.index} status {s.status} reward {s.reward} "
+        f"tokens {len(s.tokens)} prompt {s.prompt_length} response {s.response_length} "
+        f"trained {sum(s.loss_mask)} turns {len(s.turns)}"
+    )
+    out = [head, "\n"]
+    if len(prompt) > prompt_chars:
+        out.append(f"[... {len(prompt) - prompt_chars} characters of prompt]\n")
+        prompt = prompt[-prompt_chars:]
+    out.append(prompt)
+    resp = s.response_ids
+    i = 0
+    while i < len(resp):
+        kind = "train" if s.loss_mask[i] else ("gen" if generated[i] else "obs")
+        j = i
+        while j < len(resp) and ("train" if s.loss_mask[j] else ("gen" if generated[j] else "obs")) == kind:
+            j += 1
+        out.append(f"<{kind}>{piece(resp[i:j])}</{kind}>")
+        i = j
+    out.append("\n")
+    return "".join(out)
+
+
+@app.command()
+def show(
+    session: str = typer.Argument(..., help="Session id."),
+    db: str = DbOpt,
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); ids are shown without it."
+    ),
+    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
+    credit: Credit = typer.Option("assistant", "--credit"),
+    prompt_chars: int = typer.Option(
+        600, "--prompt-chars", help="Show at most this many characters of each prompt (its end)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="The samples as JSON lines (the jsonl export's rows)."
+    ),
+    plain: bool = typer.Option(
+        False, "--plain", help="Text with <train>/<gen>/<obs> markers (the default when piped)."
+    ),
+) -> None:
+    """Print a session's samples with the trained tokens highlighted."""
+    from orchard_rec.reconstruct.credit import credit_policy
+    from orchard_rec.reconstruct.render import render_sample
+    from orchard_rec.reconstruct.stream import iter_samples
+
+    tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
+    with _reading(db) as store:
+        if store.session(session) is None:
+            raise CliError(f"no session {session!r} in {db}", "list them with `orchard-rec sessions`")
+        for s in iter_samples(
+            store, sessions=[session], on_mismatch=on_mismatch, credit=credit_policy(credit)
+        ):
+            if as_json:
+                typer.echo(json.dumps(s.to_dict()))
+            elif plain or not console.is_terminal:
+                typer.echo(_plain_sample(s, tok, prompt_chars), nl=False)
+            else:
+                console.print(render_sample(s, tok, prompt_chars=prompt_chars))
+
+
+# -- db ------------------------------------------------------------------------------------------------------------
 
 
 @db_app.command("upgrade")
@@ -229,65 +885,197 @@ def db_upgrade(db: str = DbOpt, revision: str = typer.Option("head", "--revision
     """Create or migrate the database schema."""
     from orchard_rec.storage import migrate
 
-    migrate.upgrade(db, revision)
-    console.print(f"{db}: at revision {migrate.current(db)}")
+    if revision != "head" and not migrate.known(revision):
+        raise usage_error(f"--revision {revision!r} is not one of this orchard-rec's migrations")
+    store = open_write(db, migrate_schema=False)
+    try:
+        migrate.upgrade(db, revision, engine=store.engine)
+        rev = migrate.current(db, engine=store.engine)
+    finally:
+        store.close()
+    typer.echo(f"{db}: at revision {rev}")
 
 
 @db_app.command("current")
 def db_current(db: str = DbOpt) -> None:
-    """Show the database's schema revision."""
-    from orchard_rec.storage import migrate
+    """Show the database's schema revision (read-only: a missing database is not created)."""
+    from sqlalchemy import exc as sa_exc
 
-    rev = migrate.current(db)
+    from orchard_rec.storage import migrate
+    from orchard_rec.storage.store import Store
+
+    url = _parse_db(db)
+    if url.get_backend_name() == "sqlite" and not Path(url.database).is_file():
+        typer.echo(f"empty (no database at {url.database}; head {migrate.head()})")
+        return
+    store = Store(db, readonly=True)
+    try:
+        rev = migrate.current(db, engine=store.engine)
+    except sa_exc.SQLAlchemyError as exc:
+        raise _db_error(exc, url) from None
+    finally:
+        store.close()
     typer.echo(f"{rev or 'empty'} (head {migrate.head()})")
 
 
-@app.command()
+# -- demo ------------------------------------------------------------------------------------------------------------
+
+
+@demo_app.callback()
 def demo(
+    ctx: typer.Context,
     workdir: Path | None = typer.Option(
-        None, "--workdir", help="Keep everything here (default: a new temp folder)."
+        None, "--workdir", help="Keep everything here (default: a temp folder, removed unless --keep)."
     ),
-    mode: str = typer.Option("token", "--mode"),
+    mode: ProxyMode = typer.Option(
+        "token", "--mode", help="The proxy's mode (tito uses the demo tokenizer)."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Keep the temp folder (its path is printed)."),
 ) -> None:
     """Run the whole loop on embedded defaults: demo upstream, proxy on SQLite, a scripted agent."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import shutil
+    import tempfile
+
     from orchard_rec.demo.run import run_demo
 
+    temp = workdir is None
     wd = workdir or Path(tempfile.mkdtemp(prefix="orchard-demo-"))
-    with console.status("running the demo agent through the proxy..."):
-        res = run_demo(wd, mode=mode)
-    console.print(f"[bold]Recorded session[/bold] {res.session_id!r}: {len(res.calls)} calls in {res.db_url}")
-    _print_calls(res.calls)
-    console.print(f"The agent's tool really ran: marker.txt = {res.marker!r}")
-    from orchard_rec.demo.tokenizer import build_tokenizer
-    from orchard_rec.reconstruct.render import render_sample
+    try:
+        with err.status("running the demo agent through the proxy..."):
+            res = run_demo(wd, mode=mode)
+        console.print(
+            f"[bold]Recorded session[/bold] {res.session_id!r}: {len(res.calls)} calls in {res.db_url}"
+        )
+        _print_calls(res.calls)
+        console.print(f"The agent's tool really ran: marker.txt = {res.marker!r}")
+        from orchard_rec.demo.tokenizer import build_tokenizer
+        from orchard_rec.reconstruct.render import render_sample
 
-    for s in res.samples:
-        console.print(render_sample(s, build_tokenizer(), prompt_chars=300))
-    trained = sum(sum(s.loss_mask) for s in res.samples)
-    console.print(
-        f"Reconstructed {len(res.calls)} calls into {len(res.samples)} sample(s), {trained} trained tokens; jsonl: {res.jsonl}"
+        for s in res.samples:
+            console.print(render_sample(s, build_tokenizer(), prompt_chars=300))
+        trained = sum(sum(s.loss_mask) for s in res.samples)
+        console.print(
+            f"Reconstructed {len(res.calls)} calls into {len(res.samples)} sample(s), {trained} trained tokens"
+        )
+        kind = (
+            "slime rollout (torch.load-able, --load-debug-rollout-data)"
+            if res.trainer_export.suffix == ".pt"
+            else "parquet"
+        )
+        if temp and not keep:
+            console.print(
+                f"Wrote a jsonl export and a {kind}; the temp folder is removed (--keep or --workdir DIR keeps them)."
+            )
+        else:
+            console.print(f"jsonl: {res.jsonl}\nTrainer export, {kind}: {res.trainer_export}")
+            console.print(f"Explore: orchard-rec show {res.session_id} --db {res.db_url} --tokenizer demo")
+    finally:
+        if temp and not keep:
+            shutil.rmtree(wd, ignore_errors=True)
+        elif temp:
+            typer.echo(f"kept: {wd}", err=True)
+
+
+@demo_app.command("upstream")
+def demo_upstream(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+) -> None:
+    """Run the demo model server alone (vLLM-compatible, token ids, a scripted model): for the quick start."""
+    from orchard_rec.demo.run import serve_upstream
+
+    _check_port(host, port)
+    serve_upstream(
+        host,
+        port,
+        ready=lambda p: err.print(
+            f"demo upstream on http://{host}:{p}/v1 (scripted model, token ids); "
+            f"try: orchard-rec serve --upstream http://{host}:{p}/v1   (Ctrl-C stops)"
+        ),
     )
-    kind = (
-        "slime rollout (torch.load-able, --load-debug-rollout-data)"
-        if res.trainer_export.suffix == ".pt"
-        else "parquet"
+
+
+# -- export ------------------------------------------------------------------------------------------------------
+
+
+FORMAT_INFO: dict[str, tuple[str, str]] = {
+    "jsonl": (".jsonl", "one sample per line; the reference every format is tested against"),
+    "parquet": (".parquet", "zstd parquet with list<int32> token columns, for pyarrow / pandas / datasets"),
+    "slime": (".pt", "torch rollout file(s) with slime's Sample fields, for --load-debug-rollout-data"),
+    "slime-sft": (".jsonl", "messages + per-message loss mask and tools, for slime SFT"),
+    "verl": (".parquet", "rows of verl's AgentLoopOutput fields, for verl's agent loop"),
+    "verl-sft": (".parquet", "messages + tools, for verl's multi-turn SFT dataset"),
+    "trl": (".parquet", "input_ids, assistant_masks, completion_mask, for TRL SFTTrainer (pre-tokenized)"),
+    "trl-grpo": (
+        ".parquet",
+        "prompt_ids, completion_ids, logprobs, env_mask, for TRL GRPOTrainer rollout_func",
+    ),
+    "openrlhf": (
+        ".jsonl",
+        "observation_tokens, action_ranges, log probs, reward, for OpenRLHF's agent executor",
+    ),
+}
+"""Each built-in format: the file it writes, and what it is for."""
+
+STDOUT_FORMATS = ("jsonl", "slime-sft", "openrlhf")
+"""Formats written line by line: ``--out -`` streams them to stdout."""
+
+_KNOWN_SUFFIXES = {".jsonl", ".json", ".parquet", ".pt"}
+
+
+def _check_out(fmt: str, out: Path) -> None:
+    if str(out) == "-":
+        if fmt not in STDOUT_FORMATS:
+            raise usage_error(
+                f"--out - (stdout) takes a line-based format ({', '.join(STDOUT_FORMATS)}); {fmt} writes a file",
+                f"give --out FILE{FORMAT_INFO.get(fmt, ('',))[0]}",
+            )
+        return
+    want = FORMAT_INFO.get(fmt, ("", ""))[0]
+    got = "".join(out.suffixes[-1:]).lower()
+    if want and got in _KNOWN_SUFFIXES and got != want and not (want == ".jsonl" and got == ".json"):
+        raise usage_error(
+            f"--format {fmt} writes {want.lstrip('.')}, but --out {out} ends in {got}",
+            f"use --out {out.with_suffix(want)}, or the format that writes {got.lstrip('.')}",
+        )
+    if out.exists() and out.is_dir():
+        raise usage_error(f"--out {out} is a folder", "give a file name")
+
+
+def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> None:
+    if group_by == "session":
+        return
+    selected = store.sessions(
+        selection.get("sessions"), since=selection.get("since"), harness=selection.get("harness")
     )
-    console.print(f"Trainer export, {kind}: {res.trainer_export}")
-    console.print(f"Explore: orchard-rec show {res.session_id} --db {res.db_url} --tokenizer demo")
+    missing = [s for s in selected if s.outcome is None or s.outcome.metadata.get(group_by) is None]
+    if selected and len(missing) == len(selected):
+        _warn(
+            f"--group-by {group_by}: no selected session has {group_by!r} in its outcome metadata, so all "
+            f"are one group (set it: orchard-rec outcome SID --metadata {group_by}=VALUE)"
+        )
+    elif missing:
+        _warn(
+            f"--group-by {group_by}: {len(missing)} of {len(selected)} sessions have no {group_by!r}: they form one group"
+        )
 
 
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Output file."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf)."
+    ),
     db: str = DbOpt,
     session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
     since: datetime | None = typer.Option(
         None, "--since", help="Only sessions active since (ISO date/time, UTC)."
     ),
     harness: str | None = typer.Option(None, "--harness"),
-    on_mismatch: str = typer.Option("split", "--on-mismatch", help="split | realign"),
-    credit: str = typer.Option("assistant", "--credit", help="assistant | last-turn | turn-weights | value"),
+    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
+    credit: Credit = typer.Option("assistant", "--credit"),
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
@@ -315,132 +1103,209 @@ def export(
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from orchard_rec.exporters.base import ExportError, available
+    from orchard_rec.exporters.base import available
     from orchard_rec.exporters.pipeline import export as run_export
-    from orchard_rec.storage import Store
 
+    known = available()
     if list_formats:
-        for name, target in sorted(available().items()):
-            typer.echo(f"{name}\t{target}")
+        for name in sorted(known):
+            ext, what = FORMAT_INFO.get(name, ("", f"plug-in ({known[name]})"))
+            typer.echo(f"{name:<10} {ext or '-':<9} {what}")
         return
+    if fmt not in known:
+        raise usage_error(
+            f"--format {fmt!r} is not a format", f"one of: {', '.join(sorted(known))} (--list-formats)"
+        )
     if out is None:
-        raise typer.BadParameter("--out is required", param_hint="--out")
-    if on_mismatch not in ("split", "realign"):
-        raise typer.BadParameter("--on-mismatch must be split or realign")
+        raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
+    _check_out(fmt, out)
+    if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
+        raise usage_error("--rollout-size takes a positive number, for --format slime")
+    if pass_rate and not group_by:
+        raise usage_error("--pass-rate needs --group-by (a pass rate is a property of a group)")
     window = None
     if pass_rate:
         try:
             lo, hi = (float(x) for x in pass_rate.split(":"))
         except ValueError:
-            raise typer.BadParameter("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
+            raise usage_error("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
         window = (lo, hi)
-    options = {"rollout_size": rollout_size} if fmt == "slime" and rollout_size else {}
-    since_ts = since.replace(tzinfo=since.tzinfo or UTC).timestamp() if since else None
-    total = len(Store(db).sessions(session, since=since_ts, harness=harness))
-    tok = None
-    if tokenizer:
-        from orchard_rec.tokenizer import load_hf_tokenizer
-
-        try:
-            tok = load_hf_tokenizer(tokenizer)
-        except (OSError, ValueError) as exc:
-            console.print(f"[red]error:[/red] cannot load tokenizer {tokenizer!r}: {exc}")
-            raise typer.Exit(2) from None
+    options = {"rollout_size": rollout_size} if rollout_size else {}
+    since_ts = _since(since)
+    tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
+    selection = {"sessions": session, "since": since_ts, "harness": harness}
+    with _reading(db) as store:
+        selected = store.sessions(session, since=since_ts, harness=harness)
+        if session:
+            missing = sorted(set(session) - {s.id for s in selected})
+            if missing:
+                _warn(f"no session {', '.join(map(repr, missing))} in {db}")
+        if group_by:
+            _group_warning(store, selection, group_by)
+    total = len(selected)
+    if total == 0:
+        raise CliError(
+            "nothing to export: no session matches the selection"
+            if (session or since or harness)
+            else f"nothing to export: {db} has no sessions",
+            None if not (session or since or harness) else "list them with `orchard-rec sessions`",
+        )
+    to_stdout = str(out) == "-"
     progress = Progress(
         TextColumn("exporting"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("sessions"),
         TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
+        console=err,
+        disable=not err.is_terminal,
         transient=True,
     )
-    try:
-        with progress:
-            task = progress.add_task("export", total=total)
-            stats = run_export(
-                db,
-                fmt,
-                out,
-                sessions=session,
-                since=since_ts,
-                harness=harness,
-                on_mismatch=on_mismatch,  # type: ignore[arg-type]
-                credit=credit,
-                on_session=lambda _s: progress.advance(task),
-                tokenizer=tok,
-                format_options=options,
-                group_by=group_by,
-                statuses=status,
-                min_reward=min_reward,
-                pass_rate=window,
-            )
-    except (ExportError, ValueError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    console.print(
-        f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {', '.join(map(str, stats.files))}"
+    with progress:
+        task = progress.add_task("export", total=total)
+        stats = run_export(
+            db,
+            fmt,
+            out,
+            sessions=session,
+            since=since_ts,
+            harness=harness,
+            on_mismatch=on_mismatch,
+            credit=credit,
+            on_session=lambda _s: progress.advance(task),
+            tokenizer=tok,
+            format_options=options,
+            group_by=group_by,
+            statuses=status,
+            min_reward=min_reward,
+            pass_rate=window,
+        )
+    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
+    typer.echo(
+        f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
+    if stats.samples == 0:
+        raise CliError(
+            "no sample passed the filters (--status, --min-reward, --pass-rate)"
+            if (status or min_reward is not None or pass_rate)
+            else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)"
+        )
 
 
-@app.command()
-def show(
-    session: str = typer.Argument(..., help="Session id."),
-    db: str = DbOpt,
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); ids are shown without it."
-    ),
-    on_mismatch: str = typer.Option("split", "--on-mismatch"),
-    credit: str = typer.Option("assistant", "--credit"),
-    prompt_chars: int = typer.Option(
-        600, "--prompt-chars", help="Show at most this many characters of each prompt (its end)."
-    ),
-) -> None:
-    """Print a session's samples with the trained tokens highlighted."""
-    from orchard_rec.reconstruct.credit import credit_policy
-    from orchard_rec.reconstruct.render import render_sample
-    from orchard_rec.reconstruct.stream import iter_samples
-    from orchard_rec.storage import Store
+# -- outcome --------------------------------------------------------------------------------------------------------
 
-    store = Store(db)
-    if store.session(session) is None:
-        console.print(f"[red]no session {session!r} in {db}[/red]")
-        raise typer.Exit(1)
-    tok = None
-    if tokenizer:
-        from orchard_rec.tokenizer import load_tokenizer
 
-        tok = load_tokenizer(tokenizer)
-    for s in iter_samples(store, sessions=[session], on_mismatch=on_mismatch, credit=credit_policy(credit)):  # type: ignore[arg-type]
-        console.print(render_sample(s, tok, prompt_chars=prompt_chars))
+def _parse_metadata(pairs: list[str] | None, blob: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if blob:
+        try:
+            m = json.loads(blob)
+        except json.JSONDecodeError as exc:
+            raise usage_error(f"--metadata-json is not JSON: {exc.msg} (at character {exc.pos})") from None
+        if not isinstance(m, dict):
+            raise usage_error('--metadata-json must be a JSON object, e.g. \'{"task": "t1"}\'')
+        meta.update(m)
+    for p in pairs or ():
+        k, sep, v = p.partition("=")
+        if not sep or not k:
+            raise usage_error(f"--metadata {p!r}: use KEY=VALUE, e.g. --metadata task=t1")
+        try:
+            meta[k] = json.loads(v)  # numbers and booleans keep their type
+        except json.JSONDecodeError:
+            meta[k] = v
+    return meta
 
 
 @app.command()
 def outcome(
     session: str = typer.Argument(..., help="Session id."),
-    reward: float | None = typer.Option(None, "--reward"),
+    reward: float | None = typer.Option(None, "--reward", help="The scalar reward."),
     reward_json: str | None = typer.Option(
-        None, "--reward-json", help='Named rewards, e.g. \'{"tests": 1, "style": 0.5}\'.'
+        None,
+        "--reward-json",
+        help='Named rewards, e.g. \'{"tests": 1, "style": 0.5}\' (with --reward: stored as "reward" beside them).',
     ),
-    status: str | None = typer.Option(None, "--status", help="completed | truncated | aborted | failed"),
+    status: Literal["completed", "truncated", "aborted", "failed"] | None = typer.Option(None, "--status"),
     step_values: str | None = typer.Option(
         None, "--step-values", help="Comma-separated value per model turn."
     ),
+    metadata: list[str] | None = typer.Option(
+        None,
+        "--metadata",
+        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable).",
+    ),
+    metadata_json: str | None = typer.Option(
+        None, "--metadata-json", help="Outcome metadata as a JSON object."
+    ),
+    create: bool = typer.Option(False, "--create", help="Create the session if no call recorded it yet."),
     db: str = DbOpt,
 ) -> None:
     """Attach a reward/status to a session (flows into every export)."""
-    from orchard_rec.records import Outcome
-    from orchard_rec.storage import Store
+    from sqlalchemy import exc as sa_exc
 
-    r: object = json.loads(reward_json) if reward_json else reward
-    sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
+    from orchard_rec.records import Outcome
+
+    r: Any = reward
+    if reward_json is not None:
+        try:
+            named = json.loads(reward_json)
+        except json.JSONDecodeError as exc:
+            raise usage_error(
+                f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
+                'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
+            ) from None
+        if isinstance(named, (int, float)) and not isinstance(named, bool):
+            named = {"reward": named} if reward is None else {"reward": reward, "value": named}
+        if not isinstance(named, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
+        ):
+            raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
+        if reward is not None:
+            if "reward" in named and named["reward"] != reward:
+                raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
+            named = {"reward": reward, **named}
+        r = named
     try:
-        Store(db).set_outcome(session, Outcome(reward=r, status=status, step_values=sv))  # type: ignore[arg-type]
-    except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    console.print(f"session {session}: reward={r} status={status}")
+        sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
+    except ValueError:
+        raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
+    meta = _parse_metadata(metadata, metadata_json)
+    store = open_write(db, migrate_schema=False)
+    try:
+        from orchard_rec.storage import migrate
+
+        rev = migrate.current(db, engine=store.engine)
+        if rev != migrate.head():
+            store.close()
+            open_read(db).close()  # says what is wrong and which command migrates
+        if store.session(session) is None and not create:
+            raise CliError(
+                f"no session {session!r} in {db}",
+                "check the id (`orchard-rec sessions`), or --create to record an outcome before any call",
+            )
+        set_outcome(store, session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
+    except sa_exc.SQLAlchemyError as exc:
+        raise _db_error(exc, _parse_db(db)) from None
+    finally:
+        store.close()
+    typer.echo(
+        f"session {session}: reward={json.dumps(r)} status={status or '-'}"
+        + (f" metadata={json.dumps(meta)}" if meta else "")
+    )
+
+
+def set_outcome(store: Store, session: str, outcome: Any) -> None:
+    """``Store.set_outcome``, safe against the writer creating the session row at the same moment
+    (the first call's record): an insert that loses that race is retried as an update."""
+    from sqlalchemy.exc import IntegrityError
+
+    try:
+        store.set_outcome(session, outcome)
+    except IntegrityError:
+        store.set_outcome(session, outcome)
+
+
+# -- harnesses ---------------------------------------------------------------------------------------------------------
 
 
 @harness_app.command("config")
@@ -456,7 +1321,7 @@ def harness_config(
     try:
         h = get(name)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise usage_error(str(exc)) from None
     typer.echo(h.config_snippet(base_url, session, model), nl=False)
 
 
@@ -465,9 +1330,12 @@ def harness_install(name: str = typer.Argument("all"), force: bool = typer.Optio
     """Install pinned harness CLIs from the npm registry into the cache ($ORCHARD_HARNESS_CACHE)."""
     from orchard_rec.harnesses import HARNESSES, get, install
 
-    targets = [h for h in HARNESSES if h.npm] if name == "all" else [get(name)]
+    try:
+        targets = [h for h in HARNESSES if h.npm] if name == "all" else [get(name)]
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
     for h in targets:
-        with console.status(f"installing {h.name} ({', '.join(h.npm)})"):
+        with err.status(f"installing {h.name} ({', '.join(h.npm)})"):
             folder = install(h, force=force)
         console.print(f"{h.name}: {folder}")
 
@@ -488,7 +1356,7 @@ def intercept(
         "--upstream-override",
         help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM.",
     ),
-    mode: str = typer.Option(
+    mode: Literal["token", "passthrough"] = typer.Option(
         "token",
         "--mode",
         help="With --upstream-override: token (ask the server for token ids) or passthrough.",
@@ -516,40 +1384,40 @@ def intercept(
     verbose: bool = typer.Option(False, "--verbose", help="mitmproxy's own log on stderr."),
 ) -> None:
     """Record harnesses that cannot be pointed at a base URL: an intercepting HTTPS proxy (mitmproxy)."""
-    import os
-    import sys
-
     from orchard_rec.intercept import runtime
 
     if install_runtime:
-        with console.status(f"building the intercept runtime (mitmproxy {runtime.MITM_VERSION})"):
+        with err.status(f"building the intercept runtime (mitmproxy {runtime.MITM_VERSION})"):
             exe = runtime.install()
         console.print(f"intercept runtime: {exe}")
         return
+    host, _, port_text = listen.rpartition(":")
+    if not port_text.isdigit():
+        raise usage_error(f"--listen {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8080")
+    if upstream_override:
+        upstream_override = _check_upstream(upstream_override, "--upstream-override")
     if not runtime.has_mitmproxy():
         if not runtime.runtime_ready():
-            console.print(
-                f"[red]mitmproxy is not installed in this Python ({sys.version.split()[0]}).[/red] Run "
-                "`orchard-rec intercept --install` once (builds a Python >= 3.12 venv with mitmproxy "
-                f"{runtime.MITM_VERSION}), or `pip install 'orchard-rec[mitm]'` on Python >= 3.12."
+            raise CliError(
+                f"mitmproxy is not installed in this Python ({sys.version.split()[0]})",
+                "run `orchard-rec intercept --install` once (builds a Python >= 3.12 venv with mitmproxy "
+                f"{runtime.MITM_VERSION}), or `pip install 'orchard-rec[mitm]'` on Python >= 3.12",
             )
-            raise typer.Exit(2)
-        exe = str(runtime.runtime_orchard())
-        os.execv(exe, [exe, "intercept", *sys.argv[sys.argv.index("intercept") + 1 :]])
+        orchard = str(runtime.runtime_orchard())
+        os.execv(orchard, [orchard, "intercept", *sys.argv[sys.argv.index("intercept") + 1 :]])
     from orchard_rec.intercept import InterceptConfig
     from orchard_rec.intercept.run import ca_info, run_intercept
 
-    host, _, port = listen.rpartition(":")
     extra = {"confdir": confdir} if confdir else {}
     cfg = InterceptConfig(
         listen_host=host or "127.0.0.1",
-        listen_port=int(port),
+        listen_port=int(port_text),
         db=db,
         hosts=tuple(hosts.split(",")),
         upstream_override=upstream_override,
         mode=mode,
         upstream_ca=upstream_ca,
-        ssl_insecure=ssl_insecure,  # type: ignore[arg-type]
+        ssl_insecure=ssl_insecure,
         spool=spool,
         **extra,
     )
@@ -560,6 +1428,8 @@ def intercept(
         for k, v in info.env().items():
             typer.echo(f"export {k}={v}")
         return
+    _check_port(cfg.listen_host, cfg.listen_port)
+    open_write(db).close()
     run_intercept(cfg, verbose=verbose)
 
 
@@ -575,12 +1445,14 @@ def run(
         None, "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server, when starting a proxy."
     ),
     db: str = DbOpt,
-    mode: str = typer.Option("token", "--mode"),
+    mode: Literal["token", "passthrough"] = typer.Option("token", "--mode"),
     model: str = typer.Option("orchard-model", "--model"),
     binary: str | None = typer.Option(
         None, "--bin", help="The harness executable (default: cache, then PATH)."
     ),
-    workdir: Path | None = typer.Option(None, "--workdir"),
+    workdir: Path | None = typer.Option(
+        None, "--workdir", help="The harness's working folder (default: temp)."
+    ),
     timeout: float = typer.Option(600.0, "--timeout"),
 ) -> None:
     """Run a harness through the proxy: private home and config, session-tagged URL, outcome recorded.
@@ -591,34 +1463,27 @@ def run(
 
     from orchard_rec.harnesses import get, run_harness
 
-    h = get(name)
-    sid = session or f"{name}-{uuid.uuid4().hex[:8]}"
-    server = None
-    if proxy is None:
-        if not upstream:
-            raise typer.BadParameter("give --proxy URL of a running proxy, or --upstream URL to start one")
-        from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
-
-        cfg = ProxyConfig(upstream=upstream, db=db, mode=mode)  # type: ignore[arg-type]
-        server = BackgroundServer(lambda: build_app(cfg)).start()
-        proxy = server.url
     try:
-        res = run_harness(
-            h, proxy, sid, list(ctx.args), model=model, binary=binary, workdir=workdir, timeout=timeout
-        )
-    except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    finally:
-        if server is not None:
-            from orchard_rec.proxy.app import RECORDER
+        h = get(name)
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    sid = session or f"{name}-{uuid.uuid4().hex[:8]}"
+    with contextlib.ExitStack() as stack:
+        if proxy is None:
+            if not upstream:
+                raise usage_error("give --proxy URL of a running proxy, or --upstream URL to start one")
+            from orchard_rec.proxy.server import RecordingProxy
 
-            if server.app is not None:
-                server.app[RECORDER].flush()
-            server.stop()
-    console.print(
-        f"session {sid}: {h.name} exited {res.exit_code} after {res.duration_s:.1f}s (workdir {res.workdir})"
-    )
+            cfg = _proxy_config(upstream=_check_upstream(upstream), db=db, mode=mode)
+            open_write(db).close()
+            proxy = stack.enter_context(RecordingProxy(cfg)).url
+        try:
+            res = run_harness(
+                h, proxy, sid, list(ctx.args), model=model, binary=binary, workdir=workdir, timeout=timeout
+            )
+        except FileNotFoundError as exc:
+            raise CliError(str(exc), f"orchard-rec harness install {name}, or --bin PATH") from None
+    typer.echo(f"session {sid}: {h.name} exited {res.exit_code} after {res.duration_s:.1f}s", err=True)
     typer.echo(sid)
     if res.exit_code != 0:
         raise typer.Exit(res.exit_code)
@@ -630,8 +1495,8 @@ def train_sft_cmd(
     out: Path = typer.Option(..., "--out", help="Where to save the trained checkpoint."),
     db: str = DbOpt,
     session: list[str] | None = typer.Option(None, "--session"),
-    credit: str = typer.Option("assistant", "--credit"),
-    on_mismatch: str = typer.Option("split", "--on-mismatch"),
+    credit: Credit = typer.Option("assistant", "--credit"),
+    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
     steps: int = typer.Option(20, "--steps"),
     batch_size: int = typer.Option(4, "--batch-size"),
     lr: float = typer.Option(1e-4, "--lr"),
@@ -642,26 +1507,29 @@ def train_sft_cmd(
 
         from orchard_rec.trainers.sft import train_sft
     except ImportError as exc:
-        console.print(
-            f"[red]error:[/red] training needs torch and transformers: pip install 'orchard-rec[train,hf]' ({exc})"
-        )
-        raise typer.Exit(2) from None
+        raise CliError(
+            f"training needs torch and transformers ({exc})", "pip install 'orchard-rec[train,hf]'"
+        ) from None
     from rich.progress import Progress
 
     from orchard_rec.reconstruct import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
-    from orchard_rec.storage import Store
 
-    samples = list(
-        iter_samples(Store(db), sessions=session, credit=credit_policy(credit), on_mismatch=on_mismatch)
-    )  # type: ignore[arg-type]
+    if not model.is_dir():
+        raise usage_error(f"--model {model}: no such folder")
+    with _reading(db) as store:
+        samples = list(
+            iter_samples(store, sessions=session, credit=credit_policy(credit), on_mismatch=on_mismatch)
+        )
+    if not samples:
+        raise CliError("no samples to train on", "record sessions first, or check --session")
     lm = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)
-    with Progress(console=console, disable=not console.is_terminal) as progress:
+    with Progress(console=err, disable=not err.is_terminal) as progress:
         task = progress.add_task("sft", total=steps)
 
         def step(k: int, loss: float, n: int) -> None:
             progress.update(task, advance=1, description=f"sft loss {loss:.4f} ({n} credited tokens)")
-            if not console.is_terminal:
+            if not err.is_terminal:
                 console.print(f"step {k} loss {loss:.4f} credited_tokens {n}")
 
         res = train_sft(lm, samples, steps=steps, batch_size=batch_size, lr=lr, out=out, on_step=step)
@@ -670,8 +1538,13 @@ def train_sft_cmd(
     )
 
 
-def main() -> None:
+def main() -> NoReturn:
     app()
+    raise SystemExit(0)  # pragma: no cover - app() exits
+
+
+def _fail(message: str, hint: str | None = None) -> NoReturn:
+    raise CliError(message, hint)
 
 
 if __name__ == "__main__":

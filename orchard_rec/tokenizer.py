@@ -46,5 +46,6 @@ def load_hf_tokenizer(name_or_path: str) -> Any:
 
         from orchard_rec.demo.tokenizer import save_tokenizer
 
-        name_or_path = str(save_tokenizer(tempfile.mkdtemp(prefix="orchard-tok-")))
+        with tempfile.TemporaryDirectory(prefix="orchard-tok-") as folder:  # loaded whole: no file kept
+            return AutoTokenizer.from_pretrained(str(save_tokenizer(folder)), local_files_only=True)
     return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)

@@ -4,25 +4,26 @@ Starts the demo upstream and the proxy (SQLite) on loopback ports, drives the sc
 agent through ``/s/demo/v1`` with the real openai SDK, waits for the recorder, grades
 the session (reward 1 when the agent's tool really wrote the marker file), reconstructs
 it into samples and writes a jsonl export, plus a slime rollout file (torch installed)
-or a parquet file.
+or a parquet file. ``serve_upstream`` runs the demo upstream alone in the foreground
+(``orchard-rec demo upstream``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchard_rec.demo.agent import run_agent
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.exporters import ExportError, get
-from orchard_rec.proxy.app import RECORDER, build_app
 from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.server import BackgroundServer
+from orchard_rec.proxy.server import BackgroundServer, RecordingProxy, run_forever
 from orchard_rec.reconstruct import Sample, iter_samples
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "run_demo", "serve_upstream"]
 
 SESSION = "demo"
 
@@ -47,11 +48,17 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
     db_url = f"sqlite:///{workdir / 'orchard.db'}"
     upstream = DemoUpstream()
     with BackgroundServer(upstream.app()) as up:
-        cfg = ProxyConfig(upstream=up.url + "/v1", db=db_url, mode=mode)  # type: ignore[arg-type]
-        with BackgroundServer(lambda: build_app(cfg)) as proxy:
+        cfg = ProxyConfig.model_validate(
+            {
+                "upstream": up.url + "/v1",
+                "db": db_url,
+                "mode": mode,
+                "tokenizer": "demo" if mode == "tito" else None,
+            }
+        )
+        with RecordingProxy(cfg) as proxy:
             run_agent(f"{proxy.url}/s/{SESSION}/v1", sandbox)
-            assert proxy.app is not None
-            proxy.app[RECORDER].flush()
+            proxy.flush()
     store = Store(db_url)
     try:
         store.set_outcome(
@@ -71,3 +78,10 @@ def run_demo(workdir: Path, *, mode: str = "token") -> DemoResult:
         get("parquet").write(samples, trainer_export)
     marker = (sandbox / "marker.txt").read_text().strip() if (sandbox / "marker.txt").exists() else ""
     return DemoResult(workdir, db_url, SESSION, calls, marker, samples, jsonl, trainer_export)
+
+
+def serve_upstream(
+    host: str = "127.0.0.1", port: int = 8000, *, ready: Callable[[int], None] | None = None
+) -> None:
+    """The demo upstream in the foreground until Ctrl-C/SIGTERM."""
+    run_forever(DemoUpstream().app(), host, port, ready=ready, shutdown_timeout=5.0)

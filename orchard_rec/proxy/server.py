@@ -3,7 +3,11 @@
 Handler cancellation is on: when a client disconnects, aiohttp cancels its handler,
 which closes the upstream request; the recorder still gets the call (``aborted``).
 SIGTERM and SIGINT stop accepting, let in-flight calls finish (up to
-``shutdown_timeout``), then drain the recorder before the process exits.
+``shutdown_timeout``), then drain the recorder before the process exits; a second
+SIGINT/SIGTERM stops at once. ``serve_proxy`` is ``orchard-rec serve``: start and stop
+messages and one access-log line per recorded call on the ``orchard_rec`` logger.
+``RecordingProxy`` is "start a proxy, run something through it, flush, stop" for the
+CLI's ``run``, the demo and the slime trainer glue.
 """
 
 from __future__ import annotations
@@ -11,15 +15,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
+import logging
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-__all__ = ["BackgroundServer", "run_forever", "tune_interpreter"]
+if TYPE_CHECKING:
+    from orchard_rec.proxy.config import ProxyConfig
+    from orchard_rec.records import CallRecord
+
+__all__ = [
+    "BackgroundServer",
+    "RecordingProxy",
+    "configure_logging",
+    "run_forever",
+    "serve_proxy",
+    "tune_interpreter",
+]
+
+log = logging.getLogger("orchard_rec.server")
+access_log = logging.getLogger("orchard_rec.access")
 
 
 def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
@@ -39,7 +61,8 @@ async def _serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, ssl_context=ssl_context)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
+    sockets = getattr(site._server, "sockets", None)
+    bound = sockets[0].getsockname()[1] if sockets else port
     if ready is not None:
         ready(bound)
     try:
@@ -82,8 +105,12 @@ def run_forever(
     *,
     ready: Callable[[int], None] | None = None,
     shutdown_timeout: float = 30.0,
+    on_stop: Callable[[], None] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed)."""
+    """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed).
+
+    ``on_stop`` runs at the first signal (e.g. to say what is being drained); a second signal
+    ends the process at once (exit 130)."""
     try:
         import uvloop
 
@@ -94,13 +121,149 @@ def run_forever(
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                log.warning("second interrupt: stopping now, without waiting for calls in flight")
+                logging.shutdown()
+                os._exit(130)
+            if on_stop is not None:
+                on_stop()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal)
         await _serve(app, host, port, stop, _tuned(ready), shutdown_timeout)
 
     with asyncio.Runner(loop_factory=loop_factory) as r:
         r.run(main())
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        d: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        d.update(getattr(record, "fields", None) or {})
+        return json.dumps(d, default=str)
+
+
+def configure_logging(level: str = "info", fmt: str = "text") -> None:
+    """Log lines on stderr for the ``orchard_rec`` loggers: text (``HH:MM:SS level message``)
+    or one JSON object per line; ``info`` includes the access log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger("orchard_rec")
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def access_fields(r: CallRecord) -> dict[str, Any]:
+    """What the access log says about one call."""
+
+    def n(ids: Any, *keys: str) -> int | None:
+        if ids is not None:
+            return len(ids)
+        u = r.usage or {}
+        for k in keys:
+            if isinstance(u.get(k), int):
+                return int(u[k])
+        return None
+
+    return {
+        "method": r.method,
+        "path": r.path,
+        "session": r.session_id,
+        "seq": r.seq,
+        "status": r.status_code,
+        "outcome": r.outcome.value,
+        "tokens_in": n(r.prompt_ids, "prompt_tokens", "input_tokens"),
+        "tokens_out": n(r.completion_ids, "completion_tokens", "output_tokens"),
+        "latency_ms": round((r.done_at - r.received_at) * 1000, 1),
+    }
+
+
+class _LoggedStore:
+    """The recorder's store, logging one access line per call it stores (from the writer thread:
+    nothing is added to the response path, and a line means the call is recorded)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write_batch(self, records: Any, **kw: Any) -> int:
+        n = int(self._store.write_batch(records, **kw))
+        if access_log.isEnabledFor(logging.INFO):
+            for r in records:
+                f = access_fields(r)
+                access_log.info(
+                    "%s %s session=%s status=%s outcome=%s tokens=%s/%s %.1fms",
+                    f["method"],
+                    f["path"],
+                    f["session"] or "-",
+                    f["status"],
+                    f["outcome"],
+                    "-" if f["tokens_in"] is None else f["tokens_in"],
+                    "-" if f["tokens_out"] is None else f["tokens_out"],
+                    f["latency_ms"],
+                    extra={"fields": f},
+                )
+        return n
+
+
+def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: float = 30.0) -> None:
+    """``orchard-rec serve``: the proxy in the foreground, with its start, access and stop log."""
+    from orchard_rec.proxy.app import RECORDER, build_app
+
+    app = build_app(cfg)
+    recorder = app[RECORDER]
+    recorder.store = _LoggedStore(recorder.store)  # type: ignore[assignment]
+    started = time.monotonic()
+
+    def ready(bound: int) -> None:
+        log.info(
+            "orchard-rec proxy listening on http://%s:%d  upstream %s  database %s  mode %s  durability %s  auth %s",
+            host,
+            bound,
+            cfg.upstream,
+            _safe_db(cfg.db),
+            cfg.mode,
+            cfg.durability,
+            "on" if cfg.api_keys else "off",
+        )
+        log.info("ready: OPENAI_BASE_URL=http://%s:%d/s/<session>/v1  (Ctrl-C stops)", host, bound)
+
+    def on_stop() -> None:
+        log.info(
+            "shutting down: draining %d call(s) in flight and %d record(s) (up to %.0fs; Ctrl-C again stops at once)",
+            recorder.inflight,
+            recorder.depth,
+            shutdown_timeout,
+        )
+
+    run_forever(app, host, port, ready=ready, shutdown_timeout=shutdown_timeout, on_stop=on_stop)
+    log.info("stopped after %.0fs: %d call(s) recorded", time.monotonic() - started, recorder.written)
+
+
+def _safe_db(url: str) -> str:
+    with contextlib.suppress(Exception):
+        from sqlalchemy.engine import make_url
+
+        return str(make_url(url).render_as_string(hide_password=True))
+    return url
 
 
 class BackgroundServer:
@@ -144,19 +307,20 @@ class BackgroundServer:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.app = (
+            app = (
                 self._app()
                 if callable(self._app) and not isinstance(self._app, web.Application)
                 else self._app
-            )  # type: ignore[assignment]
+            )
+            self.app = app
 
             def ready(port: int) -> None:
                 self.port = port
                 self._ready.set()
 
             await _serve(
-                self.app, self.host, self.port, self._stop, ready, self.shutdown_timeout, self.ssl_context
-            )  # type: ignore[arg-type]
+                app, self.host, self.port, self._stop, ready, self.shutdown_timeout, self.ssl_context
+            )
 
         try:
             asyncio.run(main())
@@ -175,3 +339,28 @@ class BackgroundServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class RecordingProxy(BackgroundServer):
+    """A recording proxy on a loopback port in a background thread: start, run things through
+    ``url``, ``flush()`` to have every finished call in the database, ``stop()`` (flushes first)."""
+
+    def __init__(self, cfg: ProxyConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        from orchard_rec.proxy.app import build_app
+
+        super().__init__(lambda: build_app(cfg), host, port)
+        self.config = cfg
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        from orchard_rec.proxy.app import RECORDER
+
+        return self.app is None or bool(self.app[RECORDER].flush(timeout))
+
+    def stop(self) -> None:
+        if self.app is not None and self._thread is not None:
+            self.flush()
+        super().stop()
+
+    def __enter__(self) -> RecordingProxy:
+        self.start()
+        return self

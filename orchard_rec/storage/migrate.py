@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-__all__ = ["alembic_config", "check", "current", "downgrade", "head", "upgrade"]
+__all__ = ["alembic_config", "check", "current", "downgrade", "head", "known", "upgrade"]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -42,16 +42,32 @@ def check(url: str) -> None:
     command.check(alembic_config(url))
 
 
-def current(url: str) -> str | None:
-    engine = create_engine(url)
+def current(url: str, engine: Any = None) -> str | None:
+    """The database's revision (None: no schema). With ``engine`` (e.g. a read-only store's),
+    nothing is created: without it, SQLite creates a missing file, as any connect does."""
+    own = engine is None
+    engine = engine if engine is not None else create_engine(url)
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
-        engine.dispose()
+        if own:
+            engine.dispose()
 
 
 def head() -> str:
+    return _scripts().get_current_head() or ""
+
+
+def known(revision: str) -> bool:
+    """A revision these migrations know (False: written by a newer orchard-rec)."""
+    try:
+        return _scripts().get_revision(revision) is not None
+    except Exception:
+        return False
+
+
+def _scripts() -> Any:
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() or ""
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))

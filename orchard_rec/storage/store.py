@@ -16,6 +16,7 @@ follows another's answer was received after it.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -105,8 +106,12 @@ def _summary(s: Any, prefix: str = "") -> SessionSummary:
 class Store:
     """One database, SQLite or PostgreSQL, by SQLAlchemy URL."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, readonly: bool = False) -> None:
+        """``readonly``: for commands that only read. Nothing is created (a missing SQLite file
+        fails instead of appearing empty), no PRAGMA that writes runs (``journal_mode=WAL``
+        would fail in a read-only folder), and PostgreSQL transactions are read-only."""
         self.url = url
+        self.readonly = readonly
         kwargs: dict[str, Any] = {
             "echo": echo,
             "json_serializer": _dumps,
@@ -114,11 +119,15 @@ class Store:
         }
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            if readonly:
+                kwargs["creator"] = _sqlite_readonly_creator(url)
         else:
             kwargs["pool_pre_ping"] = True
+            if readonly and url.startswith("postgresql"):
+                kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
         self.engine: Engine = create_engine(url, **kwargs)
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_readonly_pragmas if readonly else _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._insert_sql: str | None = None
         self._insert_conv: list[tuple[str, Any]] = []
@@ -338,6 +347,37 @@ def _sqlite_time(dt: datetime) -> str:
 def _loads(v: Any) -> Any:
     # SQLite gives a JSON column numeric affinity: a stored bare number comes back as int/float.
     return orjson.loads(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else v
+
+
+def _sqlite_readonly_creator(url: str) -> Any:
+    """Connections opened with ``mode=ro``; ``immutable=1`` when that cannot read (a WAL database
+    in a read-only folder whose ``-shm`` cannot be created: then nobody can be writing it)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database or ""
+    uri = f"file:{quote(path)}"
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=30)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            if not os.path.exists(path):
+                raise
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False, timeout=30)
+
+    return connect
+
+
+def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

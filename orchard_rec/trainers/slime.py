@@ -70,23 +70,21 @@ _lock = threading.Lock()
 
 def _proxy_for(upstream: str, db: str) -> str:
     """One recording proxy per (upstream, database) in this process, started on first use."""
-    from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
+    from orchard_rec.proxy import ProxyConfig
+    from orchard_rec.proxy.server import RecordingProxy
 
     with _lock:
         server = _proxies.get((upstream, db))
         if server is None:
-            cfg = ProxyConfig(upstream=upstream, db=db, mode="token")
-            server = BackgroundServer(lambda: build_app(cfg)).start()
+            server = RecordingProxy(ProxyConfig(upstream=upstream, db=db, mode="token")).start()
             _proxies[(upstream, db)] = server
         return str(server.url)
 
 
 def _flush(proxy_url: str) -> None:
-    from orchard_rec.proxy.app import RECORDER
-
     for server in _proxies.values():
-        if server.url == proxy_url and server.app is not None:
-            server.app[RECORDER].flush()
+        if server.url == proxy_url:
+            server.flush()
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
