@@ -858,9 +858,9 @@ def show(
     ),
 ) -> None:
     """Print a session's samples with the trained tokens highlighted."""
+    from orchard_rec.pipeline import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
-    from orchard_rec.reconstruct.render import render_sample
-    from orchard_rec.reconstruct.stream import iter_samples
+    from orchard_rec.render import render_sample
 
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     with _reading(db) as store:
@@ -951,7 +951,7 @@ def demo(
         _print_calls(res.calls)
         console.print(f"The agent's tool really ran: marker.txt = {res.marker!r}")
         from orchard_rec.demo.tokenizer import build_tokenizer
-        from orchard_rec.reconstruct.render import render_sample
+        from orchard_rec.render import render_sample
 
         for s in res.samples:
             console.print(render_sample(s, build_tokenizer(), prompt_chars=300))
@@ -1512,7 +1512,7 @@ def train_sft_cmd(
         ) from None
     from rich.progress import Progress
 
-    from orchard_rec.reconstruct import iter_samples
+    from orchard_rec.pipeline import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
 
     if not model.is_dir():

@@ -17,9 +17,10 @@ from pathlib import Path
 from orchard_rec.demo.agent import run_agent
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.exporters import ExportError, get
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer, RecordingProxy, run_forever
-from orchard_rec.reconstruct import Sample, iter_samples
+from orchard_rec.reconstruct import Sample
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
 

@@ -76,7 +76,7 @@ def get(name: str, **options: Any) -> Exporter:
         raise ExportError(
             f"format {name!r} needs a package that is not installed ({exc.name}): {_install_hint(exc.name)}"
         ) from exc
-    return cls(**options)  # type: ignore[no-any-return]
+    return cls(**options)
 
 
 def _install_hint(module: str | None) -> str:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.exporters.base import ExportError, ExportStats, get
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.protocol.translate import assistant_message, chat_request_of
 from orchard_rec.reconstruct.sample import Sample
-from orchard_rec.reconstruct.stream import iter_samples
 from orchard_rec.storage.store import Store
 
 __all__ = ["attach_messages", "export", "select_samples"]

@@ -1,7 +1,15 @@
-"""Rebuilds a session's calls into token-level training samples.
+"""Rebuilds a session's calls into token-level training samples: the pure core.
 
-The core (``merge``, ``credit``, ``sample``) is pure: call records in, samples out, no
-sessions, sockets or files. ``stream.iter_samples`` feeds it from a ``Store``.
+Owns: the input record (``Generation``, and ``generations_of`` from ``CallRecord``), the
+merge (``reconstruct``, ``reconstruct_session``), the sample and its one builder, credit
+policies, retokenization of calls recorded without ids, and the status / split-reason /
+token-source enums. Records in, samples out: no sessions, sockets or files.
+
+May import: the standard library, ``orchard_rec.records``, ``orchard_rec.errors`` and
+``orchard_rec.protocol`` (dialect knowledge, for retokenization). Never ``proxy``,
+``storage``, ``intercept``, ``exporters``, ``trainers``, aiohttp, SQLAlchemy or rich
+(``tests/test_layering.py``). Reading from a database is ``orchard_rec.pipeline``;
+terminal rendering is ``orchard_rec.render``.
 """
 
 from orchard_rec.reconstruct.credit import (
@@ -13,22 +21,39 @@ from orchard_rec.reconstruct.credit import (
     ValueCredit,
     credit_policy,
 )
-from orchard_rec.reconstruct.merge import MismatchPolicy, reconstruct_session
-from orchard_rec.reconstruct.sample import Sample, SampleBuilder, Turn
-from orchard_rec.reconstruct.stream import iter_samples
+from orchard_rec.reconstruct.generation import Generation, generation_of, generations_of
+from orchard_rec.reconstruct.merge import MismatchPolicy, reconstruct, reconstruct_session
+from orchard_rec.reconstruct.retokenize import retokenize
+from orchard_rec.reconstruct.sample import (
+    Sample,
+    SampleBuilder,
+    SampleStatus,
+    SplitReason,
+    TokenSource,
+    Turn,
+    numeric_reward,
+)
 
 __all__ = [
     "CREDIT_POLICIES",
     "AssistantCredit",
     "CreditPolicy",
+    "Generation",
     "LastTurnCredit",
     "MismatchPolicy",
     "Sample",
     "SampleBuilder",
+    "SampleStatus",
+    "SplitReason",
+    "TokenSource",
     "Turn",
     "TurnWeightsCredit",
     "ValueCredit",
     "credit_policy",
-    "iter_samples",
+    "generation_of",
+    "generations_of",
+    "numeric_reward",
+    "reconstruct",
     "reconstruct_session",
+    "retokenize",
 ]

@@ -1,45 +1,74 @@
-"""Rebuild one session's calls into samples: exact token ids, never fabricated.
+"""Rebuild one session's generations into samples: exact token ids, never fabricated.
 
-Calls are taken in the order they were received. A call whose prompt ids start with an open sample's
-full token list extends it: the prompt tokens in between are observation (mask 0), the
-completion ids follow (mask 1, with their logprobs). The longest such sample wins, so
-interleaved sub-agents each grow their own line. A linear session therefore gives ONE
-sample whose tokens equal the last call's prompt + completion.
+Generations are taken in causal order (``generations_of``: by arrival). One that extends
+an open sample (its prompt ids start with the sample's full token list) grows it: the
+prompt tokens in between are observation (mask 0, log-prob 0.0), the completion ids follow
+(mask 1, with their logprobs). The longest such sample wins, so interleaved sub-agents each
+grow their own line, and a linear session gives ONE sample whose tokens equal the last
+call's prompt + completion.
 
-When no sample is extended, the ``on_mismatch`` policy decides:
-- ``split`` (default): start a new sample from this call's prompt, linked to the sample it
-  diverged from in ``metadata`` (``reason``: ``fork`` when the prompt re-uses an earlier
-  fork point of a sample, a retry or a branch; ``mismatch`` otherwise: re-tokenization
-  drift, a template that drops reasoning from history, compaction);
+When no sample is extended, ``on_mismatch`` decides:
+
+- ``split`` (default): start a new sample from this prompt, linked to the sample it
+  diverged from (``metadata.split_from``, ``metadata.reason``: ``fork`` when the prompt is
+  exactly an earlier call's prompt, a retry or a branch; ``mismatch`` otherwise:
+  re-tokenization drift, a template that drops reasoning from history, compaction);
 - ``realign``: keep one sample: after the exact generated ids, append the observation
   tokens the chat template put after the previous assistant turn in the new prompt, and
   flag it in ``metadata.realigned``. This also merges harnesses that move messages
   between calls (OpenClaw's trailing internal-context message). Falls back to split when
   no sample shares the new prompt's opening.
 
-Only calls that finished (outcome ``ok``) with token ids take part; others are listed in
-``metadata.skipped_calls``. Pure code: records in, samples out.
+Invariants (hypothesis properties in ``tests/reconstruct/test_properties.py``; every
+real-harness and end-to-end test checks 1, 2 and 4 through ``tests/factories.py``):
+
+1. every generation's completion ids appear verbatim and contiguous in exactly one sample,
+   with mask 1 on exactly those positions and its logprobs aligned with them;
+2. no position the model did not generate has mask 1 (observations, and any credit policy,
+   can only turn positions off);
+3. a linear session gives one sample, its tokens the last prompt + the last completion;
+4. the first generation's prompt ids are the first sample's prompt;
+5. ``len(loss_mask) == len(rollout_log_probs) == response_length`` for every sample (held by
+   ``SampleBuilder``, the only code that grows a sample).
+
+Only finished generation calls (outcome ``ok``) with ids (or a tokenizer to give them) take
+part; the others are listed in the first sample's ``metadata.skipped_calls``. Pure code:
+records in, samples out; no storage, sockets or files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
-from orchard_rec.reconstruct.retokenize import retokenize
-from orchard_rec.reconstruct.sample import Sample, SampleBuilder
-from orchard_rec.records import CallOutcome, CallRecord, Outcome
+from orchard_rec.reconstruct.generation import Generation, generations_of
+from orchard_rec.reconstruct.sample import Sample, SampleBuilder, SampleStatus, SplitReason, TokenSource
+from orchard_rec.records import CallRecord, Outcome
 
-__all__ = ["MismatchPolicy", "reconstruct_session"]
-
-MismatchPolicy = Literal["split", "realign"]
+__all__ = ["MismatchPolicy", "reconstruct", "reconstruct_session"]
 
 
-def _status(b: SampleBuilder, calls: dict[str, CallRecord]) -> str:
-    if b.last_finish in ("length", "max_tokens", "incomplete"):
-        return "truncated"
-    return "completed"
+class MismatchPolicy(enum.StrEnum):
+    """What to do with a generation whose prompt extends no sample."""
+
+    SPLIT = "split"
+    """Start a linked sample (``metadata.split_from``, ``metadata.reason``)."""
+    REALIGN = "realign"
+    """Keep one sample: exact generated ids, then the template's observation delta."""
+
+    @classmethod
+    def of(cls, value: MismatchPolicy | str) -> MismatchPolicy:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"unknown mismatch policy {value!r}; known: {', '.join(m.value for m in cls)}"
+            ) from None
+
+
+_TRUNCATED = ("length", "max_tokens", "incomplete")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -91,104 +120,118 @@ def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[S
     return None if best is None else (best[0], best[1])
 
 
-def reconstruct_session(
-    calls: Iterable[CallRecord],
+def reconstruct(
+    generations: Iterable[Generation],
     *,
-    on_mismatch: MismatchPolicy = "split",
+    session_id: str,
+    on_mismatch: MismatchPolicy | str = MismatchPolicy.SPLIT,
     credit: CreditPolicy | None = None,
     outcome: Outcome | None = None,
-    session_id: str | None = None,
-    tokenizer: Any = None,
+    skipped: Sequence[str] = (),
 ) -> list[Sample]:
-    """Samples of one session, in order of their first call.
+    """Samples of one session's ``generations`` (in causal order), in order of their first call.
 
-    ``tokenizer`` (a Hugging Face tokenizer with a chat template) gives ids to calls
-    recorded without them; without one, such calls are skipped.
+    ``skipped`` lists calls that could not take part (``metadata.skipped_calls`` of the first
+    sample); ``outcome`` gives reward and status, ``credit`` the loss mask policy.
     """
+    policy_mismatch = MismatchPolicy.of(on_mismatch)
     builders: list[SampleBuilder] = []
-    by_id: dict[str, CallRecord] = {}
-    skipped: list[str] = []
     step_of: dict[str, int] = {}
-    sid = session_id
-    # causal order: a call sent after another's answer was received after it (seq is commit order)
-    for call in sorted(calls, key=lambda c: (c.received_at, c.seq or 0)):
-        sid = sid or call.session_id or ""
-        if not call.dialect.is_generation:
-            continue
-        if call.outcome is not CallOutcome.OK:
-            skipped.append(call.call_id)
-            continue
-        source = "server"
-        if call.prompt_ids is None or call.completion_ids is None:
-            fixed = retokenize(call, tokenizer) if tokenizer is not None else None
-            if fixed is None:
-                skipped.append(call.call_id)
-                continue
-            call, source = fixed, "retokenized"
-        by_id[call.call_id] = call
-        step_of[call.call_id] = len(step_of)
-        prompt = list(call.prompt_ids)
-        completion = call.completion_ids
+    for g in generations:
+        step_of[g.call_id] = len(step_of)
+        prompt = list(g.prompt_ids)
         target: SampleBuilder | None = None
         for b in builders:
             if b.extends(prompt) and (target is None or len(b.tokens) > len(target.tokens)):
                 target = b
         if target is not None:
             target.append_observation(prompt[len(target.tokens) :])
-            target.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
-            target.sources.add(source)
+            target.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+            target.sources.add(g.source)
             continue
-        if on_mismatch == "realign":
+        if policy_mismatch is MismatchPolicy.REALIGN:
             found = _realign_target(builders, prompt)
             if found is not None:
                 b, cut = found
                 b.append_observation(prompt[cut:])
-                b.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
-                b.metadata.setdefault("realigned", []).append(call.call_id)
-                b.sources.add(source)
+                b.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+                b.metadata.setdefault("realigned", []).append(g.call_id)
+                b.sources.add(g.source)
                 continue
-        nb = SampleBuilder(sid or "", prompt)
+        nb = SampleBuilder(session_id, prompt)
         parent, reason = _divergence(builders, prompt)
-        if parent is not None:
+        if parent is not None and reason is not None:
             nb.metadata["split_from"] = parent
-            nb.metadata["reason"] = reason
-        nb.append_generation(completion, call.completion_logprobs, call.call_id, call.finish_reason)
-        nb.sources.add(source)
+            nb.metadata["reason"] = reason.value
+        nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+        nb.sources.add(g.source)
         builders.append(nb)
     policy = credit or AssistantCredit()
     samples: list[Sample] = []
     for k, b in enumerate(builders):
         s = b.build()
         s.index = k
-        s.status = _status(b, by_id)
+        s.status = SampleStatus.TRUNCATED if b.last_finish in _TRUNCATED else SampleStatus.COMPLETED
         s.metadata["call_ids"] = list(b.call_ids)
-        s.metadata["token_source"] = b.sources.pop() if len(b.sources) == 1 else "mixed"
+        source = b.sources.pop() if len(b.sources) == 1 else TokenSource.MIXED
+        s.metadata["token_source"] = source.value
         s.metadata["branch"] = k
         s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
         if b.missing_logprobs:
             s.metadata["missing_logprobs"] = True
         if outcome is not None:
-            s.reward = dict(outcome.reward) if isinstance(outcome.reward, dict) else outcome.reward
-            if outcome.status is not None and s.status == "completed":
-                s.status = outcome.status
+            s.reward = dict(outcome.reward) if isinstance(outcome.reward, Mapping) else outcome.reward
+            if outcome.status is not None and s.status is SampleStatus.COMPLETED:
+                s.status = SampleStatus(outcome.status)
         policy.apply(s, outcome)
         samples.append(s)
     if samples and skipped:
-        samples[0].metadata["skipped_calls"] = skipped
+        samples[0].metadata["skipped_calls"] = list(skipped)
     return samples
 
 
-def _divergence(builders: Sequence[SampleBuilder], prompt: list[int]) -> tuple[int | None, str]:
+def reconstruct_session(
+    calls: Iterable[CallRecord],
+    *,
+    on_mismatch: MismatchPolicy | str = MismatchPolicy.SPLIT,
+    credit: CreditPolicy | None = None,
+    outcome: Outcome | None = None,
+    session_id: str | None = None,
+    tokenizer: Any = None,
+) -> list[Sample]:
+    """Samples of one session's recorded calls, in order of their first call.
+
+    ``tokenizer`` (a Hugging Face tokenizer with a chat template) gives ids to calls
+    recorded without them; without one, such calls are skipped. ``session_id`` defaults to
+    the calls' own.
+    """
+    calls = list(calls)
+    generations, skipped = generations_of(calls, tokenizer)
+    sid = session_id or next((c.session_id for c in calls if c.session_id), None) or ""
+    return reconstruct(
+        generations,
+        session_id=sid,
+        on_mismatch=on_mismatch,
+        credit=credit,
+        outcome=outcome,
+        skipped=skipped,
+    )
+
+
+def _divergence(
+    builders: Sequence[SampleBuilder], prompt: list[int]
+) -> tuple[int | None, SplitReason | None]:
     """Which earlier sample this prompt branches from, and why.
 
     ``fork``: the prompt is exactly the prompt of an earlier call (a retry, or a branch
     from the same point); ``mismatch``: it shares a prefix with a sample but departs from it
-    inside what was generated or observed (drift, edited or compacted history).
+    inside what was generated or observed (drift, edited or compacted history); none: it
+    shares nothing with any sample (a new line, a sub-agent).
     """
     best: tuple[int, int] | None = None  # (builder index, common prefix length)
     for k, b in enumerate(builders):
         if len(prompt) in b.prompt_ends and prompt == b.tokens[: len(prompt)]:
-            return k, "fork"
+            return k, SplitReason.FORK
         n = 0
         for x, y in zip(prompt, b.tokens):
             if x != y:
@@ -197,5 +240,5 @@ def _divergence(builders: Sequence[SampleBuilder], prompt: list[int]) -> tuple[i
         if n and (best is None or n > best[1]):
             best = (k, n)
     if best is not None:
-        return best[0], "mismatch"
-    return None, "new"
+        return best[0], SplitReason.MISMATCH
+    return None, None

@@ -6,15 +6,53 @@ response, ``response_length``, ``loss_mask`` over ``tokens[-response_length:]``,
 ``group_index``, ``metadata``). Only ``SampleBuilder`` appends tokens, and it appends
 mask and log-prob entries in the same call, so ``len(loss_mask) == response_length``
 holds by construction.
+
+Statuses, split reasons and token sources are ``StrEnum`` values (they compare equal to
+their strings); rows written out (``to_dict``, every exporter) carry the plain strings, so
+no file we write needs orchard-rec to be read back.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "SampleBuilder", "Turn", "numeric_reward"]
+__all__ = ["Sample", "SampleBuilder", "SampleStatus", "SplitReason", "TokenSource", "Turn", "numeric_reward"]
+
+
+class SampleStatus(enum.StrEnum):
+    """How a sample ended: slime's ``Sample.Status`` values (without ``pending``)."""
+
+    COMPLETED = "completed"
+    """The last generation stopped on its own (end of turn, a tool call)."""
+    TRUNCATED = "truncated"
+    """The last generation hit its token limit (``length`` / ``max_tokens`` / ``incomplete``)."""
+    ABORTED = "aborted"
+    """The session was cut short (reported by the session's outcome)."""
+    FAILED = "failed"
+    """The task failed (reported by the session's outcome)."""
+
+
+class SplitReason(enum.StrEnum):
+    """Why a sample was started apart from an earlier one (``metadata["reason"]``)."""
+
+    FORK = "fork"
+    """The prompt is exactly an earlier call's prompt: a retry, or a branch from that point."""
+    MISMATCH = "mismatch"
+    """The prompt departs from a sample inside its tokens: drift, dropped reasoning, compaction."""
+
+
+class TokenSource(enum.StrEnum):
+    """Where a sample's ids came from (``metadata["token_source"]``)."""
+
+    SERVER = "server"
+    """The model server's own ids (token mode, tito)."""
+    RETOKENIZED = "retokenized"
+    """Rendered with the chat template at reconstruction: a best effort, not what the model saw."""
+    MIXED = "mixed"
+    """Both kinds of call in one sample."""
 
 
 def numeric_reward(reward: Any) -> float | None:
@@ -45,8 +83,7 @@ class Sample:
     rollout_log_probs: list[float]
     """The server's log-probability of each response token; 0.0 on observations; len = response_length."""
     turns: list[Turn]
-    status: str = "completed"
-    """completed | truncated | aborted | failed (slime's ``Sample.Status`` values)."""
+    status: SampleStatus = SampleStatus.COMPLETED
     reward: float | dict[str, float] | None = None
     index: int = 0
     group_index: int | None = None
@@ -92,7 +129,7 @@ class Sample:
             "loss_mask": self.loss_mask,
             "rollout_log_probs": self.rollout_log_probs,
             "reward": self.reward,
-            "status": self.status,
+            "status": str(self.status),
             "metadata": {**self.metadata, "turns": [[t.call_id, t.start, t.end] for t in self.turns]},
         }
         if self.token_weights is not None:
@@ -110,7 +147,7 @@ class Sample:
             loss_mask=list(d["loss_mask"]),
             rollout_log_probs=list(d["rollout_log_probs"]),
             turns=turns,
-            status=d.get("status", "completed"),
+            status=SampleStatus(d.get("status", "completed")),
             reward=d.get("reward"),
             index=d.get("index", 0),
             group_index=d.get("group_index"),
@@ -150,7 +187,7 @@ class SampleBuilder:
         self.metadata: dict[str, Any] = {}
         self.last_finish: str | None = None
         self.missing_logprobs = False
-        self.sources: set[str] = set()
+        self.sources: set[TokenSource] = set()
         """Where the ids came from: ``server`` and/or ``retokenized``."""
 
     def append_observation(self, ids: Sequence[int]) -> None:

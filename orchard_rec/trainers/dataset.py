@@ -59,7 +59,7 @@ def sample_tensors(s: Sample, advantage_fn: AdvantageFn | None = None) -> dict[s
     return item
 
 
-class OrchardDataset(Dataset):  # type: ignore[type-arg]
+class OrchardDataset(Dataset):
     """Map-style over a jsonl export (``orchard-rec export --format jsonl``)."""
 
     def __init__(self, path: str | Path, advantage_fn: AdvantageFn | None = None) -> None:
@@ -85,7 +85,7 @@ class OrchardDataset(Dataset):  # type: ignore[type-arg]
         return sample_tensors(self.sample(i), self.advantage_fn)
 
 
-class OrchardIterableDataset(IterableDataset):  # type: ignore[type-arg]
+class OrchardIterableDataset(IterableDataset):
     """Streams from the database (``db=``, reconstructing as it goes) or a jsonl file (``path=``)."""
 
     def __init__(
@@ -106,7 +106,7 @@ class OrchardIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
             yield from read_jsonl(Path(self.path))
             return
-        from orchard_rec.reconstruct.stream import iter_samples
+        from orchard_rec.pipeline import iter_samples
         from orchard_rec.storage.store import Store
 
         store = Store(self.db)  # type: ignore[arg-type]

@@ -27,8 +27,8 @@ import threading
 import uuid
 from typing import Any
 
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct.sample import Sample
-from orchard_rec.reconstruct.stream import iter_samples
 from orchard_rec.storage.store import Store
 from orchard_rec.trainers.slime_compat import sample_class, to_slime_dict
 

@@ -140,7 +140,7 @@ class SlimeSample:
 def sample_class() -> Any:
     """slime's ``Sample`` when slime is importable, else the stand-in."""
     try:
-        from slime.utils.types import Sample as SlimeNative  # type: ignore[import-not-found]
+        from slime.utils.types import Sample as SlimeNative
     except ImportError:
         return SlimeSample
     return SlimeNative

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct.sample import Sample, numeric_reward
-from orchard_rec.reconstruct.stream import iter_samples
 from orchard_rec.storage.store import Store
 
 __all__ = ["RecordedAgentLoop", "agent_loop_output", "agent_loop_outputs"]
@@ -38,7 +38,7 @@ def agent_loop_output(s: Sample) -> Any:
         },
     }
     try:
-        from verl.experimental.agent_loop.agent_loop import AgentLoopOutput  # type: ignore[import-not-found]
+        from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
     except ImportError:
         return fields
     return AgentLoopOutput(**fields)
@@ -58,7 +58,7 @@ class RecordedAgentLoop:
 
     async def run(self, sampling_params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         sid = kwargs["session_id"]
-        samples = list(iter_samples(self.store, sessions=[sid], on_mismatch=self.on_mismatch))  # type: ignore[arg-type]
+        samples = list(iter_samples(self.store, sessions=[sid], on_mismatch=self.on_mismatch))
         if not samples:
             raise KeyError(f"no recorded samples for session {sid!r}")
         return agent_loop_output(max(samples, key=lambda s: len(s.turns)))

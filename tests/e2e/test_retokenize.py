@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchard_rec.reconstruct import iter_samples
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.tokenizer import load_hf_tokenizer
 
 from .agents import AGENTS

@@ -17,7 +17,7 @@ import pytest
 from e2e.agents import AGENTS
 from factories import check_invariants
 
-from orchard_rec.reconstruct import iter_samples
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
 from orchard_rec.tokenizer import load_hf_tokenizer

@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 
-from orchard_rec.reconstruct import iter_samples
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.records import CallOutcome
 
 SESSIONS = 30

@@ -163,7 +163,7 @@ def test_sft_trains_only_credited_tokens_and_the_loss_falls(recorded_db, tmp_pat
 
 
 def test_verl_agent_loop_outputs(recorded_db) -> None:  # type: ignore[no-untyped-def]
-    from orchard_rec.reconstruct import iter_samples
+    from orchard_rec.pipeline import iter_samples
     from orchard_rec.storage import Store
 
     [s] = list(iter_samples(Store(recorded_db), sessions=["sess-0"]))

@@ -1,4 +1,7 @@
-"""Samples straight from the database: selection, grouping and filters, streaming.
+"""Samples straight from the database: storage → reconstruct, with selection, grouping and filters.
+
+This is the one place that reads calls from a ``Store`` for reconstruction (``reconstruct/``
+itself never touches storage); exporters, trainers and the CLI all take samples from here.
 
 Selection is by session (``sessions``, ``since``, ``harness``). ``group_by`` names a key
 of the sessions' outcome metadata (``task_id``, say; the special value ``session`` makes
@@ -19,9 +22,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from orchard_rec.reconstruct.credit import CreditPolicy, credit_policy
-from orchard_rec.reconstruct.merge import MismatchPolicy, reconstruct_session
-from orchard_rec.reconstruct.sample import Sample, numeric_reward
+from orchard_rec.reconstruct import (
+    CreditPolicy,
+    MismatchPolicy,
+    Sample,
+    credit_policy,
+    numeric_reward,
+    reconstruct_session,
+)
 from orchard_rec.storage.store import SessionSummary, Store
 
 __all__ = ["iter_samples"]
@@ -50,7 +58,7 @@ def iter_samples(
     sessions: Sequence[str] | None = None,
     since: float | None = None,
     harness: str | None = None,
-    on_mismatch: MismatchPolicy = "split",
+    on_mismatch: MismatchPolicy | str = MismatchPolicy.SPLIT,
     credit: CreditPolicy | str | None = None,
     group_by: str | None = None,
     pass_rate: tuple[float, float] | None = None,

@@ -1,4 +1,5 @@
-"""Terminal rendering of a sample: prompt plain, observations dim, trained tokens highlighted."""
+"""Terminal rendering of a sample (the CLI's ``show`` and ``demo``): prompt plain,
+observations dim, trained tokens highlighted. CLI side: imports rich; ``reconstruct/`` never does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 
 __all__ = ["render_sample"]
 
