@@ -64,7 +64,7 @@ def _row(s: Sample) -> dict[str, Any]:
         "token_weights": s.token_weights,
         "reward": numeric_reward(s.reward),
         "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
-        "status": s.status,
+        "status": str(s.status),
         "metadata_json": orjson.dumps(d["metadata"]).decode(),
     }
 

@@ -1,4 +1,4 @@
-"""Database → samples → a file of some format (selection and filters: ``reconstruct.stream``)."""
+"""Database → samples → a file of some format (selection and filters: ``orchard_rec.pipeline``)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def _sft_row(s: Sample) -> dict[str, Any]:
         "index": s.index,
         "group_index": s.group_index,
         "reward": s.reward,
-        "status": s.status,
+        "status": str(s.status),
     }
 
 

@@ -69,7 +69,7 @@ def value_rows(s: Sample) -> list[dict[str, Any]]:
                 "is_last": k == len(s.turns) - 1,
                 "reward": numeric_reward(s.reward),
                 "reward_json": reward_json,
-                "status": s.status,
+                "status": str(s.status),
             }
         )
     return rows

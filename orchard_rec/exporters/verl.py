@@ -69,7 +69,7 @@ def _verl_row(s: Sample) -> dict[str, Any]:
             "session_id": s.session_id,
             "index": s.index,
             "group_index": s.group_index,
-            "status": s.status,
+            "status": str(s.status),
             "call_ids": list(s.metadata.get("call_ids", [])),
             "token_source": s.metadata.get("token_source"),
             "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),

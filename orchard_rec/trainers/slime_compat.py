@@ -75,7 +75,7 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
         reward=s.reward,
         loss_mask=list(s.loss_mask),
         rollout_log_probs=list(s.rollout_log_probs),
-        status=s.status if s.status in SLIME_STATUSES else "failed",
+        status=str(s.status) if s.status in SLIME_STATUSES else "failed",
         metadata=meta,
         session_id=s.session_id,
     )

@@ -33,7 +33,7 @@ def agent_loop_output(s: Sample) -> Any:
             "session_id": s.session_id,
             "index": s.index,
             "group_index": s.group_index,
-            "status": s.status,
+            "status": str(s.status),
             "call_ids": list(s.metadata.get("call_ids", [])),
         },
     }

@@ -38,8 +38,12 @@ def test_slime_torch_file_matches_slimes_loader(recorded, tmp_path) -> None:  # 
     assert stats.samples == len(ref) == 6
     data = torch.load(tmp_path / "rollout.pt", weights_only=False)  # as slime/ray/rollout.py loads it
     assert data["rollout_id"] == 0
+    assert (
+        b"orchard_rec" not in (tmp_path / "rollout.pt").read_bytes()
+    )  # loads where orchard-rec is not installed
     for d, r in zip(data["samples"], ref):
         assert set(d) == set(SLIME_FIELDS)  # no unknown keys, none missing
+        assert type(d["status"]) is str
         s = SlimeSample.from_dict(d)
         assert s.tokens == r.tokens and s.response_length == r.response_length
         assert s.loss_mask == r.loss_mask and len(s.loss_mask) == s.response_length
