@@ -1538,6 +1538,117 @@ def train_sft_cmd(
     )
 
 
+# -- steps and process rewards ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def steps(
+    session: str = typer.Argument(..., help="Session id."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON list of steps."),
+    db: str = DbOpt,
+) -> None:
+    """What the agent did: each tool call (command, files read/edited) and its result (exit code)."""
+    from orchard_rec.recipes import session_steps
+
+    with _reading(db) as store:
+        if store.session(session) is None:
+            raise CliError(f"no session {session!r} in {db}", "list them with `orchard-rec sessions`")
+        found, turns = session_steps(store, session)
+    if as_json:
+        typer.echo(json.dumps([s.to_dict() for s in found], ensure_ascii=False))
+        return
+    if not found:
+        typer.echo(f"session {session}: no tool calls in {turns} model turns")
+        return
+    rows = []
+    for s in found:
+        what = (
+            s.command
+            if s.command is not None
+            else ", ".join(s.edits or s.reads) or json.dumps(s.arguments)[:80]
+        )
+        code = "-" if s.exit_code is None else str(s.exit_code)
+        rows.append(
+            [
+                str(s.index),
+                str(s.turn),
+                s.tool,
+                s.kind,
+                what.replace("\n", " ")[:100],
+                code,
+                "yes" if s.failed else "",
+            ]
+        )
+    _table(["#", "turn", "tool", "kind", "command / files", "exit", "failed"], rows)
+
+
+@app.command()
+def reward(
+    rules: str = typer.Option(
+        "swe", "--rules", help="Rule set (built in: swe, Orchard-SWE's process_shaped)."
+    ),
+    session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
+    weights: str | None = typer.Option(
+        None, "--weights", help='Override term weights, e.g. \'{"f2p": 0.6, "error_rate": 0}\'.'
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the rewards, store nothing."),
+    db: str = DbOpt,
+) -> None:
+    """Rule-based process rewards from each session's steps and its outcome's gold fields; stored
+    with the outcome (metadata.process_reward, step_values) for export --reward-key process."""
+    from orchard_rec import rewards as reward_sets
+    from orchard_rec.recipes import score_session, with_process_reward
+
+    options: dict[str, Any] = {}
+    if weights is not None:
+        try:
+            options["weights"] = json.loads(weights)
+        except json.JSONDecodeError as exc:
+            raise usage_error(
+                f"--weights is not JSON: {exc.msg}", "e.g. --weights '{\"f2p\": 0.6}'"
+            ) from None
+    try:
+        rule_set = reward_sets.get(rules, **options)
+    except KeyError as exc:
+        raise usage_error(str(exc.args[0])) from None
+    except (ValueError, TypeError) as exc:
+        raise usage_error(f"--weights: {exc}") from None
+    with _reading(db) as store:
+        selected = store.sessions(session)
+        if session:
+            missing = sorted(set(session) - {s.id for s in selected})
+            if missing:
+                _warn(f"no session {', '.join(map(repr, missing))} in {db}")
+        results = []
+        for summary in selected:
+            res = score_session(store, summary.id, rule_set)
+            if res is not None:
+                results.append((summary, res))
+    if not results:
+        raise CliError("no session to score" + (" matches --session" if session else f" in {db}"))
+    rows = []
+    for summary, res in results:
+        c = res.components
+        rows.append(
+            [summary.id, f"{res.total:.3f}"]
+            + [
+                f"{c.get(k, 0.0):.2f}"
+                for k in ("resolved", "f2p", "localization", "anchored_flip", "integrity_gate")
+            ]
+            + ["; ".join(res.notes)[:60]]
+        )
+    _table(["session", "reward", "resolved", "f2p", "loc", "flip", "gate", "notes"], rows)
+    if dry_run:
+        return
+    store = open_write(db)
+    try:
+        for summary, res in results:
+            set_outcome(store, summary.id, with_process_reward(summary.outcome, rules, res))
+    finally:
+        store.close()
+    typer.echo(f"stored {rules} process rewards for {len(results)} sessions", err=True)
+
+
 def main() -> NoReturn:
     app()
     raise SystemExit(0)  # pragma: no cover - app() exits
