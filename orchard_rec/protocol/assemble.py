@@ -6,8 +6,8 @@ the final object. ``extract_tokens`` then reads the vLLM-specific token fields
 (``prompt_token_ids``, ``token_ids``) and logprobs from a final object.
 
 Quirks kept here:
-- vLLM sends ``prompt_token_ids`` on the first chat chunk only, and per-chunk
-  ``choices[i].token_ids`` deltas; completions put ``prompt_token_ids`` on the choice.
+- vLLM sends ``prompt_token_ids`` on the first chat chunk only, ``system_fingerprint``
+  on the last only, and per-chunk ``choices[i].token_ids`` deltas; completions put ``prompt_token_ids`` on the choice.
 - Anthropic streams ``input_json_delta`` fragments: the tool input is parsed once
   the block stops; a fragment stream that is not valid JSON is kept as a string.
 """
@@ -50,8 +50,6 @@ def _chat(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
         "created": first.get("created"),
         "model": first.get("model"),
     }
-    if first.get("system_fingerprint") is not None:
-        out["system_fingerprint"] = first["system_fingerprint"]
     choices: dict[int, dict[str, Any]] = {}
     usage = None
     for ch in chunks:
@@ -59,6 +57,8 @@ def _chat(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
             out["prompt_token_ids"] = list(ch["prompt_token_ids"])
         if ch.get("usage"):
             usage = ch["usage"]
+        if ch.get("system_fingerprint") is not None:  # vLLM sends it in the last chunk only
+            out["system_fingerprint"] = ch["system_fingerprint"]
         for c in ch.get("choices") or ():
             idx = c.get("index", 0)
             acc = choices.setdefault(

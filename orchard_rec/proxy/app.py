@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from orchard_rec.errors import (
     BadRequest,
@@ -102,6 +103,7 @@ _HOP = frozenset(
         "host",
         "content-length",
         "accept-encoding",
+        "content-encoding",  # aiohttp decoded the body we read; the upstream gets it plain
         "x-orchard-session",
     }
 )
@@ -181,6 +183,9 @@ async def _read_body(request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge as exc:
         limit = request.app[CONFIG].max_body_bytes
         raise PayloadTooLarge(f"request body is larger than the proxy's limit of {limit} bytes") from exc
+    except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip over a body that is not gzip
+        enc = request.headers.get("content-encoding", "")
+        raise BadRequest(f"request body could not be read (content-encoding {enc!r}): {exc}") from exc
 
 
 def _upstream_headers(request: web.Request) -> dict[str, str]:
