@@ -856,8 +856,14 @@ def show(
     plain: bool = typer.Option(
         False, "--plain", help="Text with <train>/<gen>/<obs> markers (the default when piped)."
     ),
+    html: Path | None = typer.Option(
+        None, "--html", help="Write the viewer's session page to this file (one self-contained HTML)."
+    ),
 ) -> None:
     """Print a session's samples with the trained tokens highlighted."""
+    if html is not None:
+        _show_html(session, db, tokenizer, on_mismatch, credit, html)
+        return
     from orchard_rec.pipeline import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
     from orchard_rec.render import render_sample
@@ -875,6 +881,43 @@ def show(
                 typer.echo(_plain_sample(s, tok, prompt_chars), nl=False)
             else:
                 console.print(render_sample(s, tok, prompt_chars=prompt_chars))
+
+
+def _show_html(session: str, db: str, tokenizer: str | None, on_mismatch: str, credit: str, out: Path) -> None:
+    """``show --html``: the viewer's session page as one self-contained file."""
+    from orchard_rec.ui import UIError, render_session_html
+
+    tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
+    with _reading(db) as store:
+        try:
+            page = render_session_html(store, session, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
+        except UIError as exc:
+            raise CliError(f"{exc} in {db}", "list them with `orchard-rec sessions`") from None
+    out.write_text(page, encoding="utf-8")
+    typer.echo(f"wrote {out} ({len(page.encode()) / 1e6:.1f} MB, self-contained)")
+
+
+@app.command()
+def ui(
+    db: str = DbOpt,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8200, "--port"),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); else the recorded text."
+    ),
+    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
+    credit: Credit = typer.Option("assistant", "--credit"),
+) -> None:
+    """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
+    from aiohttp import web
+
+    from orchard_rec.ui import build_ui_app
+
+    tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
+    with _reading(db) as store:
+        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
+        typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
+        web.run_app(app_, host=host, port=port, print=None)
 
 
 # -- db ------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,17 @@
+"""The trajectory viewer: ``orchard-rec ui``, ``serve --ui`` (mounted at ``/ui``) and ``show --html``.
+
+Owns the read-only web views over a recorded database (sessions table, session page with its
+call waterfall, conversations, token-level samples and split points, the prompt compare view)
+and their JSON API under ``/api/``. Server-rendered with Jinja2 on aiohttp; the templates and the
+plain JavaScript/CSS under ``static/`` ship as package data (no Node build step).
+
+May import: ``orchard_rec.storage`` (public ``Store`` reads and the ``sessions`` table for SQL
+pagination), ``orchard_rec.reconstruct``, ``orchard_rec.records``, ``orchard_rec.tokenizer``.
+Never writes: it opens an existing database and refuses one without the schema; it never
+creates or migrates one.
+"""
+
+from orchard_rec.ui.app import build_ui_app, render_session_html
+from orchard_rec.ui.data import UIError, open_store
+
+__all__ = ["UIError", "build_ui_app", "open_store", "render_session_html"]

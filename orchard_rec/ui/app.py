@@ -1,0 +1,393 @@
+"""The viewer's aiohttp app: server-rendered pages, the JSON API under ``/api/``, static files.
+
+Pages: ``/`` (sessions), ``/s/{id}`` (one session), ``/s/{id}/compare/{seq}`` (call ``seq``'s
+prompt against the call before). API: ``GET /api/sessions`` (same filters as the page),
+``/api/stats`` (for polling), ``/api/sessions/{id}``, ``/api/sessions/{id}/calls/{seq}``,
+``/api/sessions/{id}/samples`` (the jsonl export's rows), ``/api/sessions/{id}/compare/{seq}``.
+Database reads run in worker threads; the event loop only renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import orjson
+from aiohttp import web
+
+from orchard_rec.storage.store import Store
+from orchard_rec.ui.data import (
+    STATUSES,
+    SessionFilter,
+    SessionView,
+    UIError,
+    call_detail,
+    compare_calls,
+    list_sessions,
+    session_view,
+    sessions_stats,
+)
+
+__all__ = ["UI_STORE", "build_ui_app", "render_session_html"]
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+UI_STORE = web.AppKey("ui_store", Store)
+_SETTINGS = web.AppKey("ui_settings", dict)
+_COOKIE = "orchard_ui_key"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _reward(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_reward(x)}" for k, x in v.items())
+    return str(v)
+
+
+def _num(n: int | None) -> str:
+    return "" if n is None else f"{n:,}"
+
+
+def _json_script(obj: Any) -> str:
+    """JSON safe inside ``<script type="application/json">``."""
+    return orjson.dumps(obj).decode().replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(HERE / "templates")),
+        autoescape=jinja2.select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=_when, dur=_dur, reward=_reward, num=_num, json_script=_json_script)
+    env.globals["urlencode"] = urlencode
+    return env
+
+
+ENV = _env()
+
+
+def _token_text(vocab: dict[int, str]) -> Callable[[int], str]:
+    return lambda i: vocab.get(i, f"⟨{i}⟩")
+
+
+def _session_context(view: SessionView, base: str, *, standalone: bool) -> dict[str, Any]:
+    samples = view.samples
+    return {
+        "base": base,
+        "standalone": standalone,
+        "s": view.summary,
+        "outcome": view.summary.outcome,
+        "calls": view.call_rows,
+        "samples": samples,
+        "splits": view.splits,
+        "token_text": _token_text(view.vocab),
+        "token_source": view.token_source,
+        "trained": sum(sum(s.loss_mask) for s in samples),
+        "tokens": sum(len(s.tokens) for s in samples),
+        "model": next((c["model"] for c in view.call_rows if c["model"]), None),
+        "span": view.span,
+        "errors": sum(1 for c in view.call_rows if c["error"] or c["outcome"] != "ok"),
+        "data": view.data(with_calls=standalone),
+    }
+
+
+def render_session_html(
+    store: Store,
+    session_id: str,
+    *,
+    tokenizer: Any = None,
+    on_mismatch: str = "split",
+    credit: str = "assistant",
+) -> str:
+    """The session page as ONE self-contained HTML file (CSS, JS and every call's JSON inlined)."""
+    view = session_view(store, session_id, tokenizer=tokenizer, on_mismatch=on_mismatch, credit=credit)
+    ctx = _session_context(view, "", standalone=True)
+    ctx["inline_css"] = (STATIC / "ui.css").read_text()
+    ctx["inline_js"] = (STATIC / "ui.js").read_text().replace("</script", "<\\/script")
+    return ENV.get_template("session.html").render(ctx)
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+def _settings(request: web.Request) -> dict[str, Any]:
+    return request.app[_SETTINGS]
+
+
+async def _run(request: web.Request, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kw)
+
+
+def _html(body: str, status: int = 200) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+async def sessions_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    f = SessionFilter.from_query(request.query)
+    page = await _run(request, list_sessions, request.app[UI_STORE], f, with_harnesses=True)
+    ctx = {
+        "base": st["base"],
+        "page": page,
+        "f": f,
+        "statuses": STATUSES,
+        "qs": lambda **kw: urlencode(f.query(**kw)),
+        "standalone": False,
+        "poll_ms": st["poll_ms"],
+    }
+    if request.query.get("fragment") == "rows":
+        return _html(ENV.get_template("_rows.html").render(ctx))
+    return _html(ENV.get_template("sessions.html").render(ctx))
+
+
+async def session_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    view = await _run(
+        request,
+        session_view,
+        request.app[UI_STORE],
+        request.match_info["sid"],
+        tokenizer=st["tokenizer"],
+        on_mismatch=request.query.get("on_mismatch", st["on_mismatch"]),
+        credit=request.query.get("credit", st["credit"]),
+    )
+    ctx = _session_context(view, st["base"], standalone=False)
+    ctx["on_mismatch"] = request.query.get("on_mismatch", st["on_mismatch"])
+    ctx["poll_ms"] = st["poll_ms"]
+    return _html(ENV.get_template("session.html").render(ctx))
+
+
+def _seq(request: web.Request) -> int:
+    try:
+        return int(request.match_info["seq"])
+    except ValueError:
+        raise UIError(f"call sequence numbers are integers, got {request.match_info['seq']!r}") from None
+
+
+async def compare_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    sid = request.match_info["sid"]
+    cmp = await _run(request, compare_calls, request.app[UI_STORE], sid, _seq(request))
+    view_vocab = await _run(request, _compare_vocab, request.app[UI_STORE], sid, st["tokenizer"], cmp)
+    ctx = {
+        "base": st["base"],
+        "c": cmp,
+        "sid": sid,
+        "token_text": _token_text(view_vocab),
+        "standalone": False,
+    }
+    return _html(ENV.get_template("compare.html").render(ctx))
+
+
+def _compare_vocab(store: Store, sid: str, tokenizer: Any, cmp: dict[str, Any]) -> dict[int, str]:
+    from orchard_rec.ui.data import _decode_one, recorded_vocab
+
+    tok = cmp.get("tokens")
+    if not tok:
+        return {}
+    ids = set(tok["held"]) | set(tok["sent"])
+    if tokenizer is not None:
+        return {i: _decode_one(tokenizer, i) for i in ids}
+    rec = recorded_vocab(store.calls(sid))
+    return {i: rec[i] for i in ids if i in rec}
+
+
+async def api_sessions(request: web.Request) -> web.Response:
+    f = SessionFilter.from_query(request.query)
+    page = await _run(request, list_sessions, request.app[UI_STORE], f)
+    return _json(page.to_json())
+
+
+async def api_stats(request: web.Request) -> web.Response:
+    return _json(await _run(request, sessions_stats, request.app[UI_STORE]))
+
+
+async def api_session(request: web.Request) -> web.Response:
+    st = _settings(request)
+    view = await _run(
+        request,
+        session_view,
+        request.app[UI_STORE],
+        request.match_info["sid"],
+        tokenizer=st["tokenizer"],
+        on_mismatch=request.query.get("on_mismatch", st["on_mismatch"]),
+        credit=request.query.get("credit", st["credit"]),
+    )
+    return _json(view.data())
+
+
+def _one_call(store: Store, sid: str, seq: int) -> dict[str, Any]:
+    for c in store.calls(sid):
+        if c.seq == seq:
+            return call_detail(c)
+    if store.session(sid) is None:
+        raise UIError(f"no session {sid!r}", 404)
+    raise UIError(f"session {sid!r} has no call {seq}", 404)
+
+
+async def api_call(request: web.Request) -> web.Response:
+    return _json(
+        await _run(request, _one_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    )
+
+
+async def api_samples(request: web.Request) -> web.Response:
+    st = _settings(request)
+    view = await _run(
+        request,
+        session_view,
+        request.app[UI_STORE],
+        request.match_info["sid"],
+        on_mismatch=request.query.get("on_mismatch", st["on_mismatch"]),
+        credit=request.query.get("credit", st["credit"]),
+    )
+    return _json([s.to_dict() for s in view.samples])
+
+
+async def api_compare(request: web.Request) -> web.Response:
+    return _json(
+        await _run(request, compare_calls, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    )
+
+
+async def session_stats(request: web.Request) -> web.Response:
+    def read(store: Store, sid: str) -> dict[str, Any]:
+        s = store.session(sid)
+        if s is None:
+            raise UIError(f"no session {sid!r}", 404)
+        return {"calls": s.call_count, "updated": s.updated_at, "outcome": s.outcome is not None}
+
+    return _json(await _run(request, read, request.app[UI_STORE], request.match_info["sid"]))
+
+
+# -- middleware: errors and keys ---------------------------------------------------------------
+
+
+def _is_api(request: web.Request) -> bool:
+    return "/api/" in request.path
+
+
+@web.middleware
+async def _ui_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except UIError as exc:
+        if _is_api(request):
+            return _json({"error": str(exc)}, exc.status)
+        return _html(
+            ENV.get_template("error.html").render(
+                base=_settings(request)["base"], message=str(exc), standalone=False
+            ),
+            exc.status,
+        )
+
+
+def _key_middleware(keys: Sequence[str]) -> Any:
+    @web.middleware
+    async def check(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path.startswith(_settings(request)["base"] + "/static/"):
+            return await handler(request)
+        given = request.query.get("key")
+        if given is not None and any(hmac.compare_digest(given, k) for k in keys):
+            q = {k: v for k, v in request.query.items() if k != "key"}
+            resp = web.HTTPFound(request.path + (("?" + urlencode(q)) if q else ""))
+            resp.set_cookie(_COOKIE, given, httponly=True, samesite="Strict")
+            raise resp
+        auth = request.headers.get("authorization", "")
+        presented = (
+            auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        ) or request.cookies.get(_COOKIE)
+        if presented and any(hmac.compare_digest(presented, k) for k in keys):
+            return await handler(request)
+        if _is_api(request):
+            return _json({"error": "the viewer needs the proxy's admin key (Authorization: Bearer KEY)"}, 401)
+        return _html(
+            ENV.get_template("error.html").render(
+                base=_settings(request)["base"],
+                message="This viewer needs the proxy's admin key.",
+                ask_key=True,
+                standalone=False,
+            ),
+            401,
+        )
+
+    return check
+
+
+def build_ui_app(
+    store: Store,
+    *,
+    base: str = "",
+    tokenizer: Any = None,
+    keys: Sequence[str] = (),
+    on_mismatch: str = "split",
+    credit: str = "assistant",
+    poll_ms: int = 2000,
+) -> web.Application:
+    """The viewer over ``store`` (opened by the caller, e.g. with ``open_store``; never written).
+
+    ``base``: the path it is mounted at (``""`` standalone, ``"/ui"`` inside the proxy), for links.
+    ``keys``: when given, every page and API call needs one (header, or ``?key=`` once: a cookie).
+    """
+    middlewares: list[Any] = [_ui_errors]
+    if keys:
+        middlewares.insert(0, _key_middleware(tuple(keys)))
+    app = web.Application(middlewares=middlewares)
+    app[UI_STORE] = store
+    app[_SETTINGS] = {
+        "base": base.rstrip("/"),
+        "tokenizer": tokenizer,
+        "on_mismatch": on_mismatch,
+        "credit": credit,
+        "poll_ms": poll_ms,
+    }
+    r = app.router
+    r.add_get("/", sessions_page)
+    r.add_get("/s/{sid}", session_page)
+    r.add_get("/s/{sid}/compare/{seq}", compare_page)
+    r.add_get("/api/sessions", api_sessions)
+    r.add_get("/api/stats", api_stats)
+    r.add_get("/api/sessions/{sid}", api_session)
+    r.add_get("/api/sessions/{sid}/stats", session_stats)
+    r.add_get("/api/sessions/{sid}/calls/{seq}", api_call)
+    r.add_get("/api/sessions/{sid}/samples", api_samples)
+    r.add_get("/api/sessions/{sid}/compare/{seq}", api_compare)
+    r.add_static("/static/", STATIC)
+    return app

@@ -1,0 +1,625 @@
+"""What the viewer shows, read from the database (never written).
+
+The sessions table is filtered, sorted and paginated in SQL over the ``sessions`` table (one
+page of rows and one ``count`` per request, whatever the number of sessions); the page's
+models and token counts come from ``Store.iter_sessions_calls`` for those rows only. A
+session's page reads its calls with ``Store.calls`` and its samples with
+``reconstruct.iter_samples``, exactly what ``export --session`` writes.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import func, inspect, literal_column, select
+from sqlalchemy.engine import make_url
+
+from orchard_rec.reconstruct import iter_samples
+from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.records import CallRecord
+from orchard_rec.storage.models import Session
+from orchard_rec.storage.store import SessionSummary, Store
+from orchard_rec.ui.chat import conversation, response_turn
+
+__all__ = [
+    "SORTS",
+    "STATUSES",
+    "SessionFilter",
+    "UIError",
+    "call_detail",
+    "chat_of",
+    "compare_calls",
+    "list_sessions",
+    "open_store",
+    "session_view",
+    "sessions_stats",
+]
+
+STATUSES = ("completed", "truncated", "aborted", "failed", "none")
+SORTS = ("id", "harness", "calls", "status", "reward", "started", "updated", "duration")
+
+
+class UIError(Exception):
+    """A problem the user can fix (no database, no schema, no such session): one line, no traceback."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def open_store(url: str) -> Store:
+    """An existing orchard-rec database, opened for reading. Never creates or migrates one."""
+    try:
+        u = make_url(url)
+    except Exception as exc:
+        raise UIError(f"not a database URL: {url!r} ({exc})") from None
+    if u.get_backend_name() == "sqlite":
+        path = u.database or ""
+        if path in ("", ":memory:") or not Path(path).is_file():
+            raise UIError(f"no database at {url} (record something first: orchard-rec serve / demo)")
+    store = Store(url, readonly=True)
+    try:
+        tables = set(inspect(store.engine).get_table_names())
+    except Exception as exc:
+        store.close()
+        raise UIError(f"cannot open {url}: {exc}") from None
+    if not {"sessions", "calls"} <= tables:
+        store.close()
+        raise UIError(f"{url} has no orchard-rec schema (orchard-rec db upgrade --db URL creates it)")
+    return store
+
+
+# -- the sessions table ----------------------------------------------------------------------------
+
+
+@dataclass
+class SessionFilter:
+    q: str = ""
+    harness: str = ""
+    status: str = ""
+    reward_min: float | None = None
+    reward_max: float | None = None
+    since: float | None = None
+    until: float | None = None
+    sort: str = "started"
+    order: str = "desc"
+    page: int = 1
+    per_page: int = 50
+
+    @classmethod
+    def from_query(cls, q: Any) -> SessionFilter:
+        def num(name: str) -> float | None:
+            v = (q.get(name) or "").strip()
+            if not v:
+                return None
+            try:
+                return float(v)
+            except ValueError:
+                raise UIError(f"{name} must be a number, got {v!r}") from None
+
+        def when(name: str) -> float | None:
+            v = (q.get(name) or "").strip()
+            if not v:
+                return None
+            try:
+                return float(v)
+            except ValueError:
+                pass
+            try:
+                dt = datetime.fromisoformat(v)
+            except ValueError:
+                raise UIError(f"{name} must be an ISO date/time or epoch seconds, got {v!r}") from None
+            return dt.replace(tzinfo=dt.tzinfo or UTC).timestamp()
+
+        def integer(name: str, default: int, lo: int, hi: int) -> int:
+            v = (q.get(name) or "").strip()
+            try:
+                return min(hi, max(lo, int(v))) if v else default
+            except ValueError:
+                raise UIError(f"{name} must be an integer, got {v!r}") from None
+
+        sort = q.get("sort") or "started"
+        if sort not in SORTS:
+            raise UIError(f"sort must be one of {', '.join(SORTS)}, got {sort!r}")
+        order = q.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise UIError(f"order must be asc or desc, got {order!r}")
+        status = q.get("status") or ""
+        if status and status not in STATUSES:
+            raise UIError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        return cls(
+            q=(q.get("q") or "").strip(),
+            harness=(q.get("harness") or "").strip(),
+            status=status,
+            reward_min=num("reward_min"),
+            reward_max=num("reward_max"),
+            since=when("since"),
+            until=when("until"),
+            sort=sort,
+            order=order,
+            page=integer("page", 1, 1, 10**9),
+            per_page=integer("per_page", 50, 1, 500),
+        )
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of this filter (with ``changes``), for links; defaults left out."""
+        d = {**self.__dict__, **changes}
+        out: dict[str, str] = {}
+        for k, v in d.items():
+            if v is None or v == "" or (k, v) in (("sort", "started"), ("order", "desc"), ("page", 1)):
+                continue
+            if (k, v) == ("per_page", 50):
+                continue
+            out[k] = str(v)
+        return out
+
+
+def _reward_expr(dialect: str) -> Any:
+    if dialect == "postgresql":
+        return literal_column(
+            "CASE WHEN json_typeof(sessions.reward) = 'number' THEN (sessions.reward::text)::float8 END"
+        )
+    return literal_column("CASE WHEN typeof(sessions.reward) IN ('integer', 'real') THEN sessions.reward END")
+
+
+def _duration_expr(dialect: str) -> Any:
+    if dialect == "postgresql":
+        return literal_column("EXTRACT(EPOCH FROM (sessions.updated_at - sessions.created_at))")
+    return literal_column("((julianday(sessions.updated_at) - julianday(sessions.created_at)) * 86400.0)")
+
+
+def _ts(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def _epoch(dt: datetime | None) -> float | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _where(f: SessionFilter, dialect: str) -> list[Any]:
+    t = Session.__table__.c
+    conds: list[Any] = []
+    if f.q:
+        like = f"%{f.q}%"
+        conds.append(t.id.ilike(like) | t.harness.ilike(like))
+    if f.harness:
+        conds.append(t.harness.is_(None) if f.harness == "none" else t.harness == f.harness)
+    if f.status:
+        conds.append(t.status.is_(None) if f.status == "none" else t.status == f.status)
+    reward = _reward_expr(dialect)
+    if f.reward_min is not None:
+        conds.append(reward >= f.reward_min)
+    if f.reward_max is not None:
+        conds.append(reward <= f.reward_max)
+    if f.since is not None:
+        conds.append(t.created_at >= _ts(f.since))
+    if f.until is not None:
+        conds.append(t.created_at <= _ts(f.until))
+    return conds
+
+
+def _sort_expr(sort: str, dialect: str) -> Any:
+    t = Session.__table__.c
+    return {
+        "id": t.id,
+        "harness": t.harness,
+        "calls": t.call_count,
+        "status": t.status,
+        "reward": _reward_expr(dialect),
+        "started": t.created_at,
+        "updated": t.updated_at,
+        "duration": _duration_expr(dialect),
+    }[sort]
+
+
+@dataclass
+class SessionRow:
+    id: str
+    harness: str | None
+    calls: int
+    status: str | None
+    reward: Any
+    started: float
+    updated: float
+    model: str | None = None
+    context_tokens: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.updated - self.started)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "duration": self.duration}
+
+
+@dataclass
+class SessionPage:
+    rows: list[SessionRow]
+    total: int
+    filter: SessionFilter
+    harnesses: list[str] = field(default_factory=list)
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.filter.per_page))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "page": self.filter.page,
+            "pages": self.pages,
+            "per_page": self.filter.per_page,
+            "sessions": [r.to_json() for r in self.rows],
+        }
+
+
+def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = False) -> SessionPage:
+    """One page of sessions: filter, sort and paginate in SQL; enrich only that page's rows."""
+    dialect = store.dialect
+    t = Session.__table__
+    conds = _where(f, dialect)
+    key = _sort_expr(f.sort, dialect)
+    ordering = key.asc() if f.order == "asc" else key.desc()
+    stmt = (
+        select(t.c.id, t.c.harness, t.c.call_count, t.c.status, t.c.reward, t.c.created_at, t.c.updated_at)
+        .where(*conds)
+        .order_by(ordering.nulls_last(), t.c.id.asc() if f.order == "asc" else t.c.id.desc())
+        .limit(f.per_page)
+        .offset((f.page - 1) * f.per_page)
+    )
+    count = select(func.count()).select_from(t).where(*conds)
+    with store.engine.connect() as conn:
+        total = int(conn.execute(count).scalar_one())
+        rows = [
+            SessionRow(
+                id=r.id,
+                harness=r.harness,
+                calls=int(r.call_count or 0),
+                status=r.status,
+                reward=_loads(r.reward),
+                started=_epoch(r.created_at) or 0.0,
+                updated=_epoch(r.updated_at) or 0.0,
+            )
+            for r in conn.execute(stmt)
+        ]
+        harnesses = (
+            sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h) if with_harnesses else []
+        )
+    _enrich(store, rows)
+    return SessionPage(rows, total, f, harnesses)
+
+
+def _loads(v: Any) -> Any:
+    return orjson.loads(v) if isinstance(v, (str, bytes)) else v
+
+
+def _enrich(store: Store, rows: list[SessionRow]) -> None:
+    """Model and token counts of the page's sessions (their calls' ids, no bodies)."""
+    if not rows:
+        return
+    by_id = {r.id: r for r in rows}
+    for summary, calls in store.iter_sessions_calls(list(by_id)):
+        row = by_id.get(summary.id)
+        if row is None:
+            continue
+        for c in calls:
+            row.model = c.model or row.model
+            p = len(c.prompt_ids or ())
+            n = len(c.completion_ids or ())
+            row.prompt_tokens += p
+            row.completion_tokens += n
+            row.context_tokens = max(row.context_tokens, p + n)
+            if c.error or c.outcome.value != "ok":
+                row.errors += 1
+
+
+def sessions_stats(store: Store) -> dict[str, Any]:
+    """What changes when something is recorded: for polling."""
+    t = Session.__table__
+    with store.engine.connect() as conn:
+        n, last, calls = conn.execute(
+            select(func.count(), func.max(t.c.updated_at), func.coalesce(func.sum(t.c.call_count), 0))
+        ).one()
+    return {"count": int(n), "calls": int(calls or 0), "updated": _epoch(last) if last else None}
+
+
+# -- one session ---------------------------------------------------------------------------------
+
+
+def _call_row(c: CallRecord, t0: float, span: float) -> dict[str, Any]:
+    fb = c.first_byte_at
+    wait_end = fb if fb is not None else c.done_at
+    return {
+        "seq": c.seq,
+        "call_id": c.call_id,
+        "dialect": c.dialect.value,
+        "path": c.path,
+        "stream": c.stream,
+        "status_code": c.status_code,
+        "outcome": c.outcome.value,
+        "model": c.model,
+        "error": c.error,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": None if c.prompt_ids is None else len(c.prompt_ids),
+        "completion_tokens": None if c.completion_ids is None else len(c.completion_ids),
+        "received_at": c.received_at,
+        "first_byte_at": fb,
+        "done_at": c.done_at,
+        "ttfb_ms": None if fb is None else round((fb - c.received_at) * 1000, 1),
+        "latency_ms": round((c.done_at - c.received_at) * 1000, 1),
+        "bar": {
+            "left": 100 * (c.received_at - t0) / span,
+            "wait": max(0.15, 100 * (wait_end - c.received_at) / span),
+            "stream": max(0.0, 100 * (c.done_at - wait_end) / span) if fb is not None else 0.0,
+        },
+        "metadata": dict(c.metadata or {}),
+    }
+
+
+def call_detail(c: CallRecord) -> dict[str, Any]:
+    """A call's full record, as the raw-JSON views show it."""
+    return {
+        "seq": c.seq,
+        "call_id": c.call_id,
+        "dialect": c.dialect.value,
+        "method": c.method,
+        "path": c.path,
+        "headers": dict(c.headers or {}),
+        "request": c.request,
+        "upstream_request": c.upstream_request,
+        "response": c.response,
+        "error": c.error,
+        "usage": c.usage,
+        "metadata": dict(c.metadata or {}),
+        "chat": chat_of(c),
+    }
+
+
+def chat_of(c: CallRecord) -> list[dict[str, Any]]:
+    """The conversation a call sent, then the answer it got (flagged ``answer``)."""
+    turns = conversation(c.request, c.dialect.value)
+    answer = response_turn(c.response, c.dialect.value)
+    if answer is not None:
+        answer["answer"] = True
+        turns.append(answer)
+    return turns
+
+
+def _decode_one(tok: Any, i: int) -> str:
+    try:
+        return str(tok.decode([i], skip_special_tokens=False))
+    except TypeError:
+        return str(tok.decode([i]))
+
+
+def recorded_vocab(calls: Sequence[CallRecord]) -> dict[int, str]:
+    """Token texts the upstream itself reported (chat ``logprobs.content[].token``) for generated ids."""
+    vocab: dict[int, str] = {}
+    for c in calls:
+        ids = c.completion_ids
+        resp = c.response
+        if not ids or not isinstance(resp, dict):
+            continue
+        for choice in resp.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            content = (
+                (choice.get("logprobs") or {}).get("content")
+                if isinstance(choice.get("logprobs"), dict)
+                else None
+            )
+            if isinstance(content, list) and len(content) == len(ids):
+                for i, entry in zip(ids, content):
+                    if isinstance(entry, dict) and isinstance(entry.get("token"), str):
+                        vocab.setdefault(int(i), entry["token"])
+            break
+    return vocab
+
+
+def _sample_tokens(s: Sample) -> dict[str, Any]:
+    p = s.prompt_length
+    kind = [0] * p + [1] * s.response_length  # 0 prompt, 1 observation, 2 generated
+    for t in s.turns:
+        for k in range(p + t.start, p + t.end):
+            kind[k] = 2
+    return {
+        "index": s.index,
+        "ids": s.tokens,
+        "mask": [0] * p + list(s.loss_mask),
+        "lp": [None] * p
+        + [float(x) if kind[p + k] == 2 else None for k, x in enumerate(s.rollout_log_probs)],
+        "kind": kind,
+        "w": None if s.token_weights is None else [None] * p + list(s.token_weights),
+    }
+
+
+def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class SessionView:
+    summary: SessionSummary
+    calls: list[CallRecord]
+    call_rows: list[dict[str, Any]]
+    samples: list[Sample]
+    sample_tokens: list[dict[str, Any]]
+    splits: dict[int, dict[str, Any]]
+    vocab: dict[int, str]
+    token_source: str
+    start: float
+    span: float
+
+    def data(self, *, with_calls: bool = False) -> dict[str, Any]:
+        """The page's data blob (and the session JSON API)."""
+        out: dict[str, Any] = {
+            "session": _summary_json(self.summary),
+            "calls": self.call_rows,
+            "vocab": {str(k): v for k, v in self.vocab.items()},
+            "token_source": self.token_source,
+            "samples": self.sample_tokens,
+        }
+        if with_calls:
+            out["call_details"] = {str(c.seq): call_detail(c) for c in self.calls}
+        return out
+
+
+def _summary_json(s: SessionSummary) -> dict[str, Any]:
+    o = s.outcome
+    return {
+        "id": s.id,
+        "harness": s.harness,
+        "calls": s.call_count,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "outcome": None
+        if o is None
+        else {
+            "reward": o.reward,
+            "status": o.status,
+            "step_values": None if o.step_values is None else list(o.step_values),
+            "metadata": dict(o.metadata),
+        },
+    }
+
+
+def session_view(
+    store: Store,
+    session_id: str,
+    *,
+    tokenizer: Any = None,
+    on_mismatch: str = "split",
+    credit: str = "assistant",
+) -> SessionView:
+    summary = store.session(session_id)
+    if summary is None:
+        raise UIError(f"no session {session_id!r}", 404)
+    calls = sorted(store.calls(session_id), key=lambda c: (c.seq or 0, c.received_at))
+    samples = list(iter_samples(store, sessions=[session_id], on_mismatch=on_mismatch, credit=credit))  # type: ignore[arg-type]
+    t0 = min((c.received_at for c in calls), default=summary.created_at)
+    t1 = max((c.done_at for c in calls), default=t0)
+    span = max(t1 - t0, 1e-3)
+    rows = [_call_row(c, t0, span) for c in calls]
+    ids = {i for s in samples for i in s.tokens}
+    if tokenizer is not None:
+        vocab = {i: _decode_one(tokenizer, i) for i in ids}
+        source = "tokenizer"
+    else:
+        rec = recorded_vocab(calls)
+        vocab = {i: rec[i] for i in ids if i in rec}
+        source = "recorded text" if vocab else "ids only"
+    splits: dict[int, dict[str, Any]] = {}
+    for s in samples:
+        reason = s.metadata.get("reason")
+        parent_index = s.metadata.get("split_from")
+        if reason is None or not isinstance(parent_index, int) or parent_index >= len(samples):
+            continue
+        parent = samples[parent_index]
+        pos = _first_mismatch(parent.tokens, s.tokens)
+        lo = max(0, pos - 12)
+        splits[s.index] = {
+            "reason": reason,
+            "parent": parent.index,
+            "position": pos,
+            "start": lo,
+            "held": parent.tokens[lo : pos + 24],
+            "sent": s.tokens[lo : pos + 24],
+            "held_len": len(parent.tokens),
+            "sent_len": s.prompt_length,
+        }
+    return SessionView(
+        summary=summary,
+        calls=calls,
+        call_rows=rows,
+        samples=samples,
+        sample_tokens=[_sample_tokens(s) for s in samples],
+        splits=splits,
+        vocab=vocab,
+        token_source=source,
+        start=t0,
+        span=span,
+    )
+
+
+# -- compare two consecutive calls ---------------------------------------------------------------
+
+
+def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
+    """Call ``seq`` against the call before it: what its prompt kept, changed, dropped and added."""
+    calls = {c.seq: c for c in store.calls(session_id)}
+    if seq not in calls:
+        raise UIError(f"session {session_id!r} has no call {seq}", 404)
+    b = calls[seq]
+    prev_seqs = [s for s in calls if s is not None and s < seq]
+    a = calls[max(prev_seqs)] if prev_seqs else None
+    out: dict[str, Any] = {"session_id": session_id, "a": None if a is None else a.seq, "b": seq}
+    msgs_b = [_msg_key(m) for m in conversation(b.request, b.dialect.value)]
+    if a is not None:
+        msgs_a = [_msg_key(m) for m in conversation(a.request, a.dialect.value)]
+        ans = response_turn(a.response, a.dialect.value)
+        if ans is not None:
+            msgs_a.append(_msg_key(ans))
+    else:
+        msgs_a = []
+    ops = []
+    sm = difflib.SequenceMatcher(a=msgs_a, b=msgs_b, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        ops.append({"op": tag, "a": msgs_a[i1:i2], "b": msgs_b[j1:j2]})
+    out["messages"] = ops
+    held = None if a is None or a.prompt_ids is None else list(a.prompt_ids) + list(a.completion_ids or ())
+    sent = None if b.prompt_ids is None else list(b.prompt_ids)
+    if held is not None and sent is not None:
+        pos = _first_mismatch(held, sent)
+        if pos == len(held):
+            verdict = "extends"
+        elif len(sent) < len(held) and pos == len(sent):
+            verdict = "prefix (fork or retry)"
+        elif len(sent) < len(held) * 0.8:
+            verdict = "shrinks (compaction?)"
+        else:
+            verdict = "diverges (drift or edit)"
+        lo = max(0, pos - 12)
+        out["tokens"] = {
+            "held_len": len(held),
+            "sent_len": len(sent),
+            "position": pos,
+            "verdict": verdict,
+            "start": lo,
+            "held": held[lo : pos + 24],
+            "sent": sent[lo : pos + 24],
+        }
+    else:
+        out["tokens"] = None
+    return out
+
+
+def _msg_key(m: dict[str, Any]) -> str:
+    """A message as one comparable line: role and its blocks' text."""
+    parts = []
+    for b in m.get("blocks", ()):
+        kind = b.get("kind")
+        if kind == "tool_call":
+            parts.append(f"[tool call {b.get('name')}] {b.get('text', '')}")
+        elif kind == "image":
+            parts.append("[image]")
+        else:
+            parts.append(("[" + kind + "] " if kind != "text" else "") + str(b.get("text", "")))
+    return f"{m.get('role')}: " + "\n".join(parts)
