@@ -883,7 +883,9 @@ def show(
                 console.print(render_sample(s, tok, prompt_chars=prompt_chars))
 
 
-def _show_html(session: str, db: str, tokenizer: str | None, on_mismatch: str, credit: str, out: Path) -> None:
+def _show_html(
+    session: str, db: str, tokenizer: str | None, on_mismatch: str, credit: str, out: Path
+) -> None:
     """``show --html``: the viewer's session page as one self-contained file."""
     from orchard_rec.ui import UIError, render_session_html
 

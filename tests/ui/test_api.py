@@ -113,6 +113,7 @@ def test_reading_leaves_the_database_unchanged(tmp_path: Path, ui_server: Any) -
     assert db_path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_show_html_is_one_self_contained_file(recorded: tuple[str, dict[str, str]], tmp_path: Path) -> None:
     db, _ = recorded
     out = tmp_path / "drift.html"
@@ -133,8 +134,9 @@ async def _fetch(url: str, **headers: str) -> tuple[int, str]:
         return r.status, await r.text()
 
 
-def test_ui_keys_guard_pages_and_api(recorded: tuple[str, dict[str, str]], ui_server: Any) -> None:
-    db, _ = recorded
+def test_ui_keys_guard_pages_and_api(tmp_path: Path, ui_server: Any) -> None:
+    db = f"sqlite:///{tmp_path / 'keys.db'}"
+    _bulk(db, 3)
     srv = ui_server(db, keys=("adm",))
     assert _get(srv.url + "/api/sessions")[0] == 401
     status, page = _get(srv.url + "/")

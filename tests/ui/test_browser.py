@@ -110,6 +110,7 @@ def test_session_pages_show_exactly_the_exported_tokens_and_masks(
     screenshot(p, "session-split.png", full_page=True, clip={"x": 0, "y": 0, "width": 1320, "height": 2300})
 
 
+@pytest.mark.slow
 def test_call_details_chat_and_raw_json_one_click_away(
     recorded: tuple[str, dict[str, str]], ui_server: Any, page: Any
 ) -> None:
