@@ -6,7 +6,9 @@ and their JSON API under ``/api/``. Server-rendered with Jinja2 on aiohttp; the 
 plain JavaScript/CSS under ``static/`` ship as package data (no Node build step).
 
 May import: ``orchard_rec.storage`` (public ``Store`` reads and the ``sessions`` table for SQL
-pagination), ``orchard_rec.reconstruct``, ``orchard_rec.records``, ``orchard_rec.tokenizer``.
+pagination), ``orchard_rec.pipeline`` (samples from the database), ``orchard_rec.reconstruct``
+(the ``Sample`` type), ``orchard_rec.records``, aiohttp and Jinja2. Never ``proxy`` (the proxy
+mounts the viewer, not the other way round).
 Never writes: it opens an existing database and refuses one without the schema; it never
 creates or migrates one.
 """

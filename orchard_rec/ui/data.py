@@ -20,8 +20,8 @@ import orjson
 from sqlalchemy import func, inspect, literal_column, select
 from sqlalchemy.engine import make_url
 
-from orchard_rec.reconstruct import iter_samples
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.pipeline import iter_samples
+from orchard_rec.reconstruct import Sample
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.models import Session
 from orchard_rec.storage.store import SessionSummary, Store
