@@ -1143,6 +1143,24 @@ def export(
         "--rollout-size",
         help="slime: samples per file (files out_0.pt, out_1.pt, ... or a {rollout_id} template).",
     ),
+    reward_key: str | None = typer.Option(
+        None,
+        "--reward-key",
+        help="Which reward samples carry: 'process' (orchard-rec reward), a named reward, or an outcome metadata number.",
+    ),
+    select: str | None = typer.Option(
+        None,
+        "--select",
+        help="bar:N:LO:HI - Balanced Adaptive Rollout: exactly N attempts per group, positives ratio in [LO, HI] (needs --group-by).",
+    ),
+    filters: list[str] | None = typer.Option(
+        None,
+        "--filter",
+        help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, pass-rate, positive-only.",
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed for --select tie order and the pass-rate filter."
+    ),
     list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
@@ -1175,6 +1193,27 @@ def export(
         except ValueError:
             raise usage_error("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
         window = (lo, hi)
+    bar: tuple[int, float, float] | None = None
+    if select is not None:
+        parts = select.split(":")
+        try:
+            if len(parts) != 4 or parts[0] != "bar":
+                raise ValueError
+            bar = (int(parts[1]), float(parts[2]), float(parts[3]))
+        except ValueError:
+            raise usage_error("--select takes bar:N:LO:HI, e.g. bar:8:0.25:0.75") from None
+        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0:
+            raise usage_error("--select bar:N:LO:HI needs N >= 1 and 0 <= LO <= HI <= 1")
+    if (bar is not None or filters) and not group_by:
+        raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
+    from orchard_rec.selection import FILTERS
+
+    for name in filters or ():
+        if name not in FILTERS:
+            raise usage_error(f"--filter {name!r} is not a filter", f"one of: {', '.join(FILTERS)}")
+    from orchard_rec.pipeline import SelectionStats
+
+    sel_stats = SelectionStats()
     options = {"rollout_size": rollout_size} if rollout_size else {}
     since_ts = _since(since)
     tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
@@ -1224,8 +1263,15 @@ def export(
             statuses=status,
             min_reward=min_reward,
             pass_rate=window,
+            reward_key=reward_key,
+            select=bar,
+            seed=seed,
+            filters=filters,
+            selection_stats=sel_stats,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
+    if bar is not None or filters:
+        typer.echo(f"selection: {sel_stats.summary()}", err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )

@@ -12,6 +12,15 @@ keeps groups whose fraction of passing sessions (reward > ``pass_threshold``) li
 ``[lo, hi]``, dropping all-pass and all-fail groups as balanced adaptive rollout does.
 Sample filters (``statuses``, ``min_reward``) apply after reconstruction.
 
+``reward_key`` picks the reward every sample carries: ``process`` is the stored process
+reward's total (``orchard-rec reward``), any other key a named reward of the outcome or a
+number in its metadata. With ``group_by``, recipe selection works on each group's
+attempts (a session = an attempt, with its samples' reward and status): ``select =
+(N, lo, hi)`` keeps exactly N attempts by Balanced Adaptive Rollout, and ``filters``
+apply slime's dynamic-sampling filters by name (``orchard_rec.selection``); what each
+dropped is counted in ``selection_stats``. Both need the group's samples, so a group is
+reconstructed whole before any of it is yielded.
+
 Memory: without grouping, one streaming query and one session at a time; with grouping,
 one group's calls at a time (one query per group).
 """
@@ -30,9 +39,59 @@ from orchard_rec.reconstruct import (
     numeric_reward,
     reconstruct_session,
 )
+from orchard_rec.records import Outcome
+from orchard_rec.selection import FilterChain, bar_select
 from orchard_rec.storage.store import SessionSummary, Store
 
-__all__ = ["iter_samples"]
+__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward"]
+
+
+def pick_reward(outcome: Outcome | None, key: str) -> float | None:
+    """The reward named ``key`` of an outcome: ``process`` = the stored process reward's total,
+    else a named reward, else a number in the outcome metadata; None when absent."""
+    if outcome is None:
+        return None
+    if key == "process":
+        pr = outcome.metadata.get("process_reward")
+        return numeric_reward(pr.get("total")) if isinstance(pr, dict) else None
+    if isinstance(outcome.reward, dict) and key in outcome.reward:
+        return numeric_reward(outcome.reward[key])
+    return numeric_reward(outcome.metadata.get(key))
+
+
+class Attempt:
+    """One session of a group, as selection sees it: its samples' reward and status."""
+
+    __slots__ = ("metadata", "reward", "samples", "status", "summary")
+
+    def __init__(self, summary: SessionSummary, samples: list[Sample]) -> None:
+        self.summary = summary
+        self.samples = samples
+        first = samples[0] if samples else None
+        self.reward = first.reward if first is not None else None
+        status = samples[-1].status if samples else (summary.outcome.status if summary.outcome else None)
+        self.status = str(getattr(status, "value", status) or "aborted")
+        self.metadata: dict[str, Any] = dict(summary.outcome.metadata) if summary.outcome else {}
+
+
+class SelectionStats:
+    """What recipe selection did: groups seen/kept, per filter the groups dropped, BAR modes."""
+
+    def __init__(self) -> None:
+        self.groups = 0
+        self.kept = 0
+        self.dropped: dict[str, int] = {}
+        self.bar: dict[str, int] = {}
+        self.removed_samples = 0
+
+    def summary(self) -> str:
+        parts = [f"{self.kept} of {self.groups} groups kept"]
+        parts += [f"{name} dropped {n}" for name, n in self.dropped.items()]
+        if self.bar:
+            parts.append("BAR " + ", ".join(f"{k} {v}" for k, v in sorted(self.bar.items())))
+        if self.removed_samples:
+            parts.append(f"{self.removed_samples} samples marked remove_sample")
+        return "; ".join(parts)
 
 
 def _reward_value(summary: SessionSummary) -> float | None:
@@ -68,10 +127,19 @@ def iter_samples(
     with_messages: Callable[[Store, Sample], None] | None = None,
     on_session: Callable[[Any], None] | None = None,
     tokenizer: Any = None,
+    reward_key: str | None = None,
+    select: tuple[int, float, float] | None = None,
+    seed: int | None = None,
+    filters: Sequence[str] | None = None,
+    selection_stats: SelectionStats | None = None,
 ) -> Iterator[Sample]:
     policy = credit_policy(credit) if isinstance(credit, str) else credit
     if pass_rate is not None and group_by is None:
         raise ValueError("--pass-rate needs --group-by (a pass rate is a property of a group)")
+    if (select is not None or filters) and group_by is None:
+        raise ValueError("--select and --filter need --group-by (they choose within a task's attempts)")
+    chain = FilterChain(list(filters or ()), seed=seed or 0) if filters else None
+    stats = selection_stats if selection_stats is not None else SelectionStats()
     if group_by is None:
         batches: Iterator[tuple[int | None, Iterator[tuple[SessionSummary, list[Any]]]]] = iter(
             [(None, store.iter_sessions_calls(sessions, since=since, harness=harness))]
@@ -95,23 +163,74 @@ def iter_samples(
         batches = (
             (gi, store.iter_sessions_calls([m.id for m in members])) for gi, members in enumerate(kept)
         )
+
+    def samples_of(summary: SessionSummary, calls: list[Any]) -> list[Sample]:
+        out = []
+        for s in reconstruct_session(
+            calls,
+            on_mismatch=on_mismatch,
+            credit=policy,
+            outcome=summary.outcome,
+            session_id=summary.id,
+            tokenizer=tokenizer,
+        ):
+            if reward_key is not None:
+                s.reward = pick_reward(summary.outcome, reward_key)
+            out.append(s)
+        return out
+
+    def keep(s: Sample, summary: SessionSummary) -> bool:
+        if statuses and s.status not in statuses:
+            return False
+        if min_reward is not None:
+            r = numeric_reward(s.reward) if not isinstance(s.reward, dict) else _reward_value(summary)
+            if r is None or r < min_reward:
+                return False
+        return True
+
     index = 0
+    out_group = 0
     for group_index, rows in batches:
+        if group_index is not None and (select is not None or chain is not None):
+            attempts = [Attempt(summary, samples_of(summary, calls)) for summary, calls in rows]
+            stats.groups += 1
+            chosen = attempts
+            if select is not None:
+                chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed)
+                stats.bar[how] = stats.bar.get(how, 0) + 1
+            if chain is not None and not chain.keep(chosen):
+                for name, n in chain.dropped.items():
+                    stats.dropped[name] = n
+                for a in attempts:
+                    if on_session is not None:
+                        on_session(a.summary)
+                continue
+            stats.kept += 1
+            chosen_ids = {id(a) for a in chosen}
+            for a in attempts:
+                if id(a) in chosen_ids:
+                    removed = bool(a.metadata.get("remove_sample"))
+                    for s in a.samples:
+                        if not keep(s, a.summary):
+                            continue
+                        if removed:
+                            s.metadata["remove_sample"] = True
+                            s.loss_mask = [0] * len(s.loss_mask)
+                            stats.removed_samples += 1
+                        s.group_index = out_group
+                        s.index = index
+                        index += 1
+                        if with_messages is not None:
+                            with_messages(store, s)
+                        yield s
+                if on_session is not None:
+                    on_session(a.summary)
+            out_group += 1
+            continue
         for summary, calls in rows:
-            for s in reconstruct_session(
-                calls,
-                on_mismatch=on_mismatch,
-                credit=policy,
-                outcome=summary.outcome,
-                session_id=summary.id,
-                tokenizer=tokenizer,
-            ):
-                if statuses and s.status not in statuses:
+            for s in samples_of(summary, calls):
+                if not keep(s, summary):
                     continue
-                if min_reward is not None:
-                    r = numeric_reward(s.reward) if not isinstance(s.reward, dict) else _reward_value(summary)
-                    if r is None or r < min_reward:
-                        continue
                 s.group_index = group_index
                 s.index = index
                 index += 1
