@@ -517,6 +517,9 @@ def serve(
     log_format: Literal["text", "json"] = typer.Option(
         "text", "--log-format", help="Log lines as text or one JSON object per line."
     ),
+    ui: bool = typer.Option(
+        False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -553,6 +556,7 @@ def serve(
         tokenizer=tokenizer,
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
+        ui=ui,
     )
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app

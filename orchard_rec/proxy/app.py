@@ -632,4 +632,10 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/openapi.json", openapi_handler)
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
+    if config.ui:
+        from orchard_rec.ui import build_ui_app
+
+        admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
+        locked = bool(config.api_keys or config.admin_keys)
+        app.add_subapp("/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked))
     return app

@@ -46,6 +46,9 @@ class ProxyConfig(BaseModel):
     """Keys for the admin routes (outcomes); when none is set, the first api key without a prefix."""
     upstream_key: str | None = Field(None, repr=False)
     """The upstream's credential, held by the proxy: sent upstream instead of the client's headers."""
+    ui: bool = False
+    """Mount the read-only trajectory viewer (``orchard_rec.ui``) at ``/ui``; behind the admin key
+    when keys are configured."""
 
     @field_validator("upstream")
     @classmethod

@@ -357,6 +357,7 @@ def build_ui_app(
     base: str = "",
     tokenizer: Any = None,
     keys: Sequence[str] = (),
+    locked: bool | None = None,
     on_mismatch: str = "split",
     credit: str = "assistant",
     poll_ms: int = 2000,
@@ -365,9 +366,10 @@ def build_ui_app(
 
     ``base``: the path it is mounted at (``""`` standalone, ``"/ui"`` inside the proxy), for links.
     ``keys``: when given, every page and API call needs one (header, or ``?key=`` once: a cookie).
+    ``locked`` (default: whether keys are given): with no key, nothing is served.
     """
     middlewares: list[Any] = [_ui_errors]
-    if keys:
+    if keys or locked:
         middlewares.insert(0, _key_middleware(tuple(keys)))
     app = web.Application(middlewares=middlewares)
     app[UI_STORE] = store

@@ -513,7 +513,7 @@ def session_view(
     if summary is None:
         raise UIError(f"no session {session_id!r}", 404)
     calls = sorted(store.calls(session_id), key=lambda c: (c.seq or 0, c.received_at))
-    samples = list(iter_samples(store, sessions=[session_id], on_mismatch=on_mismatch, credit=credit))  # type: ignore[arg-type]
+    samples = list(iter_samples(store, sessions=[session_id], on_mismatch=on_mismatch, credit=credit))
     t0 = min((c.received_at for c in calls), default=summary.created_at)
     t1 = max((c.done_at for c in calls), default=t0)
     span = max(t1 - t0, 1e-3)

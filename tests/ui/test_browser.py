@@ -270,3 +270,38 @@ def test_new_sessions_appear_while_recording(tmp_path: Path, ui_server: Any, pag
     store.close()
     p.wait_for_selector('[data-session-id="fresh-one"]', timeout=15_000)
     assert p.get_attribute("#total", "data-total") == "4"
+
+
+@pytest.mark.slow
+def test_serve_ui_mounts_the_viewer_behind_the_admin_key(
+    upstream: Any, proxy_factory: Any, sqlite_url: str, page: Any
+) -> None:
+    from e2e.agents import AGENTS
+
+    proxy = proxy_factory(upstream.url, sqlite_url, ui=True, api_keys=("client",), admin_keys=("adm",))
+    AGENTS["chat"](f"{proxy.url}/s/mounted/v1", None, {"Authorization": "Bearer client"})
+    proxy.flush()
+    p = page.page
+    resp = p.goto(proxy.url + "/ui/")
+    assert resp is not None and resp.status == 401
+    p.fill("input[name=key]", "wrong")
+    p.press("input[name=key]", "Enter")
+    p.wait_for_load_state()
+    assert p.locator("[data-session-id]").count() == 0
+    page.errors.clear()  # the 401 pages log their status as console errors
+    p.goto(proxy.url + "/ui/?key=adm")  # sets the cookie, then the page without the key
+    assert p.url.endswith("/ui/")
+    assert p.eval_on_selector_all("[data-session-id]", "els => els.map(e => e.dataset.sessionId)") == [
+        "mounted"
+    ]
+    p.click('[data-session-id="mounted"] a')
+    page.settle()
+    assert p.url.endswith("/ui/s/mounted")
+    assert p.locator('[data-sample-index="0"] [data-token-id]').count() > 0
+    # the proxy itself still answers its clients, and the API needs the key too
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(proxy.url + "/ui/api/sessions")
+    assert e.value.code == 401
