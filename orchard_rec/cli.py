@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from orchard_rec.errors import OrchardError, UsageError
 from orchard_rec.storage.store import default_db_url
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from orchard_rec.records import CallRecord
     from orchard_rec.storage.store import Store
 
-__all__ = ["CliError", "app", "main"]
+__all__ = ["CliError", "CliUsageError", "app", "main"]
 
 # -- errors ------------------------------------------------------------------------------------------
 
@@ -41,18 +42,24 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-class CliError(Exception):
-    """A mistake or failure the user can act on: ``message`` (what), ``hint`` (what to do)."""
+class CliError(OrchardError):
+    """A failure the user can act on (exit code 1): ``message`` (what), ``hint`` (what to do)."""
 
-    def __init__(self, message: str, hint: str | None = None, *, exit_code: int = EXIT_FAILURE) -> None:
+    def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.hint = hint
-        self.exit_code = exit_code
 
 
-def usage_error(message: str, hint: str | None = None) -> CliError:
-    return CliError(message, hint, exit_code=EXIT_USAGE)
+class CliUsageError(UsageError):
+    """A mistake in the command line (exit code 2), with what to do instead."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def usage_error(message: str, hint: str | None = None) -> CliUsageError:
+    return CliUsageError(message, hint)
 
 
 _debug = False
@@ -79,15 +86,8 @@ def _explain(exc: BaseException) -> tuple[str, str | None, int]:
     """One exception → (message, hint, exit code)."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.errors import OrchardError
-    from orchard_rec.exporters.base import ExportError
-
-    if isinstance(exc, CliError):
-        return exc.message, exc.hint, exc.exit_code
     if isinstance(exc, OrchardError):
-        return str(exc), getattr(exc, "hint", None), int(getattr(exc, "exit_code", EXIT_FAILURE))
-    if isinstance(exc, ExportError):
-        return str(exc), None, EXIT_FAILURE
+        return exc.message, getattr(exc, "hint", None), exc.exit_code
     if isinstance(exc, sa_exc.SQLAlchemyError):
         err = _db_error(exc, None)
         return err.message, err.hint, err.exit_code
@@ -253,7 +253,7 @@ def _where(url: Any) -> str:
     return str(url.render_as_string(hide_password=True))
 
 
-def _db_error(exc: BaseException, url: Any) -> CliError:
+def _db_error(exc: BaseException, url: Any) -> CliError | CliUsageError:
     """A database failure in words: unreachable server, unwritable folder, ..."""
     from sqlalchemy import exc as sa_exc
 
@@ -1061,6 +1061,7 @@ FORMAT_INFO: dict[str, tuple[str, str]] = {
         ".parquet",
         "prompt_ids, completion_ids, logprobs, env_mask, for TRL GRPOTrainer rollout_func",
     ),
+    "value": (".parquet", "one row per assistant-turn boundary (prefix ids, turn, reward), for value models"),
     "openrlhf": (
         ".jsonl",
         "observation_tokens, action_ranges, log probs, reward, for OpenRLHF's agent executor",
@@ -1072,6 +1073,20 @@ STDOUT_FORMATS = ("jsonl", "slime-sft", "openrlhf")
 """Formats written line by line: ``--out -`` streams them to stdout."""
 
 _KNOWN_SUFFIXES = {".jsonl", ".json", ".parquet", ".pt"}
+
+
+def _format_doc(target: str) -> str:
+    """A plug-in format's first docstring line (its module's when the class has none)."""
+    import importlib
+
+    module, _, attr = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+        doc = getattr(mod, attr).__doc__ or mod.__doc__ or ""
+    except Exception:
+        doc = ""
+    first = doc.strip().splitlines()[0].strip() if doc.strip() else ""
+    return first or f"plug-in ({target})"
 
 
 def _check_out(fmt: str, out: Path) -> None:
@@ -1176,7 +1191,7 @@ def export(
     known = available()
     if list_formats:
         for name in sorted(known):
-            ext, what = FORMAT_INFO.get(name, ("", f"plug-in ({known[name]})"))
+            ext, what = FORMAT_INFO.get(name) or ("", _format_doc(known[name]))
             typer.echo(f"{name:<10} {ext or '-':<9} {what}")
         return
     if fmt not in known:
@@ -1378,7 +1393,7 @@ def outcome(
                 f"no session {session!r} in {db}",
                 "check the id (`orchard-rec sessions`), or --create to record an outcome before any call",
             )
-        set_outcome(store, session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
+        store.set_outcome(session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
     except sa_exc.SQLAlchemyError as exc:
         raise _db_error(exc, _parse_db(db)) from None
     finally:
@@ -1387,17 +1402,6 @@ def outcome(
         f"session {session}: reward={json.dumps(r)} status={status or '-'}"
         + (f" metadata={json.dumps(meta)}" if meta else "")
     )
-
-
-def set_outcome(store: Store, session: str, outcome: Any) -> None:
-    """``Store.set_outcome``, safe against the writer creating the session row at the same moment
-    (the first call's record): an insert that loses that race is retried as an update."""
-    from sqlalchemy.exc import IntegrityError
-
-    try:
-        store.set_outcome(session, outcome)
-    except IntegrityError:
-        store.set_outcome(session, outcome)
 
 
 # -- harnesses ---------------------------------------------------------------------------------------------------------
@@ -1546,9 +1550,12 @@ def run(
         None, "--bin", help="The harness executable (default: cache, then PATH)."
     ),
     workdir: Path | None = typer.Option(
-        None, "--workdir", help="The harness's working folder (default: temp)."
+        None,
+        "--workdir",
+        help="The harness's working folder (default: a temp folder, removed unless --keep).",
     ),
     timeout: float = typer.Option(600.0, "--timeout"),
+    keep: bool = typer.Option(False, "--keep", help="Keep the temp home and working folder (paths printed)."),
 ) -> None:
     """Run a harness through the proxy: private home and config, session-tagged URL, outcome recorded.
 
@@ -1562,8 +1569,17 @@ def run(
         h = get(name)
     except ValueError as exc:
         raise usage_error(str(exc)) from None
+    import tempfile
+
     sid = session or f"{name}-{uuid.uuid4().hex[:8]}"
+    temps: list[Path] = []
+    home = Path(tempfile.mkdtemp(prefix=f"orchard-{h.name}-home-"))
+    temps.append(home)
+    if workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix=f"orchard-{h.name}-work-"))
+        temps.append(workdir)
     with contextlib.ExitStack() as stack:
+        stack.callback(_remove_or_say, temps, keep)
         if proxy is None:
             if not upstream:
                 raise usage_error("give --proxy URL of a running proxy, or --upstream URL to start one")
@@ -1574,7 +1590,15 @@ def run(
             proxy = stack.enter_context(RecordingProxy(cfg)).url
         try:
             res = run_harness(
-                h, proxy, sid, list(ctx.args), model=model, binary=binary, workdir=workdir, timeout=timeout
+                h,
+                proxy,
+                sid,
+                list(ctx.args),
+                model=model,
+                binary=binary,
+                workdir=workdir,
+                home=home,
+                timeout=timeout,
             )
         except FileNotFoundError as exc:
             raise CliError(str(exc), f"orchard-rec harness install {name}, or --bin PATH") from None
@@ -1582,6 +1606,16 @@ def run(
     typer.echo(sid)
     if res.exit_code != 0:
         raise typer.Exit(res.exit_code)
+
+
+def _remove_or_say(folders: list[Path], keep: bool) -> None:
+    import shutil
+
+    for f in folders:
+        if keep:
+            typer.echo(f"kept: {f}", err=True)
+        else:
+            shutil.rmtree(f, ignore_errors=True)
 
 
 @train_app.command("sft")

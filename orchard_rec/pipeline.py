@@ -99,7 +99,7 @@ def _reward_value(summary: SessionSummary) -> float | None:
         return None
     r = summary.outcome.reward
     if isinstance(r, dict):
-        r = r.get("pass", r.get("score", next(iter(r.values()), None)))
+        r = r.get("reward", r.get("pass", r.get("score", next(iter(r.values()), None))))
     return numeric_reward(r)
 
 

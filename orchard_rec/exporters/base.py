@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -86,19 +88,45 @@ def _install_hint(module: str | None) -> str:
 
 @contextlib.contextmanager
 def atomic_output(out: Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Write to a temp file in the target's folder; rename over the target only on success."""
+    """Write to a temp file in the target's folder; rename over the target only on success.
+
+    ``-`` is stdout, and an existing target that is not a regular file (a FIFO, ``/dev/stdout``,
+    a terminal) is written in place: a rename would replace the device or pipe with a file. A
+    symlink to a regular file is followed. The new file gets the usual permissions (the target's
+    if it existed, else 0666 minus the umask), not the temp file's 0600.
+    """
     out = Path(out)
+    if str(out) == "-":
+        stream = sys.stdout.buffer if "b" in mode else sys.stdout
+        yield stream
+        stream.flush()
+        return
+    if out.exists() and (not out.is_file() or str(out).startswith(("/dev/", "/proc/"))):
+        if out.is_dir():
+            raise ExportError(f"cannot write {out}: it is a folder")
+        with open(out, mode.replace("w", "a") if out.is_char_device() else mode) as f:
+            yield f
+        return
+    if out.is_symlink():
+        out = out.resolve()
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise ExportError(f"cannot write {out}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise ExportError(f"cannot write {out}: folder {parent} is not writable")
+    try:
+        perms = stat.S_IMODE(os.stat(out).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        perms = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), perms)
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

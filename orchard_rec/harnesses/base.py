@@ -116,7 +116,7 @@ def post_outcome(proxy: str, session: str, outcome: dict[str, Any], api_key: str
         headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(
         f"{proxy.rstrip('/')}/sessions/{session}/outcome",
-        data=orjson.dumps(outcome),
+        data=orjson.dumps({"create": True, **outcome}),  # this run is the session, calls or not
         headers=headers,
         method="POST",
     )

@@ -41,6 +41,7 @@ from orchard_rec.errors import (
     OrchardError,
     PayloadTooLarge,
     Rejected,
+    SessionNotFound,
     TooManyRequests,
     Unauthorized,
     UpgradeRequired,
@@ -571,7 +572,15 @@ async def post_outcome(request: web.Request) -> web.Response:
         step_values=None if steps is None else tuple(float(v) for v in steps),
         metadata=meta,
     )
-    await asyncio.to_thread(request.app[STORE].set_outcome, sid, outcome)
+    store = request.app[STORE]
+    if body.get("create") is not True and await asyncio.to_thread(store.session, sid) is None:
+        # its first call may still be on the way to the database: let the writer catch up
+        await asyncio.to_thread(request.app[RECORDER].flush, 5.0)
+        if await asyncio.to_thread(store.session, sid) is None:
+            raise SessionNotFound(
+                f'no session {sid!r}: record a call first, or send "create": true', param="session_id"
+            )
+    await asyncio.to_thread(store.set_outcome, sid, outcome)
     return web.json_response({"session_id": sid, "recorded": True})
 
 

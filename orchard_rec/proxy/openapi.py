@@ -86,6 +86,7 @@ def openapi_spec() -> dict[str, Any]:
             "status": {"type": "string", "enum": ["completed", "truncated", "aborted", "failed"]},
             "step_values": {"type": "array", "items": {"type": "number"}},
             "metadata": {"type": "object"},
+            "create": {"type": "boolean"},
         },
         [],
     )
@@ -104,7 +105,11 @@ def openapi_spec() -> dict[str, Any]:
                 "operationId": "outcome",
                 "parameters": [_SID],
                 "requestBody": outcome,
-                "responses": {"200": {"description": "recorded"}, "400": {"description": "invalid"}},
+                "responses": {
+                    "200": {"description": "recorded"},
+                    "400": {"description": "invalid"},
+                    "404": {"description": "no such session (and create was not true)"},
+                },
             }
         },
     }

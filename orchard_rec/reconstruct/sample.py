@@ -56,7 +56,10 @@ class TokenSource(enum.StrEnum):
 
 
 def numeric_reward(reward: Any) -> float | None:
-    """A reward as one number (None for named rewards or none)."""
+    """A reward as one number: the number, or named rewards' ``"reward"`` entry (what
+    ``outcome --reward R --reward-json ...`` stores the scalar as); None otherwise."""
+    if isinstance(reward, dict):
+        reward = reward.get("reward")
     if isinstance(reward, (bool, int, float)):
         return float(reward)
     return None

@@ -233,6 +233,14 @@ class Store:
         """Attach (or replace) a session's outcome; the session row is created if no call came yet."""
         if outcome.status is not None and outcome.status not in SESSION_STATUSES:
             raise ValueError(f"status must be one of {', '.join(SESSION_STATUSES)}, got {outcome.status!r}")
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            self._set_outcome(session_id, outcome)
+        except IntegrityError:  # the writer created the session row meanwhile (its first call)
+            self._set_outcome(session_id, outcome)
+
+    def _set_outcome(self, session_id: str, outcome: Outcome) -> None:
         now = datetime.now(UTC)
         with self._sessions.begin() as db:
             s = db.get(Session, session_id, with_for_update=self.dialect == "postgresql")

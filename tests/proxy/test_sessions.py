@@ -59,10 +59,14 @@ def test_outcome_route_validates_and_records(upstream, proxy_factory, sqlite_url
                 "status": "completed",
                 "step_values": [0.1, 0.5],
                 "metadata": {"task": "t1"},
+                "create": True,
             },
         )
         == 200
     )
+    # an unknown session is an error, not a phantom session (unless "create": true above)
+    assert _post(f"{proxy.url}/sessions/run-2/outcome", {"reward": 1}) == 404
+    assert proxy.store().session("run-2") is None
     assert _post(f"{proxy.url}/sessions/run-1/outcome", {"reward": "high"}) == 400
     assert _post(f"{proxy.url}/sessions/run-1/outcome", {"status": "great"}) == 400
     assert _post(f"{proxy.url}/sessions/..%2Fetc/outcome", {"reward": 1}) in (400, 404)

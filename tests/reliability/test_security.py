@@ -98,9 +98,11 @@ def test_keys_sessions_admin_and_secrets(key_upstream, proxy_factory, db_url, ca
         == 401
     )
     assert (
-        _post(f"{proxy.url}/sessions/run-1/outcome", {"reward": 1}, {"Authorization": f"Bearer {ADMIN_KEY}"})[
-            0
-        ]
+        _post(
+            f"{proxy.url}/sessions/run-1/outcome",
+            {"reward": 1, "create": True},
+            {"Authorization": f"Bearer {ADMIN_KEY}"},
+        )[0]
         == 200
     )
 
