@@ -1404,6 +1404,11 @@ def outcome(
     )
 
 
+def set_outcome(store: Store, session: str, outcome: Any) -> None:
+    """Record an outcome (``Store.set_outcome`` retries the race with the writer creating the row)."""
+    store.set_outcome(session, outcome)
+
+
 # -- harnesses ---------------------------------------------------------------------------------------------------------
 
 
