@@ -12,8 +12,8 @@ import asyncio
 import sys
 from argparse import Namespace
 
+from orchard_rec.exporters.contracts import slime_sample_class
 from orchard_rec.trainers.slime import generate
-from orchard_rec.trainers.slime_compat import sample_class
 
 host, port = sys.argv[1], int(sys.argv[2])  # slime's --sglang-router-ip / --sglang-router-port
 args = Namespace(
@@ -22,6 +22,6 @@ args = Namespace(
     orchard_harness="codex",
     orchard_db="sqlite:///./orchard.db",
 )
-Sample = sample_class()
+Sample = slime_sample_class()
 sample = asyncio.run(generate(args, Sample(prompt="Please run `ls` and summarise."), {"temperature": 1.0}))
 print(sample.status, sample.response_length, sum(sample.loss_mask), sample.metadata["orchard_session"])

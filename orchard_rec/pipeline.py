@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct import (
     CreditPolicy,
     MismatchPolicy,
@@ -135,9 +136,9 @@ def iter_samples(
 ) -> Iterator[Sample]:
     policy = credit_policy(credit) if isinstance(credit, str) else credit
     if pass_rate is not None and group_by is None:
-        raise ValueError("--pass-rate needs --group-by (a pass rate is a property of a group)")
+        raise UsageError("--pass-rate needs --group-by (a pass rate is a property of a group)")
     if (select is not None or filters) and group_by is None:
-        raise ValueError("--select and --filter need --group-by (they choose within a task's attempts)")
+        raise UsageError("--select and --filter need --group-by (they choose within a task's attempts)")
     chain = FilterChain(list(filters or ()), seed=seed or 0) if filters else None
     stats = selection_stats if selection_stats is not None else SelectionStats()
     if group_by is None:

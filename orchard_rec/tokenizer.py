@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchard_rec.errors import UsageError
+
 __all__ = ["load_hf_tokenizer", "load_tokenizer"]
 
 
@@ -29,7 +31,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise ValueError(
+        raise UsageError(
             f"no tokenizer.json at {name_or_path!r}, and transformers is not installed: pip install 'orchard-rec[hf]'"
         ) from exc
     return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
@@ -40,7 +42,7 @@ def load_hf_tokenizer(name_or_path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise ValueError("retokenizing needs transformers: pip install 'orchard-rec[hf]'") from exc
+        raise UsageError("retokenizing needs transformers: pip install 'orchard-rec[hf]'") from exc
     if name_or_path == "demo":
         import tempfile
 

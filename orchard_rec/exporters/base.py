@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from orchard_rec.errors import ExportError
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 
 __all__ = ["EXPORTERS", "ExportError", "ExportStats", "Exporter", "atomic_output", "available", "get"]
 

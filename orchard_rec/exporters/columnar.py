@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 
 __all__ = ["write_parquet"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 
 __all__ = ["JsonlExporter", "read_jsonl", "write_jsonl_rows"]
 

@@ -18,8 +18,7 @@ from typing import Any
 
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.jsonl import write_jsonl_rows
-from orchard_rec.exporters.parquet import numeric_reward
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["OpenRLHFExporter", "openrlhf_row"]
 

@@ -29,9 +29,9 @@ import pyarrow as pa
 
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
-from orchard_rec.reconstruct.sample import Sample, numeric_reward
+from orchard_rec.reconstruct import Sample, numeric_reward
 
-__all__ = ["SCHEMA", "ParquetExporter", "numeric_reward"]
+__all__ = ["SCHEMA", "ParquetExporter"]
 
 SCHEMA = pa.schema(
     [

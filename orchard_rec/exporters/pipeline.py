@@ -6,18 +6,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.exporters.base import ExportError, ExportStats, get
+from orchard_rec.errors import ExportError, OrchardError
+from orchard_rec.exporters.base import ExportStats, get
+from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
-from orchard_rec.protocol.translate import assistant_message, chat_request_of
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
 
 __all__ = ["attach_messages", "export", "select_samples"]
 
 
 def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
+    """``pipeline.iter_samples``, with recorded data that cannot be reconstructed reported as an
+    ``ExportError`` (usage mistakes stay ``UsageError``)."""
     try:
         yield from iter_samples(store, with_messages=attach_messages if with_messages else None, **selection)
+    except OrchardError:
+        raise
     except ValueError as exc:
         raise ExportError(str(exc)) from exc
 
@@ -27,13 +32,7 @@ def attach_messages(store: Store, s: Sample) -> None:
     last = store.get_call(s.turns[-1].call_id) if s.turns else None
     if last is None:
         return
-    chat = chat_request_of(last.dialect.value, last.request) or {}
-    answer = assistant_message(last.dialect.value, last.response)
-    msgs = [dict(m) for m in chat.get("messages") or ()]
-    if answer is not None:
-        msgs.append(answer)
-    s.messages = msgs
-    s.tools = chat.get("tools") or []
+    s.messages, s.tools = conversation_of(last)
 
 
 def export(

@@ -4,7 +4,7 @@
 ``torch.load(path.format(rollout_id=...), weights_only=False)["samples"]``, each dict
 passed to ``Sample.from_dict`` (slime/ray/rollout.py ``_get_rollout_data``). The file is
 ``{"rollout_id": int, "samples": [Sample.to_dict(), ...]}`` with exactly slime's fields
-(``orchard_rec.trainers.slime_compat``). ``--out`` may hold ``{rollout_id}``; with
+(``exporters.contracts``). ``--out`` may hold ``{rollout_id}``; with
 ``rollout_size`` the samples are split into files of that many samples, rollout ids
 0, 1, ... (``out_0.pt, out_1.pt`` when ``--out`` has no template). torch is needed only
 here, at write time (the ``train`` extra). Memory holds one file's samples at a time.
@@ -21,12 +21,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.exporters.base import ExportError, ExportStats, atomic_output
+from orchard_rec.errors import ExportError
+from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.contracts import to_slime_dict
+from orchard_rec.exporters.conversation import turn_flagged_messages
 from orchard_rec.exporters.jsonl import write_jsonl_rows
-from orchard_rec.reconstruct.sample import Sample
-from orchard_rec.trainers.slime_compat import to_slime_dict
+from orchard_rec.reconstruct import Sample
 
-__all__ = ["SlimeExporter", "SlimeSftExporter", "turn_flagged_messages"]
+__all__ = ["SlimeExporter", "SlimeSftExporter"]
 
 
 class SlimeExporter:
@@ -95,19 +97,3 @@ def _sft_row(s: Sample) -> dict[str, Any]:
         "reward": s.reward,
         "status": str(s.status),
     }
-
-
-def turn_flagged_messages(s: Sample, key: str) -> list[dict[str, Any]]:
-    """The sample's conversation, each message flagged 1 if it is a credited assistant turn."""
-    credited = [any(s.loss_mask[t.start : t.end]) for t in s.turns]
-    out = []
-    k = 0
-    for m in s.messages or ():
-        m = dict(m)
-        if m.get("role") == "assistant":
-            m[key] = int(credited[k]) if k < len(credited) else 0
-            k += 1
-        else:
-            m[key] = 0
-        out.append(m)
-    return out

@@ -23,8 +23,7 @@ import pyarrow as pa
 
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
-from orchard_rec.exporters.parquet import numeric_reward
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["TrlExporter", "TrlGrpoExporter"]
 

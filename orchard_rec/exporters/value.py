@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.reconstruct.sample import Sample, numeric_reward
+from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["SCHEMA", "ValueExporter", "value_rows"]
 

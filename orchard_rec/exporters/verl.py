@@ -1,12 +1,8 @@
 """``verl`` and ``verl-sft``.
 
-``verl``: parquet rows shaped like verl's ``AgentLoopOutput``
-(verl/experimental/agent_loop/agent_loop.py): ``prompt_ids``, ``response_ids`` (model
-tokens and tool/observation tokens), ``response_mask`` (1 model-generated and credited,
-0 observation), ``response_logprobs``, ``reward_score``, ``num_turns`` (user + assistant +
-tool turns), ``metrics`` (``generate_sequences``, ``tool_calls``) and ``extra_fields``
-(session, index, group, status, call ids, token source). ``AgentLoopOutput(**row)``
-validates each row (pinned by a test).
+``verl``: parquet rows of verl's ``AgentLoopOutput`` fields, built by
+``contracts.agent_loop_fields`` (the contract and its source are described there).
+``AgentLoopOutput(**row)`` validates each row (pinned by a test).
 
 ``verl-sft``: parquet rows ``messages`` + ``tools`` (JSON text) for verl's multi-turn SFT
 dataset, assistant messages flagged with ``loss`` by the credit policy.
@@ -21,11 +17,12 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from orchard_rec.exporters.base import ExportError, ExportStats
+from orchard_rec.errors import ExportError
+from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
-from orchard_rec.exporters.parquet import numeric_reward
-from orchard_rec.exporters.slime import turn_flagged_messages
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.exporters.contracts import agent_loop_fields
+from orchard_rec.exporters.conversation import turn_flagged_messages
+from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["VERL_SCHEMA", "VerlExporter", "VerlSftExporter"]
 
@@ -56,32 +53,11 @@ VERL_SCHEMA = pa.schema(
 )
 
 
-def _verl_row(s: Sample) -> dict[str, Any]:
-    return {
-        "prompt_ids": s.prompt_ids,
-        "response_ids": s.response_ids,
-        "response_mask": s.loss_mask,
-        "response_logprobs": s.rollout_log_probs,
-        "reward_score": numeric_reward(s.reward),
-        "num_turns": 2 * len(s.turns),
-        "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0},
-        "extra_fields": {
-            "session_id": s.session_id,
-            "index": s.index,
-            "group_index": s.group_index,
-            "status": str(s.status),
-            "call_ids": list(s.metadata.get("call_ids", [])),
-            "token_source": s.metadata.get("token_source"),
-            "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
-        },
-    }
-
-
 class VerlExporter:
     name = "verl"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, VERL_SCHEMA, _verl_row)
+        return write_parquet(samples, out, VERL_SCHEMA, agent_loop_fields)
 
 
 VERL_SFT_SCHEMA = pa.schema(

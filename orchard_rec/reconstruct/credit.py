@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.sample import Sample
 from orchard_rec.records import Outcome
 
@@ -172,4 +173,4 @@ def credit_policy(name: str) -> CreditPolicy:
     try:
         return CREDIT_POLICIES[name]()
     except KeyError:
-        raise ValueError(f"unknown credit policy {name!r}; known: {', '.join(CREDIT_POLICIES)}") from None
+        raise UsageError(f"unknown credit policy {name!r}; known: {', '.join(CREDIT_POLICIES)}") from None

@@ -42,6 +42,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.generation import Generation, generations_of
 from orchard_rec.reconstruct.sample import Sample, SampleBuilder, SampleStatus, SplitReason, TokenSource
@@ -63,7 +64,7 @@ class MismatchPolicy(enum.StrEnum):
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(
+            raise UsageError(
                 f"unknown mismatch policy {value!r}; known: {', '.join(m.value for m in cls)}"
             ) from None
 

@@ -23,7 +23,8 @@ import orjson
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.errors import UsageError
+from orchard_rec.reconstruct import Sample
 
 __all__ = ["OrchardDataset", "OrchardIterableDataset", "collate", "collate_packed", "sample_tensors"]
 
@@ -97,7 +98,7 @@ class OrchardIterableDataset(IterableDataset):
         **selection: Any,
     ) -> None:
         if (db is None) == (path is None):
-            raise ValueError("give exactly one of db= or path=")
+            raise UsageError("give exactly one of db= or path=")
         self.db, self.path, self.advantage_fn, self.selection = db, path, advantage_fn, selection
 
     def samples(self) -> Iterator[Sample]:

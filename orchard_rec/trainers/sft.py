@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.errors import UsageError
+from orchard_rec.reconstruct import Sample
 from orchard_rec.trainers.dataset import collate, sample_tensors
 
 __all__ = ["SftResult", "credited_loss", "train_sft"]
@@ -54,7 +55,7 @@ def train_sft(
     """Train ``model`` (a causal LM returning ``.logits``) for ``steps`` steps over ``samples`` (cycled)."""
     items = [sample_tensors(s) for s in samples]
     if not items:
-        raise ValueError("no samples to train on")
+        raise UsageError("no samples to train on: the selection matched no session")
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     result = SftResult()

@@ -15,7 +15,7 @@
   reconstruction: ``tokens``, ``response_length``, ``loss_mask``, ``rollout_log_probs``,
   ``status`` and ``metadata`` (session id, call ids, harness exit code).
 Samples are slime's own class when slime is importable, else the field-compatible
-stand-in (``slime_compat.SlimeSample``).
+stand-in (``exporters.contracts.SlimeSample``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import threading
 import uuid
 from typing import Any
 
+from orchard_rec.exporters.contracts import slime_sample_class, to_slime_dict
 from orchard_rec.pipeline import iter_samples
-from orchard_rec.reconstruct.sample import Sample
+from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
-from orchard_rec.trainers.slime_compat import sample_class, to_slime_dict
 
 __all__ = ["generate", "generate_rollout", "to_slime_sample"]
 
@@ -40,7 +40,7 @@ def _opt(args: Any, name: str, default: Any = None) -> Any:
 
 
 def to_slime_sample(s: Sample) -> Any:
-    return sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt()))
+    return slime_sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt()))
 
 
 def generate_rollout(
@@ -90,7 +90,7 @@ def _flush(proxy_url: str) -> None:
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     from orchard_rec.harnesses import get as get_harness
     from orchard_rec.harnesses import run_harness
-    from orchard_rec.reconstruct.merge import reconstruct_session
+    from orchard_rec.reconstruct import reconstruct_session
 
     upstream = (
         _opt(args, "orchard_upstream") or f"http://{args.sglang_router_ip}:{args.sglang_router_port}/v1"
@@ -134,7 +134,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     sample.response_length = main.response_length
     sample.loss_mask = list(main.loss_mask)
     sample.rollout_log_probs = list(main.rollout_log_probs)
-    sample.status = status_cls(main.status if res.exit_code == 0 else "failed")
+    sample.status = status_cls(str(main.status) if res.exit_code == 0 else "failed")
     sample.metadata = {
         **(sample.metadata or {}),
         **main.to_dict()["metadata"],

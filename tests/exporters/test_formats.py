@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import BaseModel
 
+from orchard_rec.errors import UsageError
 from orchard_rec.exporters import ExportError, get, read_jsonl
+from orchard_rec.exporters.contracts import SLIME_FIELDS, SlimeSample
 from orchard_rec.exporters.pipeline import export
-from orchard_rec.trainers.slime_compat import SLIME_FIELDS, SlimeSample
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def test_group_by_and_filters(recorded, tmp_path) -> None:  # type: ignore[no-un
         "sess-3",
     ]
     assert _jsonl(recorded, tmp_path, statuses=["failed"]) == []
-    with pytest.raises(ExportError, match="needs --group-by"):
+    with pytest.raises(UsageError, match="needs --group-by"):
         _jsonl(recorded, tmp_path, pass_rate=(0.2, 0.8))
 
 
@@ -207,3 +208,30 @@ def test_missing_torch_names_the_install_command(tmp_path) -> None:  # type: ign
     code = "import sys; sys.modules['torch'] = None\nfrom orchard_rec.exporters import get\ntry:\n    get('slime')\nexcept Exception as e:\n    print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert "pip install 'orchard-rec[train]'" in out
+
+
+def test_jsonl_formats_need_neither_pyarrow_nor_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """jsonl, openrlhf and slime-sft import and write with pyarrow and torch unimportable."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+sys.modules["pyarrow"] = None
+sys.modules["torch"] = None
+from pathlib import Path
+from orchard_rec.exporters import get
+from orchard_rec.reconstruct import SampleBuilder
+b = SampleBuilder("s", [1, 2])
+b.append_generation([3, 4], [-0.5, -0.25], "c1")
+s = b.build()
+s.messages = [{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": "yo"}}]
+for fmt in ("jsonl", "openrlhf", "slime-sft"):
+    stats = get(fmt).write([s], Path({str(tmp_path)!r}) / (fmt + ".jsonl"))
+    print(fmt, stats.samples)
+print(sorted(m for m in ("pyarrow", "torch") if sys.modules.get(m) is not None))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split("\n")[:4] == ["jsonl 1", "openrlhf 1", "slime-sft 1", "[]"], out.stderr
+    row = json.loads((tmp_path / "openrlhf.jsonl").read_text())
+    assert row["observation_tokens"] == [1, 2, 3, 4] and row["action_ranges"] == [[2, 4]]

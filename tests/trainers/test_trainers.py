@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from orchard_rec.exporters import read_jsonl
+from orchard_rec.exporters.contracts import SlimeSample
 from orchard_rec.exporters.pipeline import export
 from orchard_rec.trainers import slime as slime_plugins
 from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
-from orchard_rec.trainers.slime_compat import SlimeSample
 from orchard_rec.trainers.verl import RecordedAgentLoop, agent_loop_output
 
 

@@ -1,14 +1,25 @@
-"""slime's ``Sample`` contract, without importing slime or torch.
+"""The trainers' data contracts, in one place: slime's ``Sample`` and verl's ``AgentLoopOutput``.
 
-Field names, defaults and ``Status`` values are those of ``slime/utils/types.py`` in
-THUDM/slime (read at commit 0d234f3e3a83c81b7d37209994e0b994deacbb24). slime's
-``Sample.to_dict`` is ``self.__dict__`` with ``status`` as its value and the two info
-objects as dicts; ``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds
-that dict from an orchard sample, with every other field at slime's default, and no key
-slime does not know (``from_dict`` would set unknown keys as stray attributes).
+Pure data and row builders, importable without slime, verl, torch or pyarrow: exporters
+write these rows to files, ``trainers/`` hands them to the trainers in process.
 
-``SlimeSample`` is a field-compatible stand-in used when slime itself is not importable;
-``sample_class()`` returns slime's own class when it is.
+slime: field names, defaults and ``Status`` values of ``slime/utils/types.py`` in THUDM/slime
+(read at commit 0d234f3e3a83c81b7d37209994e0b994deacbb24). slime's ``Sample.to_dict`` is
+``self.__dict__`` with ``status`` as its value and the two info objects as dicts;
+``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds that dict from an
+orchard sample, every other field at slime's default, no key slime does not know
+(``from_dict`` would set unknown keys as stray attributes), and only plain Python values (a
+``.pt`` file must load where orchard-rec is not installed). ``SlimeSample`` is a
+field-compatible stand-in for when slime is not importable; ``slime_sample_class()`` gives
+slime's own class when it is.
+
+verl: ``AgentLoopOutput`` of ``verl/experimental/agent_loop/agent_loop.py``: ``prompt_ids``,
+``response_ids`` (model tokens and tool/observation tokens), ``response_mask`` (1 model-generated
+and credited, 0 observation), ``response_logprobs``, ``reward_score``, ``num_turns`` (user +
+assistant + tool turns), ``metrics`` (``AgentLoopMetrics``: ``generate_sequences``,
+``tool_calls``) and ``extra_fields`` (free-form; ours: session, index, group, status, call
+ids, token source, the reward as JSON). ``agent_loop_fields`` is the one builder of that row,
+for the ``verl`` export and ``trainers.verl`` alike.
 """
 
 from __future__ import annotations
@@ -17,14 +28,26 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchard_rec.reconstruct.sample import Sample
+import orjson
 
-__all__ = ["SLIME_FIELDS", "SLIME_STATUSES", "SlimeSample", "sample_class", "to_slime_dict"]
+from orchard_rec.reconstruct import Sample, numeric_reward
+
+__all__ = [
+    "AGENT_LOOP_FIELDS",
+    "SLIME_FIELDS",
+    "SLIME_STATUSES",
+    "SlimeSample",
+    "agent_loop_fields",
+    "slime_sample_class",
+    "to_slime_dict",
+]
+
+# -- slime ---------------------------------------------------------------------------------------------------------
 
 SLIME_STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
 
 
-def _defaults() -> dict[str, Any]:
+def _slime_defaults() -> dict[str, Any]:
     return {
         "group_index": None,
         "index": None,
@@ -59,12 +82,14 @@ def _defaults() -> dict[str, Any]:
     }
 
 
-SLIME_FIELDS = tuple(_defaults())
+SLIME_FIELDS = tuple(_slime_defaults())
 
 
 def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[str, Any]:
-    d = _defaults()
+    """The dict slime's ``Sample.from_dict`` takes, for one orchard sample."""
+    d = _slime_defaults()
     meta = s.to_dict()["metadata"]
+    status = str(s.status)
     d.update(
         group_index=s.group_index,
         index=s.index,
@@ -75,7 +100,7 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
         reward=s.reward,
         loss_mask=list(s.loss_mask),
         rollout_log_probs=list(s.rollout_log_probs),
-        status=str(s.status) if s.status in SLIME_STATUSES else "failed",
+        status=status if status in SLIME_STATUSES else "failed",
         metadata=meta,
         session_id=s.session_id,
     )
@@ -119,8 +144,10 @@ class SlimeSample:
     train_metadata: dict[str, Any] | None = None
     session_id: str | None = None
     non_generation_time: float = 0.0
-    spec_info: dict[str, Any] = field(default_factory=lambda: dict(_defaults()["spec_info"]))
-    prefix_cache_info: dict[str, Any] = field(default_factory=lambda: dict(_defaults()["prefix_cache_info"]))
+    spec_info: dict[str, Any] = field(default_factory=lambda: dict(_slime_defaults()["spec_info"]))
+    prefix_cache_info: dict[str, Any] = field(
+        default_factory=lambda: dict(_slime_defaults()["prefix_cache_info"])
+    )
 
     def to_dict(self) -> dict[str, Any]:
         value = dict(self.__dict__)
@@ -137,10 +164,47 @@ class SlimeSample:
         return SlimeSample(**data)
 
 
-def sample_class() -> Any:
+def slime_sample_class() -> Any:
     """slime's ``Sample`` when slime is importable, else the stand-in."""
     try:
         from slime.utils.types import Sample as SlimeNative
     except ImportError:
         return SlimeSample
     return SlimeNative
+
+
+# -- verl ----------------------------------------------------------------------------------------------------------
+
+AGENT_LOOP_FIELDS = (
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "response_logprobs",
+    "reward_score",
+    "num_turns",
+    "metrics",
+    "extra_fields",
+)
+"""The ``AgentLoopOutput`` fields we fill (``routed_experts``, ``multi_modal_data`` stay at verl's None)."""
+
+
+def agent_loop_fields(s: Sample) -> dict[str, Any]:
+    """``AgentLoopOutput(**agent_loop_fields(s))`` validates; also the ``verl`` export's row."""
+    return {
+        "prompt_ids": s.prompt_ids,
+        "response_ids": s.response_ids,
+        "response_mask": list(s.loss_mask),
+        "response_logprobs": list(s.rollout_log_probs),
+        "reward_score": numeric_reward(s.reward),
+        "num_turns": 2 * len(s.turns),
+        "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0},
+        "extra_fields": {
+            "session_id": s.session_id,
+            "index": s.index,
+            "group_index": s.group_index,
+            "status": str(s.status),
+            "call_ids": list(s.metadata.get("call_ids", [])),
+            "token_source": s.metadata.get("token_source"),
+            "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
+        },
+    }
