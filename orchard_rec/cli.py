@@ -486,15 +486,20 @@ def serve(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
     durability: Literal["async", "wal"] = typer.Option(
-        "async",
+        "wal",
         "--durability",
-        help="async, or wal: the last byte waits for the fsync'd spool (kill -9 safe).",
+        help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
     ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
     ),
     max_inflight: int = typer.Option(
         4096, "--max-inflight", help="Calls in flight before 429 (0: no limit)."
+    ),
+    max_queue_bytes: int = typer.Option(
+        256 * 1024 * 1024,
+        "--max-queue-bytes",
+        help="Bytes of calls waiting for the database before 429 (default 256 MiB; 0: no limit).",
     ),
     api_key: list[str] | None = typer.Option(
         None,
@@ -524,6 +529,8 @@ def serve(
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
 
+    if max_queue_bytes < 0:
+        raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
     upstream = _check_upstream(upstream)
     if mode == "tito" and not tokenizer:
         raise usage_error(
@@ -550,6 +557,7 @@ def serve(
         durability=durability,
         spool=spool,
         max_inflight=max_inflight,
+        max_queue_bytes=max_queue_bytes,
         api_keys=_keys(api_key),
         admin_keys=_keys(admin_key),
         upstream_key=upstream_key,

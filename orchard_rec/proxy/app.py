@@ -248,11 +248,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             cap.session_id = validate_session_id(sid)
         _authorize(request, cap.session_id)
         cfg = app[CONFIG]
-        if (cfg.max_inflight and recorder.inflight > cfg.max_inflight) or (
-            cfg.max_queue and recorder.depth > cfg.max_queue
+        if (
+            (cfg.max_inflight and recorder.inflight > cfg.max_inflight)
+            or (cfg.max_queue and recorder.depth > cfg.max_queue)
+            or (cfg.max_queue_bytes and recorder.queued_bytes > cfg.max_queue_bytes)
         ):
             raise TooManyRequests(
-                f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records waiting); retry shortly"
+                f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records"
+                f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
         caller(cap, request.headers)
         if request.headers.get("upgrade", "").lower() == "websocket":
@@ -524,6 +527,7 @@ async def healthz(request: web.Request) -> web.Response:
     body = {
         "status": status,
         "queue_depth": rec.depth,
+        "queued_bytes": rec.queued_bytes,
         "spool_depth": rec.spool_depth,
         "written": rec.written,
         "mode": request.app[CONFIG].mode,
@@ -531,6 +535,12 @@ async def healthz(request: web.Request) -> web.Response:
     }
     if rec.last_error:
         body["error"] = rec.last_error
+    if rec.spool_rejected and rec.spool is not None:
+        body["spool_rejected"] = rec.spool_rejected
+        body["warning"] = (
+            f"{rec.spool_rejected} spool line(s) could not be decoded ({rec.spool.last_rejection});"
+            f" kept in {rec.spool.rejected_path}, not replayed"
+        )
     return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
 
 

@@ -31,14 +31,19 @@ class ProxyConfig(BaseModel):
     connect_timeout: float = Field(10.0, gt=0)
     read_timeout: float = Field(600.0, gt=0)
     """Longest silence allowed between two upstream bytes."""
-    durability: Literal["async", "wal"] = "async"
-    """``wal``: the client's last byte waits until the record is fsync'd in the spool (kill -9 safe)."""
+    durability: Literal["async", "wal"] = "wal"
+    """``wal`` (default): the client's last byte waits until the record is fsync'd in the spool
+    (kill -9 safe; group commit: one fsync per batch of calls); ``async``: recorded after the
+    response (an explicit opt-out: ``kill -9`` loses the calls still queued)."""
     spool: str | None = None
     """Spool file (default: ``.orchard-spool/<hash of db>.jsonl`` in the working folder)."""
     max_inflight: int = Field(4096, ge=0)
     """Calls in flight before new ones get 429 (0: no limit)."""
     max_queue: int = Field(100_000, ge=0)
     """Records waiting for the database before new calls get 429 (0: no limit)."""
+    max_queue_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    """Request + response bytes of the calls waiting for the database before new calls get 429
+    (0: no limit). What bounds the proxy's memory when records are large (long contexts)."""
     api_keys: tuple[str, ...] = ()
     """Keys clients must present (``Authorization: Bearer`` or ``x-api-key``); ``KEY:PREFIX`` binds
     a key to sessions whose id starts with PREFIX. Empty: no proxy authentication."""

@@ -1,21 +1,28 @@
-"""The recorder: hands finished calls from the event loop to a writer thread.
+"""The recorder: hands finished calls from the event loop to the writer threads.
 
 ``submit`` is a synchronous ``put_nowait`` that cannot be interrupted by a client
 disconnect or a cancellation, so a call is queued even when its handler is being torn
-down. One writer thread drains the queue in batches (one transaction per batch) and
-turns each ``Capture`` into a ``CallRecord`` there, so SSE parsing and reassembly never
-run on the response path.
+down. A writer thread drains the queue in batches and turns each ``Capture`` into a
+``CallRecord`` there, so SSE parsing and reassembly never run on the response path.
 
 Durability (``--durability``):
-- ``async`` (default): the record is written after the response; a database failure
-  sends the batch to the local spool (fsync'd), replayed when the database is back.
-  SIGTERM drains everything; ``kill -9`` loses the calls still queued (milliseconds' worth).
-- ``wal``: the handler holds the client's last byte until the writer has appended the
-  record to the spool and fsync'd it (``await durable(cap)``); the spool is cleared once
-  the database commits. Guarantee: every call whose response the client fully received is
-  in the database or the spool, even after ``kill -9``; cost: one fsync per batch on the
-  response path.
+- ``wal`` (the default, durable): the handler holds the client's last byte until the record
+  is appended to the local spool and fsync'd (``await durable(cap)``). Group commit: the
+  spool thread takes every call queued while its previous fsync ran and covers them all with
+  one fsync; a second thread writes the spooled batches to the database meanwhile (a
+  pipeline: the database's latency is never on the response path) and acknowledges them in
+  the spool, which deletes only what the database has acknowledged. A failed database write
+  leaves its batch in the spool, and every later batch behind it, until a replay stores them
+  all (the spool is the truth until then). Guarantee: every call whose response the client
+  fully received is in the database or the spool, even after ``kill -9``.
+- ``async`` (opt-out): the record is written after the response; a database failure sends
+  the batch to the spool (fsync'd), replayed when the database is back. SIGTERM drains
+  everything; ``kill -9`` loses the calls still queued (milliseconds' worth).
 The spool is replayed at start-up, and retried every ``retry_s`` while the database is down.
+
+Memory: ``queued_bytes`` counts the request and response bytes of calls submitted but not
+yet in the database (or, once the database is down, in the spool); the proxy answers 429
+beyond ``--max-queue-bytes``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,17 @@ __all__ = ["Recorder"]
 
 log = logging.getLogger("orchard_rec.recorder")
 _STOP = object()
+Ack = Callable[[], None]
+
+
+def _size(item: Capture | CallRecord) -> int:
+    """The bytes a queued call holds (its request and response as received), cheaply."""
+    if isinstance(item, Capture):
+        n = item.bytes_in + (len(item.body) if item.body is not None else 0)
+        for c in item.chunks:
+            n += len(c)
+        return n
+    return item.bytes_in + item.bytes_out
 
 
 class Recorder:
@@ -68,19 +87,31 @@ class Recorder:
         ``ORCHARD_WRITER_LINGER_S``, default 5 ms): one transaction and one wake-up per several calls
         instead of per call, at low concurrency too (SQLite, CPU per call: 88 us in batches of 8,
         42 us of 32, 33 us of 128; 20 ms measured no better than 5 ms end to end). Under wal the
-        client waits for the batch, so there it is 0."""
+        client waits for the batch, so there it is 0: group commit gathers what queued meanwhile."""
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
+        self._dbq: queue.Queue[Any] = queue.Queue()
+        """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
+        self._dbq_calls = 0
+        self._count_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._db_thread: threading.Thread | None = None
         self.written = 0
         self.write_errors = 0
         self.last_error: str | None = None
         self.spool_pending = False
-        """The spool holds records the database has not committed."""
+        """The database failed a write: the spool holds records it has not committed, and every
+        later batch goes behind them until a replay stores them all."""
         self._closing = False
         self.inflight = 0
         """Calls whose handler has started but not yet submitted (event-loop thread only)."""
+        self._bytes_in = 0
+        """Bytes submitted (event-loop thread only)."""
+        self._bytes_out = 0
+        """Bytes released by the writer (writer threads, under ``_count_lock``)."""
+        self.fsyncs = 0
+        """Spool appends (one fsync each) so far: calls per fsync shows group commit at work."""
         self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "10") or 0)
         """The writer thread's OS niceness: when the cores are busy, the scheduler runs the event
         loop (and the model server, the harness) first and the writer in the gaps; the bounded
@@ -90,12 +121,23 @@ class Recorder:
 
     @property
     def depth(self) -> int:
-        """Calls submitted but not yet committed or spooled."""
-        return self._q.unfinished_tasks
+        """Calls submitted but not yet committed (or, with the database down, spooled)."""
+        return self._q.unfinished_tasks + self._dbq_calls
+
+    @property
+    def queued_bytes(self) -> int:
+        """Request and response bytes of the calls in ``depth`` (what back-pressure bounds)."""
+        return self._bytes_in - self._bytes_out
 
     @property
     def spool_depth(self) -> int:
+        """Records in the spool the database has not acknowledged."""
         return self.spool.depth if self.spool is not None else 0
+
+    @property
+    def spool_rejected(self) -> int:
+        """Spool lines that could not be decoded, moved to ``spool.rejected_path``."""
+        return self.spool.rejected if self.spool is not None else 0
 
     @property
     def healthy(self) -> bool:
@@ -107,32 +149,44 @@ class Recorder:
             self.spool_pending = self.spool.depth > 0
         self._thread = threading.Thread(target=self._run, name="orchard-writer", daemon=True)
         self._thread.start()
+        if self.durability == "wal":
+            self._db_thread = threading.Thread(target=self._db_run, name="orchard-db-writer", daemon=True)
+            self._db_thread.start()
 
     def begin(self) -> None:
         """A handler started a call; ``submit`` ends it."""
         self.inflight += 1
 
-    def submit(self, item: Capture | CallRecord, ack: Any = None) -> None:
-        self._q.put_nowait((item, ack))
+    def submit(self, item: Capture | CallRecord, ack: Ack | None = None, *, committed: bool = False) -> None:
+        """Queue a finished call. ``ack`` runs on a writer thread once the record is durable: in
+        the spool (wal), or with ``committed`` in the database (or the spool, while it is down)."""
+        size = _size(item)
+        self._bytes_in += size
+        self._q.put_nowait((item, ack, committed, size))
         if isinstance(item, Capture):
             self.inflight -= 1
 
-    async def durable(self, cap: Capture) -> None:
-        """Submit ``cap`` and return once its record is fsync'd in the spool (wal durability)."""
+    async def durable(self, cap: Capture, *, committed: bool = False) -> None:
+        """Submit ``cap`` and return once its record is fsync'd in the spool (wal durability), or
+        with ``committed`` once the database has it (so another replica can read it)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
+        def settle() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
         def ack() -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+            loop.call_soon_threadsafe(settle)
 
         cap.submitted = True
-        self.submit(cap, ack)
+        self.submit(cap, ack, committed=committed)
         await asyncio.shield(fut)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until every call started so far is committed or spooled (tests, shutdown)."""
         deadline = time.monotonic() + timeout
-        while self.inflight or self._q.unfinished_tasks:
+        while self.inflight or self.depth:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.002)
@@ -142,26 +196,31 @@ class Recorder:
         if self._thread is None:
             return
         self._closing = True
-        self._q.put_nowait((_STOP, None))
+        self._q.put_nowait((_STOP, None, False, 0))
         self._thread.join(timeout)
         self._thread = None
+        if self._db_thread is not None:
+            self._db_thread.join(timeout)
+            self._db_thread = None
         if self.spool is not None:
             self.spool.close()
 
-    # -- writer thread -----------------------------------------------------------------------
+    def _release(self, nbytes: int, ncalls: int = 0) -> None:
+        with self._count_lock:
+            self._bytes_out += nbytes
+            self._dbq_calls -= ncalls
+
+    # -- the spool / async writer thread -------------------------------------------------------
 
     def _run(self) -> None:
-        if self.nice:
-            try:  # Linux: a thread is a task with its own niceness
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except (AttributeError, OSError):  # pragma: no cover - not Linux, or not permitted
-                pass
-        if self.spool_pending:
+        self._lower_priority()
+        wal = self.durability == "wal"
+        if self.spool_pending and not wal:
             self._replay()
         stop = False
         while not stop:
             try:
-                first = self._q.get(timeout=self.retry_s if self.spool_pending else None)
+                first = self._q.get(timeout=self.retry_s if (self.spool_pending and not wal) else None)
             except queue.Empty:
                 self._replay()
                 continue
@@ -174,45 +233,110 @@ class Recorder:
                 except queue.Empty:
                     break
             batch: list[CallRecord] = []
-            acks = []
-            for it, ack in items:
+            acks: list[Ack] = []
+            db_acks: list[Ack] = []
+            nbytes = 0
+            for it, ack, committed, size in items:
                 if it is _STOP:
                     stop = True
                     continue
+                nbytes += size
                 try:
                     batch.append(it.to_record() if isinstance(it, Capture) else it)
                 except Exception:  # a record we cannot build must not take the writer down
                     log.exception("could not build record for call %s", getattr(it, "call_id", "?"))
                 if ack is not None:
-                    acks.append(ack)
+                    (db_acks if committed else acks).append(ack)
             try:
-                self._write(batch, acks)
+                if wal:
+                    self._spool_batch(batch, acks, db_acks, nbytes)
+                else:
+                    self._write_async(batch, acks + db_acks, nbytes)
             finally:
                 for _ in items:
                     self._q.task_done()
+        if wal:
+            self._dbq.put_nowait(_STOP)
+        elif self.spool_pending:
+            self._replay()
+
+    def _lower_priority(self) -> None:
+        if self.nice:
+            try:  # Linux: a thread is a task with its own niceness
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (AttributeError, OSError):  # pragma: no cover - not Linux, or not permitted
+                pass
+
+    def _spool_batch(self, batch: list[CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int) -> None:
+        """wal: one append + fsync for the whole batch (group commit), release the clients, hand
+        the batch to the database thread."""
+        assert self.spool is not None
+        start = self.spool.end
+        end: int | None
+        try:
+            end = self.spool.append(batch)  # durable before any client gets its last byte
+            self.fsyncs += 1
+        except OSError as exc:  # disk full, I/O error: keep serving, the database may still take it
+            self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
+            log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
+            end = None
+        for ack in acks:
+            ack()
+        with self._count_lock:
+            self._dbq_calls += len(batch)
+        self._dbq.put_nowait((batch, start, end, db_acks, nbytes))
+
+    def _write_async(self, batch: list[CallRecord], acks: list[Ack], nbytes: int) -> None:
+        try:
+            if self.spool_pending and self.spool is not None:
+                self.spool.append(batch)  # keep order behind what is already waiting
+                return
+            if not self._store(batch, first=True) and self.spool is not None:
+                self.spool.append(batch)
+                self.spool_pending = True
+            elif self.last_error is not None and self.spool is None:
+                self._retry_in_memory(batch)
+        finally:
+            for ack in acks:
+                ack()
+            self._release(nbytes)
+
+    # -- the database thread (wal) ---------------------------------------------------------------
+
+    def _db_run(self) -> None:
+        self._lower_priority()
+        assert self.spool is not None
+        if self.spool_pending:
+            self._replay()
+        while True:
+            try:
+                item = self._dbq.get(timeout=self.retry_s if self.spool_pending else None)
+            except queue.Empty:
+                self._replay()
+                continue
+            if item is _STOP:
+                self._dbq.task_done()
+                break
+            batch, start, end, db_acks, nbytes = item
+            try:
+                if end is None:  # not in the spool: the database is its only way
+                    if not self._store(batch, first=True):
+                        self._retry_in_memory(batch)
+                elif end <= self.spool.acked or self.spool_pending:
+                    pass  # stored by a replay already, or the next replay carries it from the spool
+                elif self._store(batch, first=start >= self.spool.acked):
+                    self.spool.ack(end)
+                else:
+                    self.spool_pending = True  # the spool keeps it, and everything after it
+            finally:
+                for ack in db_acks:
+                    ack()
+                self._release(nbytes, len(batch))
+                self._dbq.task_done()
         if self.spool_pending:
             self._replay()
 
-    def _write(self, batch: list[CallRecord], acks: list[Any]) -> None:
-        if self.durability == "wal" and self.spool is not None:
-            self.spool.append(batch)  # durable before any client gets its last byte
-            for ack in acks:
-                ack()
-            if self.spool_pending:
-                return  # the database is down: the replay loop will carry these
-            if self._store(batch, first=True):
-                self.spool.clear()
-            return
-        for ack in acks:
-            ack()
-        if self.spool_pending and self.spool is not None:
-            self.spool.append(batch)  # keep order behind what is already waiting
-            return
-        if not self._store(batch, first=True) and self.spool is not None:
-            self.spool.append(batch)
-            self.spool_pending = True
-        elif self.last_error is not None and self.spool is None:
-            self._retry_in_memory(batch)
+    # -- shared ------------------------------------------------------------------------------------
 
     def _store(self, batch: list[CallRecord], *, first: bool = False) -> bool:
         """``first``: this batch's first attempt, so none of it can be stored yet (skip the lookup);
@@ -243,14 +367,17 @@ class Recorder:
             delay = min(delay * 2, 2.0)
 
     def _replay(self) -> None:
+        """Store everything the spool holds that the database has not acknowledged, then
+        acknowledge it; on a failure nothing is acknowledged and the next replay starts over
+        (idempotent writes: each call is stored once)."""
         if self.spool is None:
             return
-        records = self.spool.records()
+        records, end = self.spool.pending()
         for k in range(0, len(records), 500):
             if not self._store(records[k : k + 500]):
                 self.spool_pending = True
                 return
-        self.spool.clear()
+        self.spool.ack(end)
         self.spool_pending = False
         if records:
             log.info("replayed %d spooled calls into the database", len(records))

@@ -1,18 +1,37 @@
-"""The local spool: an append-only file of call records, fsync'd per batch.
+"""The local spool: an append-only log of call records, fsync'd per batch.
 
-It holds what the database has not (yet) got: in ``async`` durability, the batches a
-failed write could not store; in ``wal`` durability, every batch, written before the
-client's last byte is released and cleared once the database has committed it. Records
-are replayed with ``Store.write_batch``, which is idempotent by call id, so a replay that
-is interrupted and repeated stores each call exactly once. One process owns a spool file
-(an exclusive ``flock``); the file survives ``kill -9`` and is replayed at the next start.
+It holds what the database has not (yet) acknowledged: in ``async`` durability, the
+batches a failed write could not store; in ``wal`` durability (the default), every batch,
+written before any of its clients gets its last byte. Records are replayed with
+``Store.write_batch``, which is idempotent by call id, so a replay that is interrupted and
+repeated stores each call exactly once. One process owns a spool (an exclusive ``flock``
+on its file); the files survive ``kill -9`` and are replayed at the next start.
+
+Layout and rules:
+- Each appended record gets an index (0, 1, 2, ... for this process's lifetime). The
+  database side acknowledges a prefix (``ack(upto)``: every record below ``upto`` is in the
+  database). Nothing is deleted before it is acknowledged: the spool is the truth until
+  then. When everything appended is acknowledged the files are truncated (no fsync needed:
+  a truncation lost to a crash only replays stored records, which the idempotent write skips).
+- Records live in segments: the spool file itself (``PATH``), then ``PATH.1``, ``PATH.2``...
+  A segment that grows past ``segment_bytes`` while unacknowledged records remain is closed
+  and a new one started, so a database that is always a batch behind (a pipeline) never makes
+  the spool grow without limit: closed segments are deleted once acknowledged.
+- Every line is one JSON object with a format version ``"_v"`` (``FORMAT``). Lines written
+  before versioning (no ``"_v"``) are read as version 0 (the same fields). A line that
+  cannot be decoded (corrupt, torn by a crash, written by a newer version, a field this
+  version does not know) is never dropped: it is moved to ``PATH.rejected`` (fsync'd), counted
+  in ``rejected``, and logged; only then may the records around it be cleared.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,11 +39,21 @@ import orjson
 
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 
-__all__ = ["Spool", "record_from_json", "record_to_json"]
+__all__ = ["FORMAT", "Spool", "SpoolFormatError", "record_from_json", "record_to_json"]
+
+log = logging.getLogger("orchard_rec.spool")
+
+FORMAT = 1
+"""The spool line format written by this version (``"_v"`` in every line)."""
+
+
+class SpoolFormatError(ValueError):
+    """A spool line this version cannot turn into a ``CallRecord``."""
 
 
 def record_to_json(r: CallRecord) -> bytes:
-    d: dict[str, Any] = {f: getattr(r, f) for f in r.__dataclass_fields__}
+    d: dict[str, Any] = {"_v": FORMAT}
+    d.update({f: getattr(r, f) for f in r.__dataclass_fields__})
     d["dialect"] = r.dialect.value
     d["outcome"] = r.outcome.value
     d["headers"] = dict(r.headers)
@@ -32,63 +61,223 @@ def record_to_json(r: CallRecord) -> bytes:
 
 
 def record_from_json(line: bytes) -> CallRecord:
-    d = orjson.loads(line)
-    d["dialect"] = Dialect(d["dialect"])
-    d["outcome"] = CallOutcome(d["outcome"])
-    for k in ("prompt_ids", "completion_ids", "completion_logprobs"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
-    return CallRecord(**d)
+    """Decode one spool line; raises ``SpoolFormatError`` for anything it cannot read faithfully."""
+    try:
+        d = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise SpoolFormatError(f"not JSON: {exc}") from None
+    if not isinstance(d, dict):
+        raise SpoolFormatError("not a JSON object")
+    version = d.pop("_v", 0)
+    if version not in (0, FORMAT):
+        raise SpoolFormatError(f"spool format version {version!r}; this version reads 0 and {FORMAT}")
+    unknown = set(d) - set(CallRecord.__dataclass_fields__)
+    if unknown:  # a renamed or new field: decoding would drop data silently
+        raise SpoolFormatError(f"unknown fields {sorted(unknown)}")
+    try:
+        d["dialect"] = Dialect(d["dialect"])
+        d["outcome"] = CallOutcome(d["outcome"])
+        for k in ("prompt_ids", "completion_ids", "completion_logprobs"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        return CallRecord(**d)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpoolFormatError(f"{type(exc).__name__}: {exc}") from None
+
+
+@dataclass
+class _Segment:
+    path: Path
+    f: IO[bytes]
+    start: int
+    """Index of its first record."""
+    count: int = 0
+    size: int = 0
 
 
 class Spool:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, segment_bytes: int = 64 * 1024 * 1024) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[bytes] = open(self.path, "ab+")  # noqa: SIM115 (held for the spool's lifetime)
+        self.rejected_path = self.path.with_name(self.path.name + ".rejected")
+        self.segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        lock_f: IO[bytes] = open(self.path, "ab+")  # noqa: SIM115 (held for the spool's lifetime)
         try:
-            fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock_f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._f.close()
+            lock_f.close()
             raise RuntimeError(
                 f"spool {self.path} is in use by another proxy process; give each replica its own --spool"
             ) from None
-        self.depth = sum(1 for _ in self._lines())
-        """Records in the spool."""
+        self.rejected = 0
+        """Lines moved aside to ``rejected_path`` by this process."""
+        self.last_rejection: str | None = None
+        self._segments: list[_Segment] = [_Segment(self.path, lock_f, 0)]
+        extra = sorted(
+            (int(p.name.rsplit(".", 1)[1]), p)
+            for p in self.path.parent.glob(self.path.name + ".*")
+            if p.name.rsplit(".", 1)[1].isdigit()
+        )
+        for _, p in extra:
+            self._segments.append(_Segment(p, open(p, "ab+"), 0))  # noqa: SIM115
+        start = 0
+        for seg in self._segments:
+            seg.start = start
+            self._scan(seg)
+            start += seg.count
+        self.end = start
+        """Index one past the last record appended."""
+        self.acked = 0
+        """Every record below this index is in the database."""
+        self._replayed_upto = 0
+        """Lines below this index were decoded (or moved aside) by ``pending`` already."""
 
-    def _lines(self) -> Iterator[bytes]:
-        self._f.seek(0)
-        for line in self._f:
-            if line.endswith(b"\n"):  # a torn last line (crash mid-append) was never acknowledged
-                yield line
+    def _scan(self, seg: _Segment) -> None:
+        """Count a segment's complete lines; a torn tail (a crash mid-append, never acknowledged)
+        is moved aside so the next append does not glue a record onto it."""
+        seg.f.seek(0)
+        data = seg.f.read()
+        cut = data.rfind(b"\n") + 1
+        if cut < len(data):
+            self._reject([data[cut:]], f"torn line at the end of {seg.path.name} (a crash mid-append)")
+            seg.f.truncate(cut)
+            seg.f.flush()
+            os.fsync(seg.f.fileno())
+        seg.count = data.count(b"\n", 0, cut)
+        seg.size = cut
 
-    def append(self, records: Sequence[CallRecord]) -> None:
-        """Append and fsync: when this returns, the records survive a crash."""
+    @property
+    def depth(self) -> int:
+        """Records in the spool the database has not acknowledged."""
+        return self.end - self.acked
+
+    def append(self, records: Sequence[CallRecord]) -> int:
+        """Append and fsync: when this returns, the records survive a crash. Returns ``end``:
+        the index one past the last of them (what ``ack`` takes once the database has them)."""
         if not records:
-            return
-        self._f.seek(0, os.SEEK_END)
-        self._f.write(b"".join(record_to_json(r) + b"\n" for r in records))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self.depth += len(records)
+            return self.end
+        data = b"".join(record_to_json(r) + b"\n" for r in records)
+        with self._lock:
+            seg = self._segments[-1]
+            if self.acked == self.end and (seg.size or len(self._segments) > 1):
+                self._truncate_all()
+                seg = self._segments[-1]
+            elif seg.size > self.segment_bytes:
+                seg = self._rotate()
+            seg.f.seek(0, os.SEEK_END)
+            seg.f.write(data)
+            seg.f.flush()
+            os.fsync(seg.f.fileno())
+            seg.count += len(records)
+            seg.size += len(data)
+            self.end += len(records)
+            return self.end
+
+    def _rotate(self) -> _Segment:
+        last = self._segments[-1]
+        n = int(last.path.name.rsplit(".", 1)[1]) + 1 if last.path != self.path else 1
+        p = self.path.with_name(f"{self.path.name}.{n}")
+        seg = _Segment(p, open(p, "ab+"), self.end)  # noqa: SIM115
+        self._segments.append(seg)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:  # the new file's name must survive a crash along with its records
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return seg
+
+    def _truncate_all(self) -> None:
+        for seg in self._segments[1:]:
+            seg.f.close()
+            seg.path.unlink(missing_ok=True)
+        first = self._segments[0]
+        first.f.truncate(0)
+        first.f.flush()
+        first.start, first.count, first.size = self.end, 0, 0
+        del self._segments[1:]
+
+    def ack(self, upto: int) -> None:
+        """The database holds every record below index ``upto``."""
+        with self._lock:
+            if upto <= self.acked:
+                return
+            self.acked = min(upto, self.end)
+            if self.acked == self.end:
+                self._truncate_all()
+                return
+            for seg in list(self._segments[:-1]):  # closed segments wholly acknowledged go
+                if seg.count == 0 or seg.start + seg.count > self.acked:
+                    continue
+                if seg.path == self.path:  # the lock file stays, emptied
+                    seg.f.truncate(0)
+                    seg.f.flush()
+                    seg.count = seg.size = 0
+                else:
+                    seg.f.close()
+                    seg.path.unlink(missing_ok=True)
+                    self._segments.remove(seg)
+
+    def pending(self) -> tuple[list[CallRecord], int]:
+        """``(records not yet acknowledged, end)``: decodable records from ``acked`` up to
+        ``end``, in order; ``ack(end)`` once the database has them. Lines that cannot be decoded
+        are moved to ``rejected_path`` first (so acknowledging past them loses nothing)."""
+        with self._lock:
+            end = self.end
+            lines: list[tuple[int, bytes]] = []
+            for seg in self._segments:
+                if seg.start + seg.count <= self.acked or seg.count == 0:
+                    continue
+                seg.f.seek(0)
+                for k, line in enumerate(seg.f):
+                    idx = seg.start + k
+                    if idx >= self.acked and line.endswith(b"\n"):
+                        lines.append((idx, line))
+            out: list[CallRecord] = []
+            bad: list[bytes] = []
+            reasons: list[str] = []
+            for idx, line in lines:
+                try:
+                    out.append(record_from_json(line))
+                except SpoolFormatError as exc:
+                    if idx >= self._replayed_upto:
+                        bad.append(line)
+                        reasons.append(str(exc))
+            if bad:
+                self._reject(bad, reasons[0])
+            self._replayed_upto = max(self._replayed_upto, end)
+            return out, end
+
+    def _reject(self, lines: list[bytes], reason: str) -> None:
+        with open(self.rejected_path, "ab") as f:
+            for line in lines:
+                f.write(line if line.endswith(b"\n") else line + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.rejected += len(lines)
+        self.last_rejection = reason
+        log.error(
+            "spool %s: %d line(s) could not be decoded (%s); moved to %s, not replayed",
+            self.path,
+            len(lines),
+            reason,
+            self.rejected_path,
+        )
 
     def records(self) -> list[CallRecord]:
-        out = []
-        for line in self._lines():
-            try:
-                out.append(record_from_json(line))
-            except (orjson.JSONDecodeError, TypeError, ValueError):
-                continue
-        return out
+        """The decodable records not yet acknowledged (tests, tools)."""
+        return self.pending()[0]
 
     def clear(self) -> None:
-        self._f.truncate(0)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self.depth = 0
+        """Acknowledge everything appended so far (the database has it all)."""
+        self.ack(self.end)
 
     def close(self) -> None:
-        try:
-            fcntl.flock(self._f.fileno(), fcntl.LOCK_UN)
-        finally:
-            self._f.close()
+        with self._lock:
+            for seg in self._segments[1:]:
+                seg.f.close()
+            first = self._segments[0].f
+            try:
+                fcntl.flock(first.fileno(), fcntl.LOCK_UN)
+            finally:
+                first.close()

@@ -4,8 +4,8 @@
   says degraded and /metrics shows the spool depth; when it returns the spool is replayed,
   each call exactly once.
 - SQLite locked by another writer: responses are not held up; the records land after.
-- kill -9 under load with ``--durability wal``: every call whose response the client fully
-  received is in the database after a restart (replayed from the spool).
+- kill -9 under load with the default durability (``wal``, group commit): every call whose
+  response the client fully received is in the database after a restart (replayed from the spool).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import pytest
 from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
@@ -45,6 +46,8 @@ def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
         return r.status
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
 def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cluster = PgCluster(durable=True).start()
     try:
@@ -111,6 +114,7 @@ def _free_port() -> int:
 
 
 def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+    """``serve`` with its default durability (no ``--durability``: the durable path)."""
     p = subprocess.Popen(
         [
             sys.executable,
@@ -123,8 +127,6 @@ def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen: 
             db,
             "--port",
             str(port),
-            "--durability",
-            "wal",
             "--spool",
             str(spool),
         ],
@@ -140,12 +142,14 @@ def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen: 
     raise RuntimeError("proxy did not start")
 
 
-def test_kill_9_under_load_loses_no_completed_call_with_wal(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.slow
+def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'k.db'}"
     spool = tmp_path / "k.spool"
     port = _free_port()
     proc = _serve(upstream.url, db, port, spool)
     base = f"http://127.0.0.1:{port}"
+    assert json.loads(_get(base + "/healthz")[1])["durability"] == "wal"  # the default
     completed: set[str] = set()
     attempted = 0
 
