@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -89,6 +90,9 @@ RECORDER = web.AppKey("recorder", Recorder)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
+UPSTREAM_HEALTH = web.AppKey("upstream_health", dict[str, Any])
+UPSTREAM_CHECK_S = float(os.environ.get("ORCHARD_UPSTREAM_CHECK_S", "10"))
+"""How often the background check asks the upstream whether it answers (``GET <upstream>/models``)."""
 
 _HOP = frozenset(
     {
@@ -521,11 +525,34 @@ async def _relay_stream(
 # -- service routes ------------------------------------------------------------------------------
 
 
+async def _watch_upstream(app: web.Application) -> None:
+    """Whether the upstream answers at all (any HTTP status counts), every ``UPSTREAM_CHECK_S``."""
+    cfg = app[CONFIG]
+    state = app[UPSTREAM_HEALTH]
+    url = cfg.upstream + "/models" if cfg.upstream.endswith("/v1") else cfg.upstream
+    timeout = aiohttp.ClientTimeout(total=min(5.0, cfg.connect_timeout + 2))
+    while True:
+        try:
+            async with app[UPSTREAM].get(url, timeout=timeout) as r:
+                await r.read()
+            state.update(reachable=True, error=None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if state.get("reachable") is not False:
+                log.warning("upstream %s does not answer: %s", cfg.upstream, type(exc).__name__)
+            state.update(reachable=False, error=f"{type(exc).__name__}: {exc}"[:300])
+        state["checked_at"] = time.time()
+        await asyncio.sleep(UPSTREAM_CHECK_S)
+
+
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
-    status = "ok" if rec.healthy else "degraded"
+    upstream: dict[str, Any] = dict(request.app[UPSTREAM_HEALTH]) if UPSTREAM_HEALTH in request.app else {}
+    status = "ok" if rec.healthy and upstream.get("reachable") is not False else "degraded"
     body = {
         "status": status,
+        "upstream": {"url": request.app[CONFIG].upstream, **upstream},
         "queue_depth": rec.depth,
         "queued_bytes": rec.queued_bytes,
         "spool_depth": rec.spool_depth,
@@ -638,7 +665,12 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         app[UPSTREAM] = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
+        app[UPSTREAM_HEALTH] = {"reachable": None, "checked_at": None, "error": None}
+        watch = asyncio.create_task(_watch_upstream(app))
         yield
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
         await app[UPSTREAM].close()
         await asyncio.to_thread(recorder.close)
         if owned_store:
