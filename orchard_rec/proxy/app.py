@@ -548,7 +548,7 @@ async def _watch_upstream(app: web.Application) -> None:
 
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
-    state: dict[str, Any] = request.app[UPSTREAM_HEALTH] if UPSTREAM_HEALTH in request.app else {}
+    state: dict[str, Any] = request.app.get(UPSTREAM_HEALTH, {})
     upstream = dict(state)
     status = "ok" if rec.healthy and upstream.get("reachable") is not False else "degraded"
     body = {
