@@ -21,6 +21,9 @@ apply slime's dynamic-sampling filters by name (``orchard_rec.selection``); what
 dropped is counted in ``selection_stats``. Both need the group's samples, so a group is
 reconstructed whole before any of it is yielded.
 
+``teacher`` looks up a sample's stored teacher log-probs (``orchard-rec teacher``) and
+attaches them; ``require_teacher`` drops samples that have none.
+
 Memory: without grouping, one streaming query and one session at a time; with grouping,
 one group's calls at a time (one query per group).
 """
@@ -36,6 +39,7 @@ from orchard_rec.reconstruct import (
     CreditPolicy,
     MismatchPolicy,
     Sample,
+    TeacherData,
     credit_policy,
     numeric_reward,
     reconstruct_session,
@@ -133,6 +137,8 @@ def iter_samples(
     seed: int | None = None,
     filters: Sequence[str] | None = None,
     selection_stats: SelectionStats | None = None,
+    teacher: Callable[[Sample], TeacherData | None] | None = None,
+    require_teacher: bool = False,
 ) -> Iterator[Sample]:
     policy = credit_policy(credit) if isinstance(credit, str) else credit
     if pass_rate is not None and group_by is None:
@@ -182,6 +188,10 @@ def iter_samples(
 
     def keep(s: Sample, summary: SessionSummary) -> bool:
         if statuses and s.status not in statuses:
+            return False
+        if teacher is not None:
+            s.teacher = teacher(s)
+        if require_teacher and s.teacher is None:
             return False
         if min_reward is not None:
             r = numeric_reward(s.reward) if not isinstance(s.reward, dict) else _reward_value(summary)

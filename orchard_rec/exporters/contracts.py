@@ -4,7 +4,11 @@ Pure data and row builders, importable without slime, verl, torch or pyarrow: ex
 write these rows to files, ``trainers/`` hands them to the trainers in process.
 
 slime: field names, defaults and ``Status`` values of ``slime/utils/types.py`` in THUDM/slime
-(read at commit 0d234f3e3a83c81b7d37209994e0b994deacbb24). slime's ``Sample.to_dict`` is
+(read at commit 0d234f3e3a83c81b7d37209994e0b994deacbb24), plus ``teacher_valid_mask`` of
+Orchard's fork (MSR-Orchard/slime ``slime/utils/types.py``: ``teacher_log_probs`` as its
+on-policy distillation sets it, ``teacher_valid_mask`` 1 where the log-prob is valid;
+upstream slime keeps an unknown key as an attribute). ``remove_sample`` is set for
+samples a ``positive-only`` filter kept only for the group baseline. slime's ``Sample.to_dict`` is
 ``self.__dict__`` with ``status`` as its value and the two info objects as dicts;
 ``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds that dict from an
 orchard sample, every other field at slime's default, no key slime does not know
@@ -66,6 +70,7 @@ def _slime_defaults() -> dict[str, Any]:
         "remove_sample": False,
         "teacher_log_probs": None,
         "mopd_teacher_log_probs": None,
+        "teacher_valid_mask": None,
         "status": "pending",
         "metadata": {},
         "generate_function_path": None,
@@ -107,6 +112,11 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
     d["prefix_cache_info"]["total_prompt_tokens"] = s.prompt_length
     if s.token_weights is not None:
         d["train_metadata"] = {"token_weights": list(s.token_weights)}
+    if meta.get("remove_sample"):
+        d["remove_sample"] = True
+    if s.teacher is not None:
+        d["teacher_log_probs"] = list(s.teacher.log_probs)
+        d["teacher_valid_mask"] = list(s.teacher.valid_mask)
     return d
 
 
@@ -136,8 +146,9 @@ class SlimeSample:
     rollout_log_probs: list[float] | None = None
     rollout_routed_experts: list[list[int]] | None = None
     remove_sample: bool = False
-    teacher_log_probs: list[float] | None = None
+    teacher_log_probs: Any = None
     mopd_teacher_log_probs: dict[str, list[float]] | None = None
+    teacher_valid_mask: list[int] | None = None
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     generate_function_path: str | None = None

@@ -16,6 +16,10 @@ Schema (zstd, row groups of 512 samples):
 | reward_json | string, null | the reward as JSON (named rewards) |
 | status | string | completed, truncated, aborted, failed |
 | metadata_json | string | metadata as in the jsonl export |
+| teacher_log_probs | list<float32>, null | teacher log-prob per response token (``orchard-rec teacher``) |
+| teacher_valid_mask | list<int8>, null | 1 where the teacher scored the token |
+| teacher_topk_ids / teacher_topk_logprobs | list<list<...>>, null | the teacher's top-k per response token |
+| teacher | string, null | the teacher's model name |
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pyarrow as pa
 
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
+from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["SCHEMA", "ParquetExporter"]
@@ -47,6 +52,7 @@ SCHEMA = pa.schema(
         ("reward_json", pa.string()),
         ("status", pa.string()),
         ("metadata_json", pa.string()),
+        *TEACHER_FIELDS,
     ]
 )
 
@@ -66,6 +72,7 @@ def _row(s: Sample) -> dict[str, Any]:
         "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
         "status": str(s.status),
         "metadata_json": orjson.dumps(d["metadata"]).decode(),
+        **teacher_columns(s),
     }
 
 

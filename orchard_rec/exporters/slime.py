@@ -65,10 +65,11 @@ class SlimeExporter:
                 path = out.with_name(f"{out.stem}_{k}{out.suffix}")
             else:
                 path = out
-            payload = {
-                "rollout_id": rollout_id,
-                "samples": [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk],
-            }
+            rows = [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk]
+            for row in rows:  # Orchard's fork holds the teacher log-probs as a float32 tensor
+                if row["teacher_log_probs"] is not None:
+                    row["teacher_log_probs"] = torch.tensor(row["teacher_log_probs"], dtype=torch.float32)
+            payload = {"rollout_id": rollout_id, "samples": rows}
             with atomic_output(path) as f:
                 torch.save(payload, f)
             for s in chunk:

@@ -10,6 +10,10 @@ response; ``completion_mask`` is 0 on the prompt and 1 on the whole response.
 ``prompt_ids``, ``completion_ids`` (the response, observations included), ``logprobs``
 (per completion token) and ``env_mask`` (1 model tokens, 0 environment tokens), the
 extra field GRPO reads as its tool mask (trl/trainer/grpo_trainer.py).
+
+Both carry ``teacher_logprobs`` + ``teacher_mask`` (GKD-style distillation) when
+``orchard-rec teacher`` scored the sample (null otherwise): aligned to ``input_ids`` for
+``trl``, to ``completion_ids`` for ``trl-grpo``.
 Both load with ``datasets.load_dataset("parquet", data_files=...)``.
 """
 
@@ -23,6 +27,7 @@ import pyarrow as pa
 
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
+from orchard_rec.exporters.teacher_columns import TRL_TEACHER_FIELDS, trl_teacher_columns
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["TrlExporter", "TrlGrpoExporter"]
@@ -35,6 +40,7 @@ TRL_SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("session_id", pa.string()),
         ("index", pa.int64()),
+        *TRL_TEACHER_FIELDS,
     ]
 )
 
@@ -48,6 +54,7 @@ GRPO_SCHEMA = pa.schema(
         ("group_index", pa.int64()),
         ("session_id", pa.string()),
         ("index", pa.int64()),
+        *TRL_TEACHER_FIELDS,
     ]
 )
 
@@ -61,6 +68,7 @@ def _sft_row(s: Sample) -> dict[str, Any]:
         "reward": numeric_reward(s.reward),
         "session_id": s.session_id,
         "index": s.index,
+        **trl_teacher_columns(s, full=True),
     }
 
 
@@ -78,6 +86,7 @@ def _grpo_row(s: Sample) -> dict[str, Any]:
         "group_index": s.group_index,
         "session_id": s.session_id,
         "index": s.index,
+        **trl_teacher_columns(s, full=False),
     }
 
 

@@ -22,6 +22,7 @@ from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
 from orchard_rec.exporters.contracts import agent_loop_fields
 from orchard_rec.exporters.conversation import turn_flagged_messages
+from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["VERL_SCHEMA", "VerlExporter", "VerlSftExporter"]
@@ -49,15 +50,20 @@ VERL_SCHEMA = pa.schema(
                 ]
             ),
         ),
+        *TEACHER_FIELDS,
     ]
 )
+
+
+def _verl_row(s: Sample) -> dict[str, Any]:
+    return {**agent_loop_fields(s), **teacher_columns(s)}
 
 
 class VerlExporter:
     name = "verl"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, VERL_SCHEMA, agent_loop_fields)
+        return write_parquet(samples, out, VERL_SCHEMA, _verl_row)
 
 
 VERL_SFT_SCHEMA = pa.schema(

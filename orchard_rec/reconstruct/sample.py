@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "SampleBuilder", "SampleStatus", "SplitReason", "TokenSource", "Turn", "numeric_reward"]
+__all__ = [
+    "Sample",
+    "SampleBuilder",
+    "SampleStatus",
+    "SplitReason",
+    "TeacherData",
+    "TokenSource",
+    "Turn",
+    "numeric_reward",
+]
 
 
 class SampleStatus(enum.StrEnum):
@@ -75,6 +84,43 @@ class Turn:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TeacherData:
+    """A teacher's log-probs over a sample's response (``orchard-rec teacher``)."""
+
+    log_probs: list[float]
+    """len = response_length; 0.0 where ``valid_mask`` is 0."""
+    valid_mask: list[int]
+    """1 where the teacher scored the token; 0 where it gave nothing (truncated, failed)."""
+    name: str | None = None
+    """The teacher's model name/version as recorded."""
+    topk_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "teacher_log_probs": self.log_probs,
+            "teacher_valid_mask": self.valid_mask,
+            "teacher": self.name,
+        }
+        if self.topk_ids is not None:
+            d["teacher_topk_ids"] = self.topk_ids
+            d["teacher_topk_logprobs"] = self.topk_logprobs
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TeacherData | None:
+        if d.get("teacher_log_probs") is None:
+            return None
+        return cls(
+            list(d["teacher_log_probs"]),
+            list(d["teacher_valid_mask"]),
+            d.get("teacher"),
+            d.get("teacher_topk_ids"),
+            d.get("teacher_topk_logprobs"),
+        )
+
+
 @dataclass
 class Sample:
     session_id: str
@@ -97,6 +143,16 @@ class Sample:
     """The conversation as chat messages (last call's request + its answer), attached by
     exporters that need text (``needs_messages``); never part of the jsonl row."""
     tools: list[dict[str, Any]] | None = None
+    teacher: TeacherData | None = None
+    """Teacher log-probs over the response, attached at export when stored; None = no teacher data."""
+
+    @property
+    def sample_key(self) -> str:
+        """A stable identity of the sample within its session: its first call's id."""
+        ids = self.metadata.get("call_ids")
+        if ids:
+            return str(ids[0])
+        return self.turns[0].call_id if self.turns else ""
 
     def messages_prompt(self) -> list[dict[str, Any]] | str:
         """The messages before the first assistant turn, or "" when no messages are attached."""
@@ -137,6 +193,8 @@ class Sample:
         }
         if self.token_weights is not None:
             d["token_weights"] = self.token_weights
+        if self.teacher is not None:
+            d.update(self.teacher.to_dict())
         return d
 
     @classmethod
@@ -156,6 +214,7 @@ class Sample:
             group_index=d.get("group_index"),
             token_weights=d.get("token_weights"),
             metadata=meta,
+            teacher=TeacherData.from_dict(d),
         )
 
 
