@@ -15,6 +15,15 @@ PACKAGES = [
     "orchard_rec.trainers",
     "orchard_rec.harnesses",
     "orchard_rec.demo",
+    "orchard_rec.intercept",
+    "orchard_rec.selection",
+    "orchard_rec.rewards",
+    "orchard_rec.steps",
+    "orchard_rec.teacher",
+    "orchard_rec.ui",
+    "orchard_rec.pipeline",
+    "orchard_rec.render",
+    "orchard_rec.exporters.contracts",
 ]
 
 

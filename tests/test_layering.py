@@ -1,0 +1,266 @@
+"""The package's layering, asserted from the source (issue 15's first acceptance bullet).
+
+- No module under ``reconstruct/`` or ``exporters/`` imports ``orchard_rec.proxy``,
+  ``orchard_rec.intercept`` or ``orchard_rec.trainers`` (every import statement, also those
+  inside functions); ``reconstruct/`` does not import storage, the pipeline or the exporters
+  either: it is the pure core.
+- ``import orchard_rec.reconstruct`` in a fresh interpreter loads neither aiohttp nor
+  SQLAlchemy (nor any ``orchard_rec.proxy`` / ``storage`` module).
+- ``intercept/`` imports no private (underscore) name of another orchard_rec package.
+- The module import graph of ``orchard_rec`` (module-level imports, as they run at import
+  time: ``if TYPE_CHECKING:`` blocks excluded) has no cycle.
+
+The checks read the files with ``ast``; nothing is imported but the module under test in
+its own subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import orchard_rec
+
+ROOT = Path(orchard_rec.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: dict[str, Path] = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def _absolute(module: str | None, level: int, importer: str) -> str:
+    """The absolute module name of a (possibly relative) ``from ... import``."""
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    if not _is_package(importer):
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _imports(tree: ast.AST, importer: str) -> Iterator[tuple[str, list[str], ast.stmt]]:
+    """``(module, imported names, node)`` for every import statement anywhere in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node
+        elif isinstance(node, ast.ImportFrom):
+            yield _absolute(node.module, node.level, importer), [a.name for a in node.names], node
+
+
+def _parse(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+# -- 1. reconstruct/ and exporters/ stay below proxy, intercept and trainers ----------------------------------
+
+FORBIDDEN = {
+    "orchard_rec.reconstruct": (
+        "orchard_rec.proxy",
+        "orchard_rec.intercept",
+        "orchard_rec.trainers",
+        "orchard_rec.storage",
+        "orchard_rec.pipeline",
+        "orchard_rec.exporters",
+        "orchard_rec.cli",
+        "orchard_rec.render",
+        "aiohttp",
+        "sqlalchemy",
+        "alembic",
+        "rich",
+    ),
+    "orchard_rec.exporters": ("orchard_rec.proxy", "orchard_rec.intercept", "orchard_rec.trainers"),
+}
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for name in MODULES:
+        if not _under(name, package):
+            continue
+        for module, names, node in _imports(_parse(name), name):
+            targets = [module] + [f"{module}.{n}" for n in names]
+            for bad in forbidden:
+                if any(_under(t, bad) for t in targets):
+                    found.append(f"{MODULES[name]}:{node.lineno} imports {module} ({bad})")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_lower_layers_import_nothing_above_them(package: str) -> None:
+    assert _violations(package, FORBIDDEN[package]) == []
+
+
+def test_the_checker_sees_imports_inside_functions() -> None:
+    tree = ast.parse("def f():\n    from orchard_rec.proxy.app import RECORDER\n")
+    assert [m for m, _, _ in _imports(tree, "orchard_rec.exporters.x")] == ["orchard_rec.proxy.app"]
+
+
+# -- 2. the pure core loads no server or database library -------------------------------------------------------
+
+
+def test_importing_reconstruct_loads_neither_aiohttp_nor_sqlalchemy() -> None:
+    code = (
+        "import sys, orchard_rec.reconstruct\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'sqlalchemy', 'alembic', 'rich')"
+        " or m.startswith(('orchard_rec.proxy', 'orchard_rec.storage', 'orchard_rec.intercept'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- 3. intercept/ uses other packages' public names only ---------------------------------------------------------
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def test_intercept_imports_no_private_name_of_another_package() -> None:
+    found = []
+    for name in MODULES:
+        if not _under(name, "orchard_rec.intercept"):
+            continue
+        tree = _parse(name)
+        aliases: dict[str, str] = {}  # local name -> the other package's module it is bound to
+        for module, names, node in _imports(tree, name):
+            if not _under(module, "orchard_rec") or _under(module, "orchard_rec.intercept"):
+                continue
+            if _private(module):
+                found.append(f"{MODULES[name]}:{node.lineno} imports private module {module}")
+            for n in names:
+                if _private(n):
+                    found.append(f"{MODULES[name]}:{node.lineno} imports {module}.{n}")
+            for a in node.names:
+                if isinstance(node, ast.Import):  # ``import orchard_rec.proxy.app [as app]``
+                    local = a.asname or a.name.split(".")[0]
+                    aliases[local] = a.name if a.asname else local
+                elif f"{module}.{a.name}" in MODULES:  # ``from orchard_rec.proxy import app``
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+        for node in ast.walk(tree):  # ``app._relay`` / ``orchard_rec.proxy.app._relay``
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                dotted = _dotted(node.value)
+                if dotted is None or dotted.split(".")[0] not in aliases:
+                    continue
+                head, _, rest = dotted.partition(".")
+                target = ".".join(filter(None, [aliases[head], rest]))
+                if _under(target, "orchard_rec") and not _under(target, "orchard_rec.intercept"):
+                    found.append(f"{MODULES[name]}:{node.lineno} uses {target}.{node.attr}")
+    assert found == []
+
+
+# -- 4. no import cycles ------------------------------------------------------------------------------------------
+
+
+def _type_checking(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements that run when the module is imported (into try/if/with blocks, not into defs)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or _type_checking(node):
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            yield from _module_level(getattr(node, field, []) or [])
+        for handler in getattr(node, "handlers", []) or []:
+            yield from _module_level(handler.body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the orchard_rec modules it imports at import time (the most specific one named:
+    ``from pkg import mod`` is an edge to ``pkg.mod``, ``from pkg import name`` to ``pkg``)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name in MODULES:
+        for node in _module_level(_parse(name).body):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(node.module, node.level, name)
+                targets = [
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names
+                ]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in MODULES and t != name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    assert sum(len(e) for e in graph.values()) > 100  # the graph is really built
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
