@@ -54,10 +54,10 @@ def record_sessions(db: str) -> dict[str, str]:
                 assert proxy.app is not None
                 proxy.app[RECORDER].flush()
     store = Store(db)
+    rewards = [1.0, 0.0, 0.75, 1.0, 0.25, 0.0]
+    statuses = ["completed", "failed", "completed", "completed", "truncated", "completed"]
     for k, sid in enumerate(sorted(kinds)):
-        store.set_outcome(
-            sid, Outcome(reward=float(k % 2), status="completed", metadata={"task": f"t{k % 3}"})
-        )
+        store.set_outcome(sid, Outcome(reward=rewards[k], status=statuses[k], metadata={"task": f"t{k % 3}"}))
     store.close()
     shutil.rmtree(spool.parent, ignore_errors=True)
     return kinds

@@ -176,20 +176,29 @@
     var jobs = boxes.map(function (box) { return { box: box, s: data.samples[+box.dataset.tokensFor], k: 0 }; });
     jobs.forEach(function (j) { j.box.innerHTML = ""; });
     var ji = 0;
+    var firstChunk = false;
+    function mark(name) { if (window.performance && performance.mark) performance.mark(name); }
     function step() {
       var t0 = performance.now();
       while (ji < jobs.length && performance.now() - t0 < 14) {
         var j = jobs[ji];
         var n = j.s.ids.length;
+        /* one block per chunk (so the browser lays out only the new block, and skips off-screen
+           ones: content-visibility), cut after a newline token where one is near */
         var end = Math.min(n, j.k + 3000);
+        for (var e = Math.min(n, j.k + 2000); e < Math.min(n, j.k + 4000); e++) {
+          var tx = vocab[j.s.ids[e - 1]];
+          if (tx !== undefined && tx.indexOf("\n") >= 0) { end = e; break; }
+        }
         var html = [];
         for (var k = j.k; k < end; k++) html.push(tokenHTML(j.s, k));
-        j.box.insertAdjacentHTML("beforeend", html.join(""));
+        j.box.insertAdjacentHTML("beforeend", '<div class="chunk">' + html.join("") + "</div>");
         j.k = end;
         if (end >= n) { j.box.dataset.rendered = "1"; ji++; }
       }
+      if (!firstChunk) { firstChunk = true; mark("orchard-first-tokens"); }
       if (ji < jobs.length) requestAnimationFrame(step);
-      else body.dataset.tokensReady = "1";
+      else { body.dataset.tokensReady = "1"; mark("orchard-tokens-ready"); }
     }
     if (jobs.length) step(); else body.dataset.tokensReady = "1";
 
