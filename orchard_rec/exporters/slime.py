@@ -7,7 +7,8 @@ passed to ``Sample.from_dict`` (slime/ray/rollout.py ``_get_rollout_data``). The
 (``exporters.contracts``). ``--out`` may hold ``{rollout_id}``; with
 ``rollout_size`` the samples are split into files of that many samples, rollout ids
 0, 1, ... (``out_0.pt, out_1.pt`` when ``--out`` has no template). torch is needed only
-here, at write time (the ``train`` extra). Memory holds one file's samples at a time.
+here, at write time (the ``train`` extra). Samples are pickled one at a time as they come
+(without ``rollout_size`` too): memory holds one sample and the file's pickled bytes.
 
 ``slime-sft``: jsonl rows ``{"messages": [...], "tools": [...]}`` for slime's SFT path,
 each message with ``step_loss_mask`` (1 on assistant turns the credit policy trains on,
@@ -16,7 +17,8 @@ each message with ``step_loss_mask`` (1 on assistant turns the credit policy tra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import pickle
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -53,11 +55,9 @@ class SlimeExporter:
         stats = ExportStats()
         it = iter(samples)
         size = self.rollout_size
-        chunks = iter(lambda: list(islice(it, size)), []) if size else iter([list(it)])
+        chunks: Iterator[Iterable[Sample]] = iter(lambda: list(islice(it, size)), []) if size else iter([it])
         many = size is not None
         for k, chunk in enumerate(chunks):
-            if not chunk and k > 0:
-                break
             rollout_id = self.first_rollout_id + k
             if "{rollout_id}" in str(out):
                 path = Path(str(out).format(rollout_id=rollout_id))
@@ -65,17 +65,46 @@ class SlimeExporter:
                 path = out.with_name(f"{out.stem}_{k}{out.suffix}")
             else:
                 path = out
-            rows = [to_slime_dict(s, prompt=s.messages_prompt(), response="") for s in chunk]
-            for row in rows:  # Orchard's fork holds the teacher log-probs as a float32 tensor
-                if row["teacher_log_probs"] is not None:
-                    row["teacher_log_probs"] = torch.tensor(row["teacher_log_probs"], dtype=torch.float32)
-            payload = {"rollout_id": rollout_id, "samples": rows}
+            payload = {"rollout_id": rollout_id, "samples": _Streamed(_slime_dicts(chunk, stats))}
             with atomic_output(path) as f:
-                torch.save(payload, f)
-            for s in chunk:
-                stats.add(s)
+                torch.save(payload, f, pickle_module=_MemolessPickle)
             stats.files.append(path)
         return stats
+
+
+def _slime_dicts(samples: Iterable[Sample], stats: ExportStats) -> Iterator[dict[str, Any]]:
+    import torch
+
+    for s in samples:
+        stats.add(s)
+        row = to_slime_dict(s, prompt=s.messages_prompt(), response="")
+        if row.get("teacher_log_probs") is not None:  # Orchard's fork holds them as a float32 tensor
+            row["teacher_log_probs"] = torch.tensor(row["teacher_log_probs"], dtype=torch.float32)
+        yield row
+
+
+class _Streamed:
+    """Pickles as a plain list whose items come from an iterator, one at a time."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self.items = items
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (list, (), None, self.items)
+
+
+class _MemolessPickle:
+    """``torch.save``'s pickle module, with the pickler's memo off (``fast``): the memo keeps
+    every pickled dict and list alive until the end, which held all samples of a one-file
+    export in memory (1.9 GB for 10k samples); without it only the pickled bytes accumulate.
+    Sample dicts share nothing and hold no cycles, so nothing needs the memo."""
+
+    class Pickler(pickle.Pickler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fast = True
+
+    Unpickler = pickle.Unpickler
 
 
 class SlimeSftExporter:
