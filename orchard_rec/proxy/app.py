@@ -76,6 +76,7 @@ from orchard_rec.proxy.tito import (
     synth_chunks,
     upstream_request,
 )
+from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
@@ -394,9 +395,12 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         payload, ctype = orjson.dumps(client_obj), "application/json"
     resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
     cap.bytes_out = len(payload)
-    if cfg.durability == "wal":
+    if cfg.durability == "wal" or key is not None:
+        # A session's call is in the database before the client has it, so whichever replica
+        # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
-        await app[RECORDER].durable(cap)
+        await app[RECORDER].durable(cap, committed=key is not None)
+        tito.acknowledge(key)
     await resp.prepare(request)
     await resp.write(payload)
     cap.complete = True
@@ -654,6 +658,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
                 "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
             )
         app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer))
+        app[TITO].source = StoreHistory(app[STORE], app[TITO].tok)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         if owned_store:

@@ -15,8 +15,11 @@ Non-obvious bits:
 - Prefix matching compares renderings (text), not client JSON: a harness that re-serialises
   tool arguments or rewrites tool-call ids still matches, because the template renders
   them the same; a compacted or edited history does not, and forks a new branch.
-- Branch state lives in this process (an LRU of sessions): run one replica per session
-  (sticky routing on the session id) to keep sessions whole.
+- Branch state lives in this process (an LRU of sessions), backed by the database: with a
+  ``source`` (``proxy/tito_history.py``), a session that is not in memory, or that the
+  database shows calls for that this process did not make (another replica served them), is
+  rebuilt from its recorded calls, which hold the exact ids. So a restart or a second replica
+  continues a session's branch instead of splitting it; sticky routing only saves the reload.
 - The upstream call is not streamed; a streaming client gets the answer as one burst of
   well-formed events once generation ends.
 """
@@ -29,7 +32,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -38,7 +41,15 @@ from orchard_rec.protocol.translate import template_message
 from orchard_rec.proxy.token import to_chat
 from orchard_rec.records import Dialect
 
-__all__ = ["Branch", "TitoSessions", "chat_of", "parse_generation", "synth_chunks"]
+__all__ = [
+    "Branch",
+    "HistorySource",
+    "Recorded",
+    "TitoSessions",
+    "chat_of",
+    "parse_generation",
+    "synth_chunks",
+]
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
@@ -58,6 +69,32 @@ class Branch:
 class _Session:
     branches: list[Branch] = field(default_factory=list)
     next_index: int = 0
+    synced: int = 0
+    """Calls of the session in the database that this state accounts for."""
+
+
+@dataclass
+class Recorded:
+    """A recorded tito call, as ``restore`` needs it: the last call of a branch."""
+
+    branch: int
+    prompt: list[int]
+    completion: list[int]
+    messages: list[dict[str, Any]]
+    answer: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+
+
+class HistorySource(Protocol):
+    """Where a session's recorded calls are read (the database, through ``Store``)."""
+
+    def count(self, key: str) -> int:
+        """Calls the database holds for the session."""
+        ...
+
+    def load(self, key: str) -> tuple[int, list[Recorded]]:
+        """``(calls read, the last recorded call of each branch)``."""
+        ...
 
 
 class TitoSessions:
@@ -69,6 +106,8 @@ class TitoSessions:
         self.max_branches = max_branches
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
+        self.source: HistorySource | None = None
+        """Set by the app: rebuild sessions from the database (restarts, several replicas)."""
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
@@ -89,6 +128,8 @@ class TitoSessions:
         """``(prompt_ids, branch or None, branch version, decision)`` for this conversation."""
         full = self.render(messages, tools, True)
         best: Branch | None = None
+        if key is not None and self.source is not None:
+            self._sync(key)
         if key is not None:
             with self._lock:
                 sess = self._sessions.get(key)
@@ -111,6 +152,48 @@ class TitoSessions:
             decision = {"fresh": True, "reason": "no session"}
         return self.encode(full), None, 0, decision
 
+    def _sync(self, key: str) -> None:
+        """Rebuild ``key`` from the database when it holds calls this state does not account for."""
+        assert self.source is not None
+        n = self.source.count(key)
+        with self._lock:
+            sess = self._sessions.get(key)
+            known = sess.synced if sess is not None else 0
+        if n > known:
+            self.restore(key, *self.source.load(key))
+
+    def restore(self, key: str, synced: int, recorded: list[Recorded]) -> None:
+        """Replace ``key``'s branches with the recorded ones (each branch's last call)."""
+        sess = _Session(synced=synced)
+        for r in sorted(recorded, key=lambda r: r.branch)[-self.max_branches :]:
+            text = self.branch_text(r.messages, r.answer, r.tools, r.completion)
+            sess.branches.append(Branch(r.branch, r.prompt + r.completion, text))
+        sess.next_index = max((b.index for b in sess.branches), default=-1) + 1
+        with self._lock:
+            self._sessions[key] = sess
+            self._sessions.move_to_end(key)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+
+    def acknowledge(self, key: str | None) -> None:
+        """One more call of ``key`` (made here) is in the database."""
+        if key is None:
+            return
+        with self._lock:
+            sess = self._sessions.get(key)
+            if sess is not None:
+                sess.synced += 1
+
+    def branch_text(
+        self,
+        messages: list[dict[str, Any]],
+        answer: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        completion: list[int],
+    ) -> str:
+        """The rendering a branch's exact ids stand for: the conversation up to the answer."""
+        return self.render(messages + [answer], tools, False)
+
     def commit(
         self,
         key: str | None,
@@ -125,7 +208,7 @@ class TitoSessions:
         """Record the new exact history; returns the branch index (None without a session)."""
         if key is None:
             return None
-        text = self.render(messages + [answer], tools, False)
+        text = self.branch_text(messages, answer, tools, completion)
         with self._lock:
             sess = self._sessions.get(key)
             if sess is None:
