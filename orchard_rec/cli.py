@@ -406,7 +406,7 @@ def _load_tokenizer(name: str, *, hf: bool) -> Any:
 # -- serve -----------------------------------------------------------------------------------------------
 
 
-def _check_upstream(upstream: str, option: str = "--upstream") -> str:
+def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: bool = True) -> str:
     from urllib.parse import urlsplit
 
     u = upstream.strip().rstrip("/")
@@ -414,7 +414,7 @@ def _check_upstream(upstream: str, option: str = "--upstream") -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         guess = f"http://{u}" if "://" not in u else u
         raise usage_error(f"{option} {upstream!r} is not an http(s) URL", f"e.g. {option} {guess}") from None
-    if not parts.path.rstrip("/").endswith("/v1"):
+    if openai_style and not parts.path.rstrip("/").endswith("/v1"):
         _warn(
             f"{option} {u} has no /v1 path: OpenAI-style servers (vLLM, SGLang) serve under /v1, "
             f"so this may need {option} {u}/v1"
@@ -467,7 +467,7 @@ def serve(
     ),
     db: str = DbOpt,
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8100, "--port"),
+    port: int = typer.Option(8100, "--port", min=0, max=65535, help="0: any free port."),
     mode: ProxyMode = typer.Option(
         "token",
         "--mode",
@@ -531,7 +531,7 @@ def serve(
 
     if max_queue_bytes < 0:
         raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
-    upstream = _check_upstream(upstream)
+    upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
     if mode == "tito" and not tokenizer:
         raise usage_error(
             "--mode tito needs --tokenizer", "the model's Hugging Face tokenizer folder (or 'demo')"
@@ -1038,7 +1038,7 @@ def demo(
 @demo_app.command("upstream")
 def demo_upstream(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
 ) -> None:
     """Run the demo model server alone (vLLM-compatible, token ids, a scripted model): for the quick start."""
     from orchard_rec.demo.run import serve_upstream
@@ -1388,14 +1388,9 @@ def outcome(
     except ValueError:
         raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
     meta = _parse_metadata(metadata, metadata_json)
+    open_read(db).close()  # exists and is migrated (else says which command migrates); creates nothing
     store = open_write(db, migrate_schema=False)
     try:
-        from orchard_rec.storage import migrate
-
-        rev = migrate.current(db, engine=store.engine)
-        if rev != migrate.head():
-            store.close()
-            open_read(db).close()  # says what is wrong and which command migrates
         if store.session(session) is None and not create:
             raise CliError(
                 f"no session {session!r} in {db}",

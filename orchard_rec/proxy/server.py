@@ -60,7 +60,11 @@ async def _serve(
     runner = _runner(app, shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, ssl_context=ssl_context)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()  # the app's resources (upstream session, recorder) are released
+        raise
     sockets = getattr(site._server, "sockets", None)
     bound = sockets[0].getsockname()[1] if sockets else port
     if ready is not None:

@@ -98,6 +98,8 @@ def _free_port() -> int:
         ),
         (["outcome", "s", "--reward-json", "{tests: 1"], 2, "--reward-json is not JSON"),
         (["outcome", "s", "--metadata", "task"], 2, "KEY=VALUE"),
+        (["outcome", "s", "--reward", "1"], 1, "no orchard-rec database at ./orchard.db"),
+        (["serve", "--upstream", "http://127.0.0.1:9", "--port", "99999"], 2, "--port"),
         (["export", "--format", "nope", "--out", "x.jsonl"], 2, "is not a format"),
         (["export", "--format", "trl", "--out", "x.jsonl"], 2, "writes parquet"),
         (["export", "--format", "slime", "--out", "-"], 2, "line-based format"),
