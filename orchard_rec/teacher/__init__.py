@@ -11,16 +11,19 @@ sqlalchemy, ``orchard_rec.storage``; never proxy or exporters.
 """
 
 from orchard_rec.teacher.run import (
+    MemorySink,
     SampleRef,
     TeacherConfig,
     TeacherSummary,
     content_hash,
     in_shard,
     score_all,
+    score_live,
 )
 from orchard_rec.teacher.wire import TeacherResult, Window, parse, request_for, window
 
 __all__ = [
+    "MemorySink",
     "SampleRef",
     "TeacherConfig",
     "TeacherResult",
@@ -31,5 +34,6 @@ __all__ = [
     "parse",
     "request_for",
     "score_all",
+    "score_live",
     "window",
 ]

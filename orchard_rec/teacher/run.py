@@ -10,12 +10,13 @@ whose key hashes to ``i`` mod ``n``, so N workers split the work deterministical
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -192,4 +193,45 @@ async def score_all(
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         if pending:
             await asyncio.gather(*pending)
+    return summary
+
+
+class MemorySink:
+    """Results kept in memory (live scoring inside a trainer; nothing is ever skipped)."""
+
+    def __init__(self) -> None:
+        self.results: dict[tuple[str, str], tuple[TeacherResult, bool, str]] = {}
+
+    def stored_hash(self, session_id: str, sample_key: str) -> tuple[str, bool] | None:
+        return None
+
+    def save(self, ref: SampleRef, result: TeacherResult, *, failed: bool, teacher: str, top_k: int) -> None:
+        self.results[(ref.session_id, ref.sample_key)] = (result, failed, teacher)
+
+
+def score_live(samples: list[Any], cfg: TeacherConfig) -> TeacherSummary:
+    """Score reconstructed samples now and attach ``TeacherData`` to each (failed ones get an
+    all-zero valid mask). Runs its own event loop, in a thread when one is already running."""
+    from orchard_rec.reconstruct.sample import TeacherData
+
+    sink = MemorySink()
+    refs = [SampleRef(s.session_id, s.sample_key, list(s.tokens), s.response_length) for s in samples]
+
+    def run() -> TeacherSummary:
+        return asyncio.run(score_all(refs, cfg, sink))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        summary = run()
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            summary = pool.submit(run).result()
+    for s in samples:
+        got = sink.results.get((s.session_id, s.sample_key))
+        if got is not None:
+            result, _failed, teacher = got
+            s.teacher = TeacherData(
+                result.log_probs, result.valid_mask, teacher, result.topk_ids, result.topk_logprobs
+            )
     return summary

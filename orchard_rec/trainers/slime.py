@@ -6,7 +6,11 @@
   ``--group-by`` key ``args.orchard_group_by``, default one group per session), each a
   list of slime ``Sample`` objects, i.e. slime's ``list[list[Sample]]``. The database is
   ``args.orchard_db`` or ``$ORCHARD_DB``; ``args.orchard_on_mismatch`` and
-  ``args.orchard_credit`` pick the reconstruction policies.
+  ``args.orchard_credit`` pick the reconstruction policies. With ``args.orchard_teacher_url``
+  the samples get the teacher's log-probs live (``teacher_log_probs`` as Orchard's OPD
+  reads them, ``teacher_valid_mask``): ``args.orchard_teacher_kind`` (``sglang`` default,
+  or ``vllm``), ``orchard_teacher_top_k``, ``orchard_teacher_max_len``,
+  ``orchard_teacher_truncation``.
 - ``async generate(args, sample, sampling_params)`` for ``--custom-generate-function-path``
   (slime/rollout/sglang_rollout.py awaits it with these three arguments): runs one harness
   session (``args.orchard_harness``, default ``codex``) through a recording proxy whose
@@ -58,7 +62,21 @@ def generate_rollout(
             credit=_opt(args, "orchard_credit", "assistant"),
         )
         groups = (list(g) for _, g in itertools.groupby(samples, key=lambda s: s.group_index))
-        wanted = itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch)
+        wanted = list(itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch))
+        teacher_url = _opt(args, "orchard_teacher_url")
+        if teacher_url:
+            from orchard_rec.teacher import TeacherConfig, score_live
+
+            score_live(
+                [s for group in wanted for s in group],
+                TeacherConfig(
+                    url=teacher_url,
+                    kind=_opt(args, "orchard_teacher_kind", "sglang"),
+                    top_k=int(_opt(args, "orchard_teacher_top_k", 0)),
+                    max_len=_opt(args, "orchard_teacher_max_len"),
+                    truncation=_opt(args, "orchard_teacher_truncation", "prefix"),
+                ),
+            )
         return [[to_slime_sample(s) for s in group] for group in wanted]
     finally:
         store.close()
