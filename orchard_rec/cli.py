@@ -1189,6 +1189,11 @@ def export(
         None, "--seed", help="Seed for --select tie order and the pass-rate filter."
     ),
     list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
+    auxiliary: bool | None = typer.Option(
+        None,
+        "--auxiliary/--no-auxiliary",
+        help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
+    ),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1295,6 +1300,7 @@ def export(
             seed=seed,
             filters=filters,
             selection_stats=sel_stats,
+            auxiliary=auxiliary,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     if bar is not None or filters:
@@ -1417,7 +1423,9 @@ def set_outcome(store: Store, session: str, outcome: Any) -> None:
 
 @harness_app.command("config")
 def harness_config(
-    name: str = typer.Argument(..., help="codex | claude-code | openclaw | zeroclaw"),
+    name: str = typer.Argument(
+        ..., help="codex | claude-code | openclaw | pi | opencode | hermes | kimi | zeroclaw"
+    ),
     base_url: str = typer.Option("http://127.0.0.1:8100", "--base-url", help="The proxy's address."),
     session: str | None = typer.Option(None, "--session"),
     model: str = typer.Option("MODEL", "--model"),
@@ -1434,15 +1442,15 @@ def harness_config(
 
 @harness_app.command("install")
 def harness_install(name: str = typer.Argument("all"), force: bool = typer.Option(False, "--force")) -> None:
-    """Install pinned harness CLIs from the npm registry into the cache ($ORCHARD_HARNESS_CACHE)."""
+    """Install pinned harness CLIs (npm registry, PyPI venvs) into the cache ($ORCHARD_HARNESS_CACHE)."""
     from orchard_rec.harnesses import HARNESSES, get, install
 
     try:
-        targets = [h for h in HARNESSES if h.npm] if name == "all" else [get(name)]
+        targets = [h for h in HARNESSES if h.installable] if name == "all" else [get(name)]
     except ValueError as exc:
         raise usage_error(str(exc)) from None
     for h in targets:
-        with err.status(f"installing {h.name} ({', '.join(h.npm)})"):
+        with err.status(f"installing {h.name} ({', '.join(h.npm + h.pypi)})"):
             folder = install(h, force=force)
         console.print(f"{h.name}: {folder}")
 
@@ -1543,7 +1551,9 @@ def intercept(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="codex | claude-code | openclaw | zeroclaw"),
+    name: str = typer.Argument(
+        ..., help="codex | claude-code | openclaw | pi | opencode | hermes | kimi | zeroclaw"
+    ),
     session: str | None = typer.Option(None, "--session", help="Session id (default: NAME-<random>)."),
     proxy: str | None = typer.Option(
         None, "--proxy", help="A running proxy; else one is started for this run."

@@ -139,7 +139,9 @@ def iter_samples(
     selection_stats: SelectionStats | None = None,
     teacher: Callable[[Sample], TeacherData | None] | None = None,
     require_teacher: bool = False,
+    auxiliary: bool = True,
 ) -> Iterator[Sample]:
+    """``auxiliary=False`` leaves out the samples of harnesses' side conversations (``metadata.auxiliary``)."""
     policy = credit_policy(credit) if isinstance(credit, str) else credit
     if pass_rate is not None and group_by is None:
         raise UsageError("--pass-rate needs --group-by (a pass rate is a property of a group)")
@@ -187,6 +189,8 @@ def iter_samples(
         return out
 
     def keep(s: Sample, summary: SessionSummary) -> bool:
+        if not auxiliary and s.metadata.get("auxiliary"):
+            return False
         if statuses and s.status not in statuses:
             return False
         if teacher is not None:

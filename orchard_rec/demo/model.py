@@ -33,6 +33,8 @@ _SHELL_NAMES = (
     "run_shell_command",
     "run_command",
     "execute",
+    "terminal",
+    "Shell",
 )
 
 
@@ -80,13 +82,20 @@ class Generation:
 
 class ScriptedModel:
     def __init__(
-        self, *, drift: bool = False, think: bool = False, tokenizer: Tokenizer | None = None
+        self,
+        *,
+        drift: bool = False,
+        think: bool = False,
+        preamble: bool = False,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.tok = tokenizer or build_tokenizer()
         self.drift = drift
         """Emit a non-canonical split of the generated text, so re-tokenizing it gives other ids."""
         self.think = think
         """Open each answer with a ``<think>`` block (returned as reasoning)."""
+        self.preamble = preamble
+        """Say a line of text (ending in a newline) before each tool call, as chatty models do."""
         self.eos = self._special("<|im_end|>")
         self._call_n = 0
 
@@ -128,7 +137,8 @@ class ScriptedModel:
         if tools and len(results) < len(commands):
             tool = _pick_tool(tools)
             fn = tool.get("function") or tool
-            return "", [(fn.get("name", "tool"), _arguments_for(fn, commands[len(results)]))]
+            text = "I'll run it now.\n" if self.preamble else ""
+            return text, [(fn.get("name", "tool"), _arguments_for(fn, commands[len(results)]))]
         if results:
             out = _text(results[-1].get("content")).strip().splitlines()
             tail = out[-1] if out else ""

@@ -54,10 +54,11 @@ class DemoUpstream:
         *,
         drift: bool = False,
         think: bool = False,
+        preamble: bool = False,
         chunk_delay: float = 0.0,
         model_name: str = MODEL_NAME,
     ) -> None:
-        self.model = ScriptedModel(drift=drift, think=think)
+        self.model = ScriptedModel(drift=drift, think=think, preamble=preamble)
         self.chunk_delay = chunk_delay
         self.model_name = model_name
         self.log: list[tuple[str, Any]] = []

@@ -36,6 +36,8 @@ def write_jsonl_rows(
 
 class JsonlExporter:
     name = "jsonl"
+    includes_auxiliary = True
+    """Side-conversation samples are kept (flagged ``metadata.auxiliary``) unless ``--no-auxiliary``."""
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
         return write_jsonl_rows(samples, out, Sample.to_dict)

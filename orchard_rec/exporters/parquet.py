@@ -78,6 +78,8 @@ def _row(s: Sample) -> dict[str, Any]:
 
 class ParquetExporter:
     name = "parquet"
+    includes_auxiliary = True
+    """Side-conversation samples are kept (flagged ``metadata.auxiliary``) unless ``--no-auxiliary``."""
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
         return write_parquet(samples, out, SCHEMA, _row)

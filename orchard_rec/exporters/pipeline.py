@@ -42,15 +42,21 @@ def export(
     *,
     format_options: dict[str, Any] | None = None,
     on_session: Callable[[Any], None] | None = None,
+    auxiliary: bool | None = None,
     **selection: Any,
 ) -> ExportStats:
+    """``auxiliary``: keep side-conversation samples (``metadata.auxiliary``); default: only in
+    formats that declare ``includes_auxiliary`` (jsonl, parquet), never in trainer formats."""
     exporter = get(fmt, **(format_options or {}))
+    if auxiliary is None:
+        auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
     store = Store(db_url)
     try:
         samples = select_samples(
             store,
             on_session=on_session,
             with_messages=getattr(exporter, "needs_messages", False),
+            auxiliary=auxiliary,
             **selection,
         )
         return exporter.write(samples, out)

@@ -13,13 +13,80 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["Harness", "Launch", "RunResult", "default_cache", "post_outcome", "run_harness"]
+__all__ = [
+    "Harness",
+    "Launch",
+    "RunResult",
+    "SideConversation",
+    "default_cache",
+    "first_user_text",
+    "instructions_of",
+    "post_outcome",
+    "run_harness",
+]
+
+
+def instructions_of(body: dict[str, Any]) -> str | None:
+    """The text of a request's first instructions: chat/Responses ``system``/``developer`` message,
+    Responses ``instructions`` or Messages ``system``, whichever comes first."""
+    for key in ("instructions", "system"):
+        v = body.get(key)
+        if v:
+            return _text(v)
+    items = body.get("messages")
+    if not isinstance(items, list):
+        items = body.get("input")
+    if isinstance(items, list):
+        for m in items:
+            if isinstance(m, dict) and m.get("role") in ("system", "developer"):
+                return _text(m.get("content"))
+            if isinstance(m, dict) and m.get("role") == "user":
+                return None
+    return None
+
+
+def first_user_text(body: Any) -> str | None:
+    """The text of a chat/Responses/Messages request's first user message."""
+    if not isinstance(body, dict):
+        return None
+    items = body.get("messages")
+    if not isinstance(items, list):
+        items = body.get("input")
+        if isinstance(items, str):
+            return items
+    if isinstance(items, list):
+        for m in items:
+            if isinstance(m, dict) and m.get("role") == "user":
+                c = m.get("content")
+                if isinstance(c, list):
+                    return "".join(
+                        p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    )
+                return c if isinstance(c, str) else None
+    return None
+
+
+def _tool_name(t: Any) -> str | None:
+    if not isinstance(t, dict):
+        return None
+    fn = t.get("function")
+    name = (fn if isinstance(fn, dict) else t).get("name")
+    return name if isinstance(name, str) else None
+
+
+def _text(c: Any) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 def default_cache() -> Path:
@@ -38,12 +105,25 @@ class Launch:
 @dataclass
 class RunResult:
     harness: str
-    session_id: str
+    session_id: str | None
     exit_code: int
     duration_s: float
     stdout: str
     stderr: str
     workdir: Path
+
+
+@dataclass(frozen=True)
+class SideConversation:
+    """A conversation the harness holds for itself beside the agent's (a title, a summary...).
+
+    Recognised by how its instructions (the first system/developer text) begin; its calls are
+    recorded with ``metadata.auxiliary = kind`` and reconstruct into their own samples, flagged
+    ``metadata.auxiliary = true``.
+    """
+
+    kind: str
+    system_prefix: str
 
 
 @dataclass(frozen=True)
@@ -54,10 +134,85 @@ class Harness:
     dialect: str
     """The wire API it speaks by default."""
     session_headers: tuple[str, ...]
-    """Headers by which its requests name their session (none: use the ``/s/{id}`` route)."""
+    """Headers by which its requests name their session, first present wins (none: use the ``/s/{id}`` route)."""
     on_mismatch: str = "split"
-    """The reconstruction policy that keeps its sessions whole."""
+    """The reconstruction policy that keeps its runs one exact sample."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pypi: tuple[str, ...] = ()
+    """Pinned PyPI packages, installed into a venv of their own (``python`` picks its interpreter)."""
+    python: tuple[int, int, int] | None = None
+    """The lowest Python the PyPI install runs on (a newer minor is taken when found)."""
+    python_below: tuple[int, int] | None = None
+    """The first Python minor it does not support."""
+    version: str = ""
+    """The tested version."""
+    user_agents: tuple[str, ...] = ()
+    """Lower-case ``User-Agent`` prefixes that name it."""
+    header_marks: tuple[tuple[str, str], ...] = ()
+    """``(header, value prefix)`` pairs that name it (an empty prefix: the header is present)."""
+    tool_marks: tuple[str, ...] = ()
+    """Tool names that, all offered together, name it (for harnesses with an SDK's user agent)."""
+    session_fields: tuple[str, ...] = ()
+    """Top-level request body fields that carry its session id (Kimi CLI ``prompt_cache_key``)."""
+    side_conversations: tuple[SideConversation, ...] = ()
+    side_headers: tuple[str, ...] = ()
+    """Headers the harness itself puts on its side requests (the value is the kind)."""
+    probes: tuple[str, ...] = ()
+    """GET paths (after any ``/s/{id}``) it sends to learn what the server is: relayed, not recorded."""
+    probe_agents: tuple[str, ...] = ()
+    """Lower-case ``User-Agent`` prefixes its probes come with (empty: any)."""
+    history: str = ""
+    """How it resends history, and the policy that keeps a run one exact sample (docs, ``harness config``)."""
+
+    # -- recognition --------------------------------------------------------------------------
+
+    def recognises(self, headers: Mapping[str, str], body: Any = None) -> bool:
+        """Whether this request comes from this harness (``headers``: lower-case names)."""
+        ua = headers.get("user-agent", "").lower()
+        if any(ua.startswith(p) for p in self.user_agents):
+            return True
+        if any(
+            (v := headers.get(h)) is not None and v.lower().startswith(prefix)
+            for h, prefix in self.header_marks
+        ):
+            return True
+        if self.tool_marks and isinstance(body, dict) and isinstance(body.get("tools"), list):
+            names = {_tool_name(t) for t in body["tools"]}
+            return all(m in names for m in self.tool_marks)
+        return False
+
+    def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:
+        """The session id the harness itself sent, from its headers or body."""
+        for h in self.session_headers:
+            v = headers.get(h)
+            if v:
+                return v
+        if isinstance(body, dict):
+            for f in self.session_fields:
+                v = body.get(f)
+                if isinstance(v, str) and v:
+                    return v
+        return None
+
+    def side_conversation(self, headers: Mapping[str, str], body: Any) -> str | None:
+        """The kind of side conversation this request belongs to, or None for the agent's own."""
+        for h in self.side_headers:
+            v = headers.get(h)
+            if v:
+                return v[:64]
+        if not self.side_conversations or not isinstance(body, dict):
+            return None
+        text = instructions_of(body)
+        if text is None:
+            return None
+        for side in self.side_conversations:
+            if text.startswith(side.system_prefix):
+                return side.kind
+        return None
+
+    @property
+    def installable(self) -> bool:
+        return bool(self.npm or self.pypi)
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -73,7 +228,7 @@ class Harness:
         home: Path,
         workdir: Path,
         proxy: str,
-        session: str,
+        session: str | None,
         model: str,
         args: list[str],
         binary: str | None,
@@ -86,9 +241,9 @@ class Harness:
         for cand in (explicit, env, self.cached_binary(), self.path_binary()):
             if cand and Path(cand).exists():
                 return cand
-        if not self.npm:
+        if not self.installable:
             raise FileNotFoundError(
-                f"{self.name} is not installed: it ships as a binary outside the npm registry; put it on PATH or pass --bin"
+                f"{self.name} is not installed: it ships as a binary outside the npm registry and PyPI; put it on PATH or pass --bin"
             )
         raise FileNotFoundError(f"{self.name} is not installed: orchard-rec harness install {self.name}")
 
@@ -127,7 +282,7 @@ def post_outcome(proxy: str, session: str, outcome: dict[str, Any], api_key: str
 def run_harness(
     harness: Harness,
     proxy: str,
-    session: str,
+    session: str | None,
     args: list[str],
     *,
     model: str = "orchard-model",
@@ -137,12 +292,14 @@ def run_harness(
     timeout: float = 300.0,
     report: bool = True,
 ) -> RunResult:
-    """Run the harness once, pointed at ``proxy`` under ``session``; report exit and duration."""
+    """Run the harness once, pointed at ``proxy`` under ``session`` (None: the plain base URL,
+    the proxy groups calls by the harness's own session id); report exit and duration."""
     import tempfile
 
     home = home or Path(tempfile.mkdtemp(prefix=f"orchard-{harness.name}-home-"))
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"orchard-{harness.name}-work-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     launch = harness.prepare(home, workdir, proxy, session, model, args, binary)
     env = {**_base_env(home), **launch.env}
     t0 = time.monotonic()
@@ -160,7 +317,7 @@ def run_harness(
     except subprocess.TimeoutExpired as exc:
         code, out, err = 124, _s(exc.stdout), _s(exc.stderr) + f"\ntimed out after {timeout}s"
     duration = time.monotonic() - t0
-    if report:
+    if report and session is not None:
         post_outcome(
             proxy,
             session,

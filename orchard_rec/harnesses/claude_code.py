@@ -7,6 +7,8 @@ Non-obvious bits:
 - Session: header ``X-Claude-Code-Session-Id``, also inside ``metadata.user_id`` (a JSON string).
 - History is resent but not byte-stable (``cache_control`` moves, a text block becomes a
   string): equal once rendered, so its sessions still merge exactly.
+- Side requests (memory passes...) carry ``x-claude-code-auxiliary-type: <kind>`` (from its
+  source; none in a ``-p`` tool task): recorded as auxiliary, their own samples.
 - ``--dangerously-skip-permissions`` is refused as root; ``--allowedTools Bash`` suffices.
 - Without ``ANTHROPIC_BASE_URL`` (``orchard-rec intercept``: it calls api.anthropic.com itself) it
   opens ``system`` with an ``x-anthropic-billing-header: ...; cch=<checksum>;`` text block that
@@ -36,7 +38,7 @@ class _ClaudeCode(Harness):
         home: Path,
         workdir: Path,
         proxy: str,
-        session: str,
+        session: str | None,
         model: str,
         args: list[str],
         binary: str | None,
@@ -87,5 +89,10 @@ CLAUDE_CODE = _ClaudeCode(
     name="claude-code",
     npm=("@anthropic-ai/claude-code@2.1.332",),
     dialect="messages",
+    version="2.1.332",
+    user_agents=("claude-cli",),
+    header_marks=(("x-claude-code-session-id", ""),),
     session_headers=("x-claude-code-session-id",),
+    side_headers=("x-claude-code-auxiliary-type",),
+    history="cache_control moves, text blocks become strings: same rendering, one exact sample as recorded",
 )

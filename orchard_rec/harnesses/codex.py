@@ -9,6 +9,7 @@ Non-obvious bits:
   426 at once so it falls back to HTTP.
 - Session: headers ``session-id`` (= thread id), ``x-codex-turn-metadata`` (turn id per user
   turn). Tools include a ``namespace`` (flattened) and hosted ``web_search`` (dropped).
+- No side conversation seen in ``exec`` (every call's ``request_kind`` is ``turn``).
 - ``plugins``/``remote_plugin`` features are turned off only to stop an offline plugin sync.
 """
 
@@ -34,7 +35,7 @@ class _Codex(Harness):
         home: Path,
         workdir: Path,
         proxy: str,
-        session: str,
+        session: str | None,
         model: str,
         args: list[str],
         binary: str | None,
@@ -72,5 +73,9 @@ CODEX = _Codex(
     name="codex",
     npm=("@openai/codex@0.171.0",),
     dialect="responses",
-    session_headers=("session-id", "x-codex-turn-metadata"),
+    version="0.171.0",
+    user_agents=("codex",),
+    header_marks=(("originator", "codex"),),
+    session_headers=("session-id", "thread-id"),
+    history="resent verbatim (store=false): one exact sample as recorded",
 )

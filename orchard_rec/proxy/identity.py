@@ -55,37 +55,11 @@ def public_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def harness_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """``(harness name, harness's own session id)`` from the request headers."""
-    get = headers.get
-    ua = (get("user-agent") or get("User-Agent") or "").lower()
-    sid: str | None = None
-    name: str | None = None
-    if get("x-claude-code-session-id") is not None or ua.startswith("claude-cli"):
-        name, sid = "claude-code", get("x-claude-code-session-id")
-    elif (get("originator") or "").startswith("codex") or ua.startswith("codex"):
-        name, sid = "codex", get("session-id") or get("thread-id")
-    elif "zeroclaw" in ua:
-        name = "zeroclaw"
-    elif "openclaw" in ua:
-        name = "openclaw"
-    elif ua.startswith("openai/python"):
-        name = "openai-python"
-    elif ua.startswith("anthropic/python"):
-        name = "anthropic-python"
-    elif ua.startswith("openai/js"):
-        name = "openai-node"
-    elif ua.startswith("anthropic/js"):
-        name = "anthropic-node"
-    elif ua:
-        name = ua.split("/", 1)[0][:64] or None
-    if sid is None:
-        tp = get("traceparent")
-        if tp:
-            parts = tp.split("-")
-            if len(parts) >= 3 and len(parts[1]) == 32:
-                sid = "trace:" + parts[1]
-    return name, (sid[:256] if sid else None)
+def harness_of(headers: Mapping[str, str], body: Any = None) -> tuple[str | None, str | None]:
+    """``(harness name, harness's own session id)``: the harness plug-ins decide (``orchard_rec.harnesses.identify``)."""
+    from orchard_rec.harnesses import identify
+
+    return identify(headers, body)
 
 
 def derive_session(

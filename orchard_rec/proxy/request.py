@@ -8,8 +8,9 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UnsupportedMediaType
+from orchard_rec.harnesses import identify, side_conversation
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.identity import derive_session, harness_of, public_headers
+from orchard_rec.proxy.identity import derive_session, public_headers
 from orchard_rec.records import Dialect
 
 __all__ = ["caller", "parse_body", "take_body"]
@@ -18,7 +19,7 @@ __all__ = ["caller", "parse_body", "take_body"]
 def caller(cap: Capture, headers: Mapping[str, str]) -> None:
     """Who is calling: the headers fit to store, and the harness they name."""
     cap.headers = public_headers(headers)
-    cap.harness, cap.harness_session = harness_of(headers)
+    cap.harness, cap.harness_session = identify(headers)
 
 
 def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
@@ -26,6 +27,13 @@ def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
     cap.bytes_in = len(raw)
     body = parse_body(raw, content_type, cap.dialect)
     cap.request = body
+    if (
+        body is not None
+    ):  # harnesses named by their body (Kimi's prompt_cache_key, tool sets), side conversations
+        cap.harness, cap.harness_session = identify(cap.headers, body)
+        aux = side_conversation(cap.harness, cap.headers, body)
+        if aux is not None:
+            cap.metadata["auxiliary"] = aux
     if cap.session_id is None and body is not None:
         cap.session_id = derive_session(cap.harness, cap.harness_session, cap.dialect, body)
     return body

@@ -36,6 +36,9 @@ class Generation:
     """The dialect's stop reason (``stop``, ``length``, ``tool_calls``, ``max_tokens`` ...)."""
     source: TokenSource = TokenSource.SERVER
     """The server's ids, or the chat template's rendering of a call recorded without them."""
+    auxiliary: str | None = None
+    """The kind of side conversation (``title`` ...) when a harness held it for itself
+    (``calls.metadata.auxiliary``, set by its plug-in); None for the agent's own."""
 
     def __post_init__(self) -> None:
         logprobs = self.completion_logprobs
@@ -65,6 +68,7 @@ def generation_of(call: CallRecord, tokenizer: Any = None) -> Generation | None:
         completion_logprobs=None if call.completion_logprobs is None else tuple(call.completion_logprobs),
         finish_reason=call.finish_reason,
         source=source,
+        auxiliary=str((call.metadata or {}).get("auxiliary") or "") or None,
     )
 
 

@@ -31,6 +31,10 @@ real-harness and end-to-end test checks 1, 2 and 4 through ``tests/factories.py`
 5. ``len(loss_mask) == len(rollout_log_probs) == response_length`` for every sample (held by
    ``SampleBuilder``, the only code that grows a sample).
 
+Side conversations a harness holds for itself (``Generation.auxiliary``, from the call's
+``metadata.auxiliary``: opencode's title generation...) never merge with the agent's: they
+make samples of their own, flagged ``metadata.auxiliary = True`` (``auxiliary_kind``).
+
 Only finished generation calls (outcome ``ok``) with ids (or a tokenizer to give them) take
 part; the others are listed in the first sample's ``metadata.skipped_calls``. Pure code:
 records in, samples out; no storage, sockets or files.
@@ -141,8 +145,9 @@ def reconstruct(
     for g in generations:
         step_of[g.call_id] = len(step_of)
         prompt = list(g.prompt_ids)
+        kin = [b for b in builders if b.metadata.get("auxiliary_kind") == g.auxiliary]  # never across
         target: SampleBuilder | None = None
-        for b in builders:
+        for b in kin:
             if b.extends(prompt) and (target is None or len(b.tokens) > len(target.tokens)):
                 target = b
         if target is not None:
@@ -151,7 +156,7 @@ def reconstruct(
             target.sources.add(g.source)
             continue
         if policy_mismatch is MismatchPolicy.REALIGN:
-            found = _realign_target(builders, prompt)
+            found = _realign_target(kin, prompt)
             if found is not None:
                 b, cut = found
                 b.append_observation(prompt[cut:])
@@ -160,10 +165,13 @@ def reconstruct(
                 b.sources.add(g.source)
                 continue
         nb = SampleBuilder(session_id, prompt)
-        parent, reason = _divergence(builders, prompt)
+        parent, reason = _divergence(kin, prompt)
         if parent is not None and reason is not None:
-            nb.metadata["split_from"] = parent
+            nb.metadata["split_from"] = builders.index(kin[parent])
             nb.metadata["reason"] = reason.value
+        if g.auxiliary is not None:
+            nb.metadata["auxiliary"] = True
+            nb.metadata["auxiliary_kind"] = g.auxiliary
         nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
         nb.sources.add(g.source)
         builders.append(nb)

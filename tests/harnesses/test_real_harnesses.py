@@ -20,6 +20,8 @@ from orchard_rec.records import CallOutcome
 PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
 
 
+@pytest.mark.harness
+@pytest.mark.slow
 @pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
 def test_real_harness_completes_a_tool_task_through_the_proxy(
     harness, upstream, proxy_factory, sqlite_url, tmp_path
@@ -43,10 +45,8 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
     store = proxy.store()
     calls = store.calls(sid)
     assert store.count_calls() == len(calls) >= 2  # every call of the run is in this one session
-    assert all(
-        c.outcome is CallOutcome.OK and c.harness == (harness.name if harness is not OPENCLAW else c.harness)
-        for c in calls
-    )
+    assert all(c.outcome is CallOutcome.OK and c.harness == harness.name and c.harness_session for c in calls)
+    assert store.session(sid).harness == harness.name  # type: ignore[union-attr]
     assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
     outcome = store.session(sid).outcome  # type: ignore[union-attr]
     assert (
@@ -60,21 +60,43 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
     assert len(sample.turns) == len(calls)
     if harness.on_mismatch == "split":  # (3): its prompts extend each other exactly
         assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+    # again with the plain base URL: the harness's own session id names one new session
+    res = run_harness(
+        harness,
+        proxy.url,
+        None,
+        [PROMPT],
+        model="fake-model",
+        workdir=tmp_path / "work2",
+        home=tmp_path / "home2",
+        timeout=150,
+    )
+    assert res.exit_code == 0, res.stderr[-3000:]
+    proxy.flush()
+    other = [c for c in store.calls() if c.session_id != sid]
+    assert len(other) >= 2 and len({c.session_id for c in other}) == 1
+    assert other[0].session_id.startswith(f"h-{harness.name}-")  # type: ignore[union-attr]
+    assert {c.harness for c in other} == {harness.name}
+    [sample] = reconstruct_session(other, on_mismatch=harness.on_mismatch)
+    check_invariants(other, [sample])
 
 
-def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
+def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(harness, upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 
     from orchard_rec.cli import app
     from orchard_rec.storage import Store
 
-    install(CODEX)
+    install(harness)
     db = f"sqlite:///{tmp_path / 'run.db'}"
     r = CliRunner().invoke(
         app,
         [
             "run",
-            "codex",
+            harness.name,
             "--upstream",
             upstream.url,
             "--db",
@@ -92,8 +114,9 @@ def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(upstream, tmp_pat
     assert r.exit_code == 0, r.output
     assert r.output.strip().splitlines()[-1] == "cli-run"
     store = Store(db)
-    assert len(store.calls("cli-run")) == 2
-    assert store.session("cli-run").outcome.metadata["harness"] == "codex"  # type: ignore[union-attr]
+    assert len(store.calls("cli-run")) >= 2
+    assert store.session("cli-run").harness == harness.name  # type: ignore[union-attr]
+    assert store.session("cli-run").outcome.metadata["harness"] == harness.name  # type: ignore[union-attr]
 
 
 def test_harness_config_snippets() -> None:
@@ -115,6 +138,8 @@ def test_harness_config_snippets() -> None:
     assert r.exit_code != 0 and "unknown harness 'nope'" in r.output
 
 
+@pytest.mark.harness
+@pytest.mark.slow
 def test_codex_through_tito_is_one_exact_sample(
     upstream_factory, proxy_factory, sqlite_url, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
