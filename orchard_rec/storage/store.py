@@ -452,6 +452,7 @@ _LIGHT_COLUMNS = (
     "completion_ids",
     "completion_logprobs",
     "finish_reason",
+    "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
 )
 
 
@@ -477,6 +478,7 @@ def _light_record(c: Any) -> CallRecord:
         completion_logprobs=_tuple(c.completion_logprobs),
         finish_reason=c.finish_reason,
         seq=c.seq,
+        metadata=c.metadata or {},
     )
 
 

@@ -153,3 +153,44 @@ def test_install_folders_are_per_harness(tmp_path: Path) -> None:
     from orchard_rec.harnesses.install import folder
 
     assert folder(PI, tmp_path) == tmp_path / "pi" and folder(KIMI, tmp_path) == tmp_path / "kimi"
+
+
+def _post(url: str, body: dict, headers: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def test_side_conversation_is_its_own_flagged_sample(upstream, proxy_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchard_rec.exporters.pipeline import export
+
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
+    headers = {"User-Agent": "opencode/1.18.33 ai-sdk/provider-utils/4.0.23", "x-session-id": "ses_abc"}
+    url = proxy.url + "/v1/chat/completions"  # no /s/ID: the session comes from x-session-id
+    title = [
+        {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+        {"role": "user", "content": "Generate a title for this conversation:"},
+        {"role": "user", "content": "hello there"},
+    ]
+    _post(url, {"model": "m", "messages": title}, headers)
+    agent = [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": "hello there"}]
+    answer = _post(url, {"model": "m", "messages": agent}, headers)["choices"][0]["message"]
+    agent += [{"role": "assistant", "content": answer["content"]}, {"role": "user", "content": "thanks"}]
+    _post(url, {"model": "m", "messages": agent}, headers)
+    proxy.flush()
+    calls = proxy.store().calls()
+    assert len({c.session_id for c in calls}) == 1 and calls[0].session_id.startswith("h-opencode-")  # type: ignore[union-attr]
+    assert [c.metadata.get("auxiliary") for c in calls] == ["title", None, None]
+    out = tmp_path / "s.jsonl"
+    export(sqlite_url, "jsonl", out)  # kept, flagged
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["metadata"].get("auxiliary"), len(r["metadata"]["call_ids"])) for r in rows] == [
+        (True, 1),
+        (None, 2),
+    ]
+    export(sqlite_url, "jsonl", out, auxiliary=False)
+    assert len(out.read_text().splitlines()) == 1
+    assert export(sqlite_url, "openrlhf", tmp_path / "o.jsonl").samples == 1  # trainer formats: left out
+    assert export(sqlite_url, "openrlhf", tmp_path / "o.jsonl", auxiliary=True).samples == 2
