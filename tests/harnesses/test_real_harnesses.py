@@ -37,7 +37,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
         model="fake-model",
         workdir=tmp_path / "work",
         home=tmp_path / "home",
-        timeout=150,
+        timeout=300,
     )
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"  # the tool really ran
@@ -69,7 +69,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
         model="fake-model",
         workdir=tmp_path / "work2",
         home=tmp_path / "home2",
-        timeout=150,
+        timeout=300,
     )
     assert res.exit_code == 0, res.stderr[-3000:]
     proxy.flush()
@@ -154,7 +154,7 @@ def test_codex_through_tito_is_one_exact_sample(
         model="fake-model",
         workdir=tmp_path / "work",
         home=tmp_path / "home",
-        timeout=150,
+        timeout=300,
     )
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"
