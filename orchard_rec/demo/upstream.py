@@ -331,10 +331,13 @@ class DemoUpstream:
             "completion_tokens": len(ids),
             "prompt_tokens_details": None,
         }
+        # like vLLM: the stop token's text is left out, special tokens kept when asked
+        skip = body.get("skip_special_tokens", True) is not False
+        shown = ids[:-1] if finish == "stop" and ids and ids[-1] == self.model.eos else ids
         if not body.get("stream"):
             choice: dict[str, Any] = {
                 "index": 0,
-                "text": self.model.tok.decode(ids),
+                "text": self.model.tok.decode(shown, skip_special_tokens=skip),
                 "logprobs": lp(ids, 0),
                 "finish_reason": finish,
                 "stop_reason": None,
@@ -357,7 +360,7 @@ class DemoUpstream:
         chunks = []
         prev = ""
         for k, i in enumerate(ids):
-            now = self.model.tok.decode(ids[: k + 1])
+            now = self.model.tok.decode(shown[: k + 1], skip_special_tokens=skip)
             c: dict[str, Any] = {
                 "index": 0,
                 "text": now[len(prev) :],
@@ -408,7 +411,10 @@ class DemoUpstream:
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]
-        return self._json({"text": self.model.tok.decode(ids), "output_ids": ids, "meta_info": meta})
+        skip = params.get("skip_special_tokens", True) is not False
+        shown = ids[:-1] if ids and ids[-1] == self.model.eos else ids
+        text = self.model.tok.decode(shown, skip_special_tokens=skip)
+        return self._json({"text": text, "output_ids": ids, "meta_info": meta})
 
     # -- Responses and Messages (through chat, as vLLM serves them) --------------------------
 

@@ -49,7 +49,6 @@ from orchard_rec.errors import (
     Unauthorized,
     UpgradeRequired,
     UpstreamProtocolError,
-    UpstreamStatus,
     UpstreamTimeout,
     UpstreamUnavailable,
     UsageError,
@@ -74,6 +73,7 @@ from orchard_rec.proxy.tito import (
     TitoSessions,
     chat_completion,
     chat_of,
+    client_error,
     parse_generation,
     read_upstream,
     synth_chunks,
@@ -358,27 +358,20 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             status = up.status
     cap.body = data
     cap.status_code = status
-    if status >= 400:
-        cap.outcome = CallOutcome.UPSTREAM_ERROR
-        try:
-            detail = orjson.loads(data)
-            msg = (
-                (detail.get("error") or {}).get("message")
-                if isinstance(detail.get("error"), dict)
-                else detail.get("message")
-            )
-        except (orjson.JSONDecodeError, AttributeError):
-            msg = None
-        raise UpstreamStatus.of(status)(
-            f"upstream token endpoint answered {status}: {msg or data[:300].decode('utf-8', 'replace')}"
-        )
+    if status >= 400:  # relayed as the server said it, in the client's dialect
+        cap.fail(CallOutcome.UPSTREAM_ERROR, f"upstream token endpoint answered {status}")
+        err = client_error(cap.dialect, status, data)
+        cap.bytes_out = len(err)
+        return web.Response(status=status, body=err, content_type="application/json")
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
-    ids, lps, finish = read_upstream(cfg.upstream_kind, obj)
+    ids, lps, finish, text = read_upstream(cfg.upstream_kind, obj)
     answer = parse_generation(
-        tito.tok.decode(ids, skip_special_tokens=False), getattr(tito.tok, "eos_token", None)
+        tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,
+        getattr(tito.tok, "eos_token", None),
+        tools=bool(tools) and chat.get("tool_choice") != "none",
     )
     finish = "tool_calls" if answer.get("tool_calls") else finish
     chat_obj = chat_completion(body.get("model"), answer, finish, len(prompt), len(ids))
@@ -406,7 +399,9 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             if cap.dialect is Dialect.MESSAGES
             else None
         )
-        for chunk in synth_chunks(chat_obj):
+        opts = body.get("stream_options")
+        usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        for chunk in synth_chunks(chat_obj, usage=usage, translated=translator is not None):
             if translator is None:
                 events.append([None, chunk])
                 frames += b"data: " + orjson.dumps(chunk) + b"\n\n"

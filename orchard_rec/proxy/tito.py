@@ -26,6 +26,7 @@ Non-obvious bits:
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -47,11 +48,12 @@ __all__ = [
     "Recorded",
     "TitoSessions",
     "chat_of",
+    "client_error",
     "parse_generation",
     "synth_chunks",
 ]
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.S)
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
 
 
@@ -121,6 +123,21 @@ class TitoSessions:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
+
+    def covered(self, rendered: str, completion: list[int]) -> str:
+        """The part of the template's rendering (ending with the answer) that the exact ids cover.
+
+        The template closes the answer with its end-of-turn token and then whatever follows
+        it (ChatML: ``<|im_end|>\n``). The ids end at the end-of-turn token when the model
+        emitted it, else (a stop string) before it: the rest is the template's, and goes
+        with the next turn's tokens, so prompts stay the template's render token for token.
+        """
+        eos = getattr(self.tok, "eos_token", None)
+        eos_id = getattr(self.tok, "eos_token_id", None)
+        if not eos or eos not in rendered:
+            return rendered
+        at = rendered.rindex(eos)
+        return rendered[: at + len(eos)] if completion and completion[-1] == eos_id else rendered[:at]
 
     def plan(
         self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -192,7 +209,7 @@ class TitoSessions:
         completion: list[int],
     ) -> str:
         """The rendering a branch's exact ids stand for: the conversation up to the answer."""
-        return self.render(messages + [answer], tools, False)
+        return self.covered(self.render(messages + [answer], tools, False), completion)
 
     def commit(
         self,
@@ -239,8 +256,15 @@ def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
     return to_chat(dialect, body)
 
 
-def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
-    """The assistant message in generated text (Hermes tool calls, ``<think>`` reasoning)."""
+def parse_generation(text: str, eos_text: str | None, tools: bool = True) -> dict[str, Any]:
+    """The assistant message in generated text (``<think>`` reasoning, Hermes tool calls).
+
+    Text is kept as the server detokenized it (no stripping). Tool calls are parsed as
+    vLLM's ``hermes`` parser does when the request offers tools: every ``<tool_call>`` must
+    hold a JSON object with a ``name`` (a last unclosed one runs to the end), else the whole
+    text is content; content is the text before the first ``<tool_call>``; arguments are
+    serialized like ``json.dumps``.
+    """
     if eos_text and eos_text in text:
         text = text[: text.index(eos_text)]
     msg: dict[str, Any] = {"role": "assistant", "content": None}
@@ -248,29 +272,36 @@ def parse_generation(text: str, eos_text: str | None) -> dict[str, Any]:
     if m:
         msg["reasoning_content"] = m.group(1).strip("\n")
         text = text[m.end() :]
-    calls = []
-    for raw in _CALL.findall(text):
-        try:
-            c = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(c, dict) and isinstance(c.get("name"), str):
-            args = c.get("arguments", {})
-            calls.append(
-                {
-                    "id": "call_" + uuid.uuid4().hex[:24],
-                    "type": "function",
-                    "function": {
-                        "name": c["name"],
-                        "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
-                    },
-                }
-            )
-    content = _CALL.sub("", text).strip() if calls else text.strip()
-    msg["content"] = content or None
+    calls = _hermes_calls(text) if tools else None
     if calls:
+        content = text[: text.index("<tool_call>")]
+        msg["content"] = content or None
         msg["tool_calls"] = calls
+    else:
+        msg["content"] = text or None
     return msg
+
+
+def _hermes_calls(text: str) -> list[dict[str, Any]] | None:
+    if "<tool_call>" not in text:
+        return None
+    calls = []
+    for closed, open_ended in _CALL.findall(text):
+        try:
+            c = json.loads(closed or open_ended)
+            name, args = c["name"], c["arguments"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(name, str):
+            return None
+        calls.append(
+            {
+                "id": "chatcmpl-tool-" + uuid.uuid4().hex,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+        )
+    return calls
 
 
 def chat_completion(
@@ -290,8 +321,14 @@ def chat_completion(
     }
 
 
-def synth_chunks(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chunk stream a chat completion object corresponds to."""
+def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) -> list[dict[str, Any]]:
+    """The chunk stream a chat completion object corresponds to.
+
+    ``usage``: end with vLLM's usage chunk (a chat client asked with
+    ``stream_options.include_usage``; translators always need it). ``translated``: the chunks
+    feed a translator, not a client: the first one carries the usage too, as the prompt
+    size an Anthropic ``message_start`` reports.
+    """
     base = {
         "id": obj["id"],
         "object": "chat.completion.chunk",
@@ -300,19 +337,20 @@ def synth_chunks(obj: dict[str, Any]) -> list[dict[str, Any]]:
     }
     choice = obj["choices"][0]
     msg = choice["message"]
-    out = [
-        {
-            **base,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-        }
-    ]
+    first: dict[str, Any] = {
+        **base,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
+    if translated:
+        first["usage"] = obj["usage"]
+    out = [first]
     if msg.get("reasoning_content"):
         out.append(
             {
@@ -381,7 +419,8 @@ def synth_chunks(obj: dict[str, Any]) -> list[dict[str, Any]]:
             ],
         }
     )
-    out.append({**base, "choices": [], "usage": obj["usage"]})
+    if usage or translated:
+        out.append({**base, "choices": [], "usage": obj["usage"]})
     return out
 
 
@@ -414,8 +453,12 @@ def upstream_request(kind: str, chat: dict[str, Any], prompt: list[int]) -> tupl
     return "completions", body
 
 
-def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, str]:
-    """``(generated ids, logprobs, finish_reason)`` from the token endpoint's answer."""
+def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, str, str | None]:
+    """``(generated ids, logprobs, finish_reason, text)`` from the token endpoint's answer.
+
+    ``text`` is the server's own detokenization (None when it sent none): relayed as is, it
+    is what the server would have answered on its chat endpoint (a partial UTF-8 character
+    at the end dropped, not shown as U+FFFD)."""
     try:
         if kind == "sglang":
             meta = obj["meta_info"]
@@ -426,12 +469,39 @@ def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, s
                 ids,
                 lps,
                 "length" if (fin.get("type") if isinstance(fin, dict) else fin) == "length" else "stop",
+                obj.get("text") if isinstance(obj.get("text"), str) else None,
             )
         c = obj["choices"][0]
         lp = c.get("logprobs") or {}
         lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []] or None
-        return list(c["token_ids"]), lps, "length" if c.get("finish_reason") == "length" else "stop"
+        text = c.get("text") if isinstance(c.get("text"), str) else None
+        return list(c["token_ids"]), lps, "length" if c.get("finish_reason") == "length" else "stop", text
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise UpstreamProtocolError(
             f"the upstream's token endpoint answered without token ids: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def client_error(dialect: Dialect, status: int, data: bytes) -> bytes:
+    """The upstream's error as the client's dialect has it: the server's own body for the
+    OpenAI dialects (``type``, ``param``, ``code`` kept), Anthropic's error shape for Messages."""
+    if dialect is not Dialect.MESSAGES:
+        return data
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = None
+    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
+    msg = err.get("message") or obj.get("message")
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": text}})
