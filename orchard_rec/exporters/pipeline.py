@@ -50,7 +50,7 @@ def export(
     exporter = get(fmt, **(format_options or {}))
     if auxiliary is None:
         auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)  # an export never writes the database
     try:
         samples = select_samples(
             store,
