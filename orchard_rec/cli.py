@@ -1438,6 +1438,12 @@ def harness_config(
     except ValueError as exc:
         raise usage_error(str(exc)) from None
     typer.echo(h.config_snippet(base_url, session, model), nl=False)
+    tagged = ", ".join(h.session_headers + h.session_fields) or "none (use --session: /s/ID)"
+    typer.echo(
+        f"{h.name} {h.version or '(untested)'}: session id sent: {tagged}; history: {h.history}; "
+        f"export with --on-mismatch {h.on_mismatch}",
+        err=True,
+    )
 
 
 @harness_app.command("install")
