@@ -183,13 +183,9 @@ def _warn(message: str) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from orchard_rec import __version__
 
-        try:
-            v = version("orchard-rec")
-        except PackageNotFoundError:  # pragma: no cover - running from a source tree
-            v = "unknown"
-        typer.echo(f"orchard-rec {v}")
+        typer.echo(f"orchard-rec {__version__}")
         raise typer.Exit()
 
 

@@ -56,3 +56,24 @@ def test_each_module_imports_first_in_a_fresh_interpreter(name: str) -> None:
 
     r = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_version_is_written_once_and_no_package_is_both_core_and_extra() -> None:
+    import re
+    import tomllib
+    from pathlib import Path
+
+    import orchard_rec
+
+    project = tomllib.loads((Path(orchard_rec.__file__).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "orchard_rec.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", orchard_rec.__version__)
+
+    def name(req: str) -> str:
+        return re.split(r"[\[<>=!~;\s]", req, maxsplit=1)[0].lower()
+
+    core = {name(r) for r in project["project"]["dependencies"]}
+    for extra, reqs in project["project"]["optional-dependencies"].items():
+        both = core & {name(r) for r in reqs}
+        assert not both, f"{sorted(both)} both core and in extra {extra!r}"

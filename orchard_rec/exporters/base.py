@@ -82,7 +82,7 @@ def get(name: str, **options: Any) -> Exporter:
 
 
 def _install_hint(module: str | None) -> str:
-    extra = {"torch": "train", "pyarrow": "parquet", "datasets": "parquet"}.get((module or "").split(".")[0])
+    extra = {"torch": "train", "transformers": "hf"}.get((module or "").split(".")[0])
     return f"pip install 'orchard-rec[{extra}]'" if extra else f"pip install {module}"
 
 
