@@ -94,13 +94,25 @@ def _rfind(seq: Sequence[int], sub: Sequence[int], stop: int) -> int:
     return -1
 
 
-def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[SampleBuilder, int] | None:
+def _turn_closer(b: SampleBuilder, turn_end: int | None) -> int | None:
+    """The template's end-of-turn token: the last token of a turn the model ended itself
+    (a cut turn's last token is arbitrary), else ``turn_end`` (from the chat template)."""
+    for t in reversed(b.turns):
+        if t.finish_reason not in _TRUNCATED and t.end > t.start:
+            return b.tokens[b.prompt_length + t.end - 1]
+    return turn_end
+
+
+def _realign_target(
+    builders: list[SampleBuilder], prompt: list[int], turn_end: int | None = None
+) -> tuple[SampleBuilder, int] | None:
     """The sample this prompt continues despite drift or moved messages, and where its new
     observation starts: after the last previous assistant turn in the new prompt, found as
     the last generation-prompt marker (the tokens every prompt ends with) before the final
-    one, followed by the turn-closing token. A sample qualifies when the new prompt shares at
-    least half of its original prompt (same system prompt and task), so sub-agents with
-    their own instructions are not merged."""
+    one, followed by the template's end-of-turn token. When the sample's last turn was cut
+    (``length``), that token was never generated: it opens the observation. A sample
+    qualifies when the new prompt shares at least half of its original prompt (same system
+    prompt and task), so sub-agents with their own instructions are not merged."""
     best: tuple[SampleBuilder, int, int] | None = None
     for b in builders:
         if not b.turns:
@@ -108,8 +120,10 @@ def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[S
         shared = _common_prefix(prompt, b.tokens)
         if shared * 2 < b.prompt_length:
             continue
+        closer = _turn_closer(b, turn_end)
+        if closer is None:
+            continue
         marker = b.tokens[max(0, b.prompt_length - 3) : b.prompt_length]
-        closer = b.tokens[-1]  # the token that ended the last generation (end-of-turn)
         stop = len(prompt) - len(marker)
         if prompt[stop:] == marker:
             stop -= 1  # skip the generation prompt this call ends with
@@ -117,12 +131,29 @@ def _realign_target(builders: list[SampleBuilder], prompt: list[int]) -> tuple[S
         if pos < 0:
             continue
         try:
-            cut = prompt.index(closer, pos + len(marker)) + 1
+            cut = prompt.index(closer, pos + len(marker))
         except ValueError:
             continue
+        if b.tokens[-1] == closer:  # the model closed its turn: that token is in the sample
+            cut += 1
         if best is None or shared > best[2]:
             best = (b, cut, shared)
     return None if best is None else (best[0], best[1])
+
+
+def template_turn_end(tokenizer: Any) -> int | None:
+    """The token a chat template closes an assistant turn with (ChatML: ``<|im_end|>``):
+    the first token the template renders after an assistant message's content."""
+    probe = "\x00orchard-probe\x00"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], tokenize=False
+        )
+        after = str(text)[str(text).index(probe) + len(probe) :]
+        ids = list(tokenizer.encode(after, add_special_tokens=False))
+    except (AttributeError, ValueError, TypeError):
+        return getattr(tokenizer, "eos_token_id", None)
+    return ids[0] if ids else getattr(tokenizer, "eos_token_id", None)
 
 
 def reconstruct(
@@ -133,11 +164,14 @@ def reconstruct(
     credit: CreditPolicy | None = None,
     outcome: Outcome | None = None,
     skipped: Sequence[str] = (),
+    turn_end: int | None = None,
 ) -> list[Sample]:
     """Samples of one session's ``generations`` (in causal order), in order of their first call.
 
     ``skipped`` lists calls that could not take part (``metadata.skipped_calls`` of the first
     sample); ``outcome`` gives reward and status, ``credit`` the loss mask policy.
+    ``turn_end``: the chat template's end-of-turn token (``template_turn_end``), which
+    ``realign`` needs when every turn of a sample was cut.
     """
     policy_mismatch = MismatchPolicy.of(on_mismatch)
     builders: list[SampleBuilder] = []
@@ -156,7 +190,7 @@ def reconstruct(
             target.sources.add(g.source)
             continue
         if policy_mismatch is MismatchPolicy.REALIGN:
-            found = _realign_target(kin, prompt)
+            found = _realign_target(kin, prompt, turn_end)
             if found is not None:
                 b, cut = found
                 b.append_observation(prompt[cut:])
@@ -224,6 +258,7 @@ def reconstruct_session(
         credit=credit,
         outcome=outcome,
         skipped=skipped,
+        turn_end=template_turn_end(tokenizer) if tokenizer is not None else None,
     )
 
 
