@@ -131,6 +131,7 @@ def render_session_html(
     """The session page as ONE self-contained HTML file (CSS, JS and every call's JSON inlined)."""
     view = session_view(store, session_id, tokenizer=tokenizer, on_mismatch=on_mismatch, credit=credit)
     ctx = _session_context(view, "", standalone=True)
+    ctx["on_mismatch"] = on_mismatch
     ctx["inline_css"] = (STATIC / "ui.css").read_text()
     ctx["inline_js"] = (STATIC / "ui.js").read_text().replace("</script", "<\\/script")
     return ENV.get_template("session.html").render(ctx)

@@ -20,6 +20,7 @@ import orjson
 from sqlalchemy import func, inspect, literal_column, select
 from sqlalchemy.engine import make_url
 
+from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
 from orchard_rec.records import CallRecord
@@ -513,7 +514,12 @@ def session_view(
     if summary is None:
         raise UIError(f"no session {session_id!r}", 404)
     calls = sorted(store.calls(session_id), key=lambda c: (c.seq or 0, c.received_at))
-    samples = list(iter_samples(store, sessions=[session_id], on_mismatch=on_mismatch, credit=credit))
+    if on_mismatch not in ("split", "realign"):
+        raise UIError(f"on_mismatch must be split or realign, got {on_mismatch!r}")
+    try:
+        samples = list(iter_samples(store, sessions=[session_id], on_mismatch=on_mismatch, credit=credit))
+    except (ValueError, OrchardError) as exc:  # an unknown credit policy, say
+        raise UIError(str(exc)) from None
     t0 = min((c.received_at for c in calls), default=summary.created_at)
     t1 = max((c.done_at for c in calls), default=t0)
     span = max(t1 - t0, 1e-3)
@@ -570,7 +576,12 @@ def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
     b = calls[seq]
     prev_seqs = [s for s in calls if s is not None and s < seq]
     a = calls[max(prev_seqs)] if prev_seqs else None
-    out: dict[str, Any] = {"session_id": session_id, "a": None if a is None else a.seq, "b": seq}
+    out: dict[str, Any] = {
+        "session_id": session_id,
+        "a": None if a is None else a.seq,
+        "b": seq,
+        "last": max(s for s in calls if s is not None),
+    }
     msgs_b = [_msg_key(m) for m in conversation(b.request, b.dialect.value)]
     if a is not None:
         msgs_a = [_msg_key(m) for m in conversation(a.request, a.dialect.value)]

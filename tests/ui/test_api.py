@@ -59,6 +59,10 @@ def test_api_samples_equal_the_jsonl_export(
     assert status == 404 and "no session" in err["error"]
     status, err = _get(srv.url + "/api/sessions?sort=bogus")
     assert status == 400 and "sort" in err["error"]
+    status, err = _get(srv.url + "/api/sessions/linear-chat?on_mismatch=sideways")
+    assert status == 400 and "on_mismatch" in err["error"]
+    status, err = _get(srv.url + "/api/sessions/linear-chat?credit=bogus")
+    assert status == 400
     status, page = _get(srv.url + "/s/nope")
     assert status == 404 and "no session" in page
 
