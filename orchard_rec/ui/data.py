@@ -277,7 +277,10 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     stmt = (
         select(t.c.id, t.c.harness, t.c.call_count, t.c.status, t.c.reward, t.c.created_at, t.c.updated_at)
         .where(*conds)
-        .order_by(ordering.nulls_last(), t.c.id.asc() if f.order == "asc" else t.c.id.desc())
+        .order_by(
+            ordering.nulls_last() if f.sort in ("harness", "status", "reward") else ordering,
+            t.c.id.asc() if f.order == "asc" else t.c.id.desc(),
+        )
         .limit(f.per_page)
         .offset((f.page - 1) * f.per_page)
     )
@@ -296,11 +299,27 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
             )
             for r in conn.execute(stmt)
         ]
-        harnesses = (
-            sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h) if with_harnesses else []
-        )
+    harnesses = harness_names(store) if with_harnesses else []
     _enrich(store, rows)
     return SessionPage(rows, total, f, harnesses)
+
+
+_HARNESS_CACHE: dict[str, tuple[float, list[str]]] = {}
+
+
+def harness_names(store: Store, ttl: float = 30.0) -> list[str]:
+    """The harnesses seen (one full scan of the sessions table, so cached for ``ttl`` seconds)."""
+    import time
+
+    now = time.monotonic()
+    hit = _HARNESS_CACHE.get(store.url)
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    t = Session.__table__
+    with store.engine.connect() as conn:
+        names = sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h)
+    _HARNESS_CACHE[store.url] = (now, names)
+    return names
 
 
 def _loads(v: Any) -> Any:

@@ -105,7 +105,9 @@ def test_session_pages_show_exactly_the_exported_tokens_and_masks(
     assert p.locator("[data-split-reason]").count() >= 1
     p.click('[data-call-seq="2"] .call-head')
     p.wait_for_selector('[data-call-seq="2"] .chat')
-    p.evaluate("document.querySelectorAll('.tokens').forEach(b => b.scrollTop = b.scrollHeight)")
+    for _ in range(3):  # off-screen chunks get their real height once scrolled to
+        p.evaluate("document.querySelectorAll('.tokens').forEach(b => b.scrollTop = b.scrollHeight)")
+        p.wait_for_timeout(200)
     p.hover('[data-sample-index="1"] [data-token-id][data-mask="1"]')
     screenshot(p, "session-split.png", full_page=True, clip={"x": 0, "y": 0, "width": 1320, "height": 2300})
 
