@@ -161,6 +161,9 @@ def measure(url: str, rounds: int, sessions: int, tokens: int) -> dict[str, dict
     return {name: {k: statistics.median(v) for k, v in d.items()} for name, d in out.items()}
 
 
+NOTE = "Sessions pages: one page and one `count(*)` per request, but `sessions` has no index on `created_at` / `updated_at` / `reward`, so each sorted page is a top-N sort over the whole table (and a deep OFFSET a full sort); the machine ran other agents' work on its 2 cores meanwhile. An index on `sessions(created_at)` (a storage migration) would make the default page O(page size)."
+
+
 def write_results(res: dict[str, dict[str, float]], args: Any, build_s: float | None) -> str:
     lines = [
         "<!-- ui:start -->",
@@ -180,6 +183,7 @@ def write_results(res: dict[str, dict[str, float]], args: Any, build_s: float | 
             )
         else:
             lines.append(f"| {name} | {m['server']:.0f} | {m['fcp']:.0f} | {m['dcl']:.0f} | | |")
+    lines += ["", NOTE]
     if build_s is not None:
         lines += [
             "",
