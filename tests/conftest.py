@@ -34,7 +34,13 @@ def pg() -> Iterator[PgCluster]:
         cluster.cleanup()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        # starting the throwaway cluster takes 10-60 s: the fast tier (-m "not slow") runs SQLite only
+        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.slow]),
+    ]
+)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'orchard.db'}"

@@ -20,6 +20,10 @@ from orchard_rec.exporters import ExportError, get, read_jsonl
 from orchard_rec.exporters.contracts import SLIME_FIELDS, SlimeSample
 from orchard_rec.exporters.pipeline import export
 
+pytestmark = (
+    pytest.mark.slow
+)  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine)
+
 
 @pytest.fixture(scope="module")
 def recorded(recorded_db: str) -> str:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchard_rec.exporters import read_jsonl
 from orchard_rec.exporters.pipeline import export
+
+pytestmark = (
+    pytest.mark.slow
+)  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine)
 
 
 def test_value_rows_are_the_turn_prefixes_of_the_jsonl_samples(recorded_db: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from factories import call
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +89,7 @@ def _check_invariants(session: Session, samples: list[Sample]) -> None:
     assert samples[0].prompt_ids == list(session.calls[0].prompt_ids)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # 300 random sessions: ~10 s on a loaded machine (the linear property below stays fast)
 @settings(max_examples=300, deadline=None)
 @given(sessions())
 def test_invariants_hold_for_any_session(session: Session) -> None:

@@ -7,11 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
 from orchard_rec.records import Outcome
 from orchard_rec.storage import Store
+
+pytestmark = (
+    pytest.mark.slow
+)  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine)
 
 runner = CliRunner()
 COMMANDS = ["echo one", "echo two", "echo three"]  # what tests/e2e/agents.py asks for, in order

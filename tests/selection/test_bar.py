@@ -74,6 +74,7 @@ run_st = st.builds(
 )
 
 
+@pytest.mark.slow  # 400 hypothesis examples against the reference: ~20 s on a loaded machine
 @settings(max_examples=400, deadline=None)
 @given(
     st.lists(run_st, min_size=0, max_size=24),

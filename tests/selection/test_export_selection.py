@@ -7,12 +7,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
 from orchard_rec.exporters import read_jsonl
 from orchard_rec.records import Outcome
 from orchard_rec.storage import Store
+
+pytestmark = (
+    pytest.mark.slow
+)  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine)
 
 runner = CliRunner()
 

@@ -10,6 +10,8 @@ import pytest
 from orchard_rec.exporters import get, read_jsonl
 from orchard_rec.reconstruct import Sample, TeacherData, Turn
 
+pytestmark = pytest.mark.slow  # torch and pyarrow round trips, 7-27 s each on a loaded machine
+
 
 def _samples() -> list[Sample]:
     with_teacher = Sample(

@@ -21,6 +21,8 @@ from orchard_rec.trainers import slime as slime_plugins
 from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
 from orchard_rec.trainers.verl import RecordedAgentLoop, agent_loop_output
 
+pytestmark = pytest.mark.slow  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine); torch training
+
 
 def test_plugin_signatures_match_what_slime_calls() -> None:
     assert list(inspect.signature(slime_plugins.generate_rollout).parameters) == [
