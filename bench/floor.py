@@ -50,7 +50,10 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True)
     a = ap.parse_args()
-    import uvloop
+    try:  # as the proxy does: uvloop when installed
+        import uvloop
 
-    uvloop.install()
+        uvloop.install()
+    except ImportError:
+        pass
     web.run_app(build(a.upstream), host="127.0.0.1", port=a.port, access_log=None, print=None)

@@ -219,7 +219,14 @@ def start_targets(
 
     for kind, make in dbs.items():
         orchard(f"orchard-passthrough-{kind}", "passthrough", make(f"pass-{kind}"))
-        orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))
+        orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))  # default durability: wal
+        # the opt-out: records after the response (kill -9 loses what is queued)
+        orchard(
+            f"orchard-token-{kind}-async",
+            "token",
+            make(f"token-async-{kind}"),
+            extra=["--durability", "async"],
+        )
     orchard("orchard-token+responses", "token", dbs["sqlite"]("resp"), path="/v1/responses", body=RESP)
     # a slow database: every batch write sleeps 50 ms; the bounded queue must absorb it
     orchard(
@@ -388,9 +395,14 @@ def main() -> None:
 
 
 def _versions() -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = [f"{p} {version(p)}" for p in ("orchard-rec", "aiohttp", "uvloop", "sqlalchemy", "orjson")]
+    out = []
+    for p in ("orchard-rec", "aiohttp", "uvloop", "sqlalchemy", "orjson"):
+        try:
+            out.append(f"{p} {version(p)}")
+        except PackageNotFoundError:  # uvloop is optional
+            out.append(f"{p} (not installed)")
     for name, pkg in (("litellm", "litellm"), ("rllm", "rllm-model-gateway")):
         py = CACHE / name / "bin" / "python"
         if py.exists():

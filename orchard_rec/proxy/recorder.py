@@ -115,7 +115,8 @@ class Recorder:
         self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "10") or 0)
         """The writer thread's OS niceness: when the cores are busy, the scheduler runs the event
         loop (and the model server, the harness) first and the writer in the gaps; the bounded
-        queue absorbs the delay. 0 leaves it at the process's priority."""
+        queue absorbs the delay. 0 leaves it at the process's priority. Under wal only the
+        database thread is niced: the spool thread's fsync is what clients wait for."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
 
@@ -213,8 +214,9 @@ class Recorder:
     # -- the spool / async writer thread -------------------------------------------------------
 
     def _run(self) -> None:
-        self._lower_priority()
         wal = self.durability == "wal"
+        if not wal:  # under wal this thread is on the response path (clients wait for its fsync)
+            self._lower_priority()
         if self.spool_pending and not wal:
             self._replay()
         stop = False
