@@ -20,6 +20,20 @@ from orchard_rec.records import CallOutcome
 PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
 
 
+def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
+    """What the agent did, parsed from its own traffic (issue 19): the one shell command it was asked
+    to run, in its harness's tool vocabulary, answered, not failed, writing the marker file."""
+    from orchard_rec.recipes import session_steps
+
+    steps, _turns = session_steps(store, sid)
+    shell = [s for s in steps if s.kind == "shell"]
+    assert len(shell) == 1, [s.to_dict() for s in steps]
+    step = shell[0]
+    assert step.command is not None and "echo orchard > marker.txt" in step.command
+    assert "marker.txt" in step.edits and step.output is not None
+    assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
+
+
 @pytest.mark.harness
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE, OPENCLAW], ids=lambda h: h.name)
@@ -57,6 +71,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
     for policy in ("split", harness.on_mismatch):
         check_invariants(calls, reconstruct_session(calls, on_mismatch=policy))
     [sample] = reconstruct_session(calls, on_mismatch=harness.on_mismatch)  # the run is one sample
+    check_steps(store, sid)
     assert len(sample.turns) == len(calls)
     if harness.on_mismatch == "split":  # (3): its prompts extend each other exactly
         assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)

@@ -81,3 +81,34 @@ def test_selection_usage_errors(recorded_db: str, tmp_path: Path) -> None:
     ]:
         r = runner.invoke(app, ["export", "--db", recorded_db, "--out", out, *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+def test_slime_and_sft_read_back_the_selection(recorded_db: str, tmp_path: Path) -> None:
+    import torch
+
+    from orchard_rec.exporters.contracts import SlimeSample
+
+    r = runner.invoke(
+        app,
+        [
+            "export",
+            "--db",
+            recorded_db,
+            "--format",
+            "slime",
+            "--out",
+            str(tmp_path / "r.pt"),
+            "--group-by",
+            "task",
+            "--filter",
+            "nonzero-std",
+            "--filter",
+            "positive-only",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    loaded = [SlimeSample.from_dict(d) for d in torch.load(tmp_path / "r.pt", weights_only=False)["samples"]]
+    assert {s.session_id for s in loaded} == {"sess-2", "sess-5"}
+    for s in loaded:
+        assert s.remove_sample == (s.session_id == "sess-5")
+        assert (sum(s.loss_mask or []) == 0) == (s.session_id == "sess-5")
