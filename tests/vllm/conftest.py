@@ -1,0 +1,218 @@
+"""One real vLLM CPU server per test session, and a tap that records what it sent.
+
+The venv comes from ``tests/vllm/install.sh`` (``~/.cache/orchard-rec/vllm``, built on first
+use, reused after); the model is built offline here (``model.py``). Start-up takes 35-85 s,
+so every test of this folder shares one server (``vllm_server``) and is marked ``vllm`` and
+``slow``.
+
+``Tap``: a loopback relay between orchard-rec and vLLM that keeps every request body it
+forwarded and the exact bytes vLLM answered, so tests compare what was recorded and what
+clients got against what vLLM really sent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from orchard_rec.demo.tokenizer import save_tokenizer
+from orchard_rec.proxy.server import BackgroundServer
+
+HERE = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("ORCHARD_VLLM_VENV", Path.home() / ".cache" / "orchard-rec" / "vllm"))
+MODEL = "tiny-qwen2"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent == HERE:
+            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.slow)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    """Base URL with ``/v1``."""
+    model_dir: Path
+    startup_s: float
+    tokenizer: Any
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    running = os.environ.get("ORCHARD_VLLM_URL")  # a server already up: URL;MODEL_DIR (development)
+    if running:
+        from transformers import AutoTokenizer
+
+        url, _, folder = running.partition(";")
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
+        return
+    subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
+    py = VENV / "bin" / "python"
+    model_dir = tmp_path_factory.mktemp("vllm-model")
+    save_tokenizer(model_dir)
+    # the weights with the venv's own transformers, so vLLM reads the config it wrote
+    subprocess.run([str(py), str(HERE / "model.py"), str(model_dir)], check=True)
+    port = _free_port()
+    log = open(model_dir / "vllm.log", "wb")
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    env.pop("PYTHONPATH", None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            str(py),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "4096",
+            "--seed",
+            "0",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = t0 + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    "vLLM exited during start-up:\n" + (model_dir / "vllm.log").read_text()[-4000:]
+                )
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("vLLM did not start within 600 s")
+            time.sleep(0.5)
+        startup = time.monotonic() - t0
+        sys.stderr.write(f"\n[vllm] start-up {startup:.1f} s\n")
+        (model_dir / "startup_seconds").write_text(f"{startup:.1f}\n")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        yield VLLMServer(url + "/v1", model_dir, startup, tok)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+@dataclass
+class Exchange:
+    path: str
+    request: Any
+    status: int
+    body: bytes
+    content_type: str
+
+    def events(self) -> list[Any]:
+        """The ``data:`` objects of a streamed answer (``[DONE]`` left out)."""
+        out = []
+        for line in self.body.split(b"\n"):
+            if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
+                out.append(orjson.loads(line[6:]))
+        return out
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@dataclass
+class Tap:
+    url: str
+    log: list[Exchange] = field(default_factory=list)
+
+
+def _tap_app(target: str, tap: Tap) -> web.Application:
+    async def relay(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            req: Any = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            req = raw
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as s,
+            s.request(request.method, target + request.path_qs, data=raw or None, headers=headers) as up,
+        ):
+            resp = web.StreamResponse(status=up.status)
+            for k, v in up.headers.items():
+                if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    resp.headers[k] = v
+            await resp.prepare(request)
+            got = bytearray()
+            async for chunk in up.content.iter_any():
+                got += chunk
+                await resp.write(chunk)
+            # logged before the end of the body: the proxy has the answer only after it
+            if request.method == "POST":  # the proxy's own GET /v1/models probes are not calls
+                tap.log.append(Exchange(request.path, req, up.status, bytes(got), up.content_type))
+            await resp.write_eof()
+        return resp
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_route("*", "/{tail:.*}", relay)
+    return app
+
+
+@pytest.fixture
+def tap(vllm_server: VLLMServer) -> Iterator[Tap]:
+    """A fresh tap in front of the session's vLLM; its ``url`` ends in ``/v1``."""
+    target = vllm_server.url[: -len("/v1")]
+    t = Tap("")
+    srv = BackgroundServer(lambda: _tap_app(target, t)).start()
+    t.url = srv.url + "/v1"
+    try:
+        yield t
+    finally:
+        srv.stop()
