@@ -307,3 +307,24 @@ def test_serve_ui_mounts_the_viewer_behind_the_admin_key(
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(proxy.url + "/ui/api/sessions")
     assert e.value.code == 401
+
+
+@pytest.mark.slow
+def test_show_html_file_renders_offline_with_the_same_tokens(
+    recorded: tuple[str, dict[str, str]], page: Any, tmp_path: Path
+) -> None:
+    db, _ = recorded
+    out = tmp_path / "drift-chat.html"
+    res = CliRunner().invoke(cli_app, ["show", "drift-chat", "--db", db, "--html", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = jsonl_export(db, "drift-chat", "split", tmp_path)
+    p = page.goto(out.as_uri())
+    page.settle()
+    for r in rows:
+        ids, masks = p.evaluate(READ_SAMPLE, r["index"])
+        assert ids == r["tokens"]
+        assert masks == [0] * (len(r["tokens"]) - r["response_length"]) + r["loss_mask"]
+    p.click('[data-call-seq="3"] .call-head')  # from the embedded data: no server behind a file
+    p.wait_for_selector('[data-call-seq="3"] .chat .toolcall')
+    p.click('[data-call-seq="3"] .tabs button[data-tab="upstream_request"]')
+    p.wait_for_selector('[data-call-seq="3"] pre.json')
