@@ -5,8 +5,11 @@ Non-obvious bits:
   ``base_url`` (with ``/v1``), ``api_key``, and ``context_length`` (without it, it asks the server
   and models.dev for the model's context). ``hermes -z PROMPT`` is its one-shot, approvals bypassed.
 - ``User-Agent: OpenAI/Python 2.24.0`` and no session id of its own: it is named by its tool set
-  (``terminal``, ``delegate_task``, ``session_search``, ``skill_view`` ...); runs without ``/s/ID``
-  are grouped by their conversation's opening (its system prompt carries the time).
+  (``terminal``, ``delegate_task``, ``session_search``, ``skill_view`` ...). Runs without ``/s/ID``
+  are grouped by their conversation's opening, whose system prompt carries only the date
+  ("Conversation started: <day>"): same-day runs of one task share a session, so give each run
+  its ``/s/ID`` (``orchard-rec run`` does). Its ``--pass-session-id`` (session id in the system
+  prompt) is not honoured by ``-z``.
 - Probes: with a local base URL it first asks what server this is (LM Studio
   ``/api/v1/models``, Ollama ``/api/tags``, llama.cpp ``/v1/props`` and ``/props``, vLLM
   ``/version``, and the server root, from ``python-httpx``), and it lists ``/v1/models``
