@@ -168,17 +168,17 @@ class Harness:
 
     def recognises(self, headers: Mapping[str, str], body: Any = None) -> bool:
         """Whether this request comes from this harness (``headers``: lower-case names)."""
-        ua = headers.get("user-agent", "").lower()
-        if any(ua.startswith(p) for p in self.user_agents):
+        if self.user_agents and headers.get("user-agent", "").lower().startswith(self.user_agents):
             return True
-        if any(
-            (v := headers.get(h)) is not None and v.lower().startswith(prefix)
-            for h, prefix in self.header_marks
-        ):
-            return True
-        if self.tool_marks and isinstance(body, dict) and isinstance(body.get("tools"), list):
-            names = {_tool_name(t) for t in body["tools"]}
-            return all(m in names for m in self.tool_marks)
+        for h, prefix in self.header_marks:
+            v = headers.get(h)
+            if v is not None and v.lower().startswith(prefix):
+                return True
+        if self.tool_marks and isinstance(body, dict):
+            tools = body.get("tools")
+            if isinstance(tools, list) and len(tools) >= len(self.tool_marks):
+                names = {_tool_name(t) for t in tools}
+                return all(m in names for m in self.tool_marks)
         return False
 
     def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:

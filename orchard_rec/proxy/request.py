@@ -27,10 +27,11 @@ def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
     cap.bytes_in = len(raw)
     body = parse_body(raw, content_type, cap.dialect)
     cap.request = body
-    if (
-        body is not None
-    ):  # harnesses named by their body (Kimi's prompt_cache_key, tool sets), side conversations
-        cap.harness, cap.harness_session = identify(cap.headers, body)
+    if body is not None:
+        # harnesses named by their body (Kimi's prompt_cache_key, a tool set), side conversations;
+        # a session id the headers already gave stands
+        if cap.harness_session is None or cap.harness_session.startswith("trace:"):
+            cap.harness, cap.harness_session = identify(cap.headers, body)
         aux = side_conversation(cap.harness, cap.headers, body)
         if aux is not None:
             cap.metadata["auxiliary"] = aux
