@@ -35,8 +35,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import orjson
-
 __all__ = [
     "BadRequest",
     "ExportError",
@@ -58,7 +56,6 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "UsageError",
-    "error_body",
 ]
 
 
@@ -213,14 +210,3 @@ class UpstreamStatus(UpstreamError):
             UpstreamStatus._built[status] = type(f"UpstreamStatus{status}", (UpstreamStatus,), attrs)
         return UpstreamStatus._built[status]
 
-
-def error_body(exc: OrchardError, anthropic: bool) -> bytes:
-    """The JSON error body a client of that dialect expects."""
-    err: dict[str, Any]
-    if anthropic:
-        err = {"type": "error", "error": {"type": exc.anthropic_type, "message": exc.message}}
-    else:
-        err = {
-            "error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}
-        }
-    return orjson.dumps(err)

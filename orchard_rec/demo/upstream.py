@@ -5,7 +5,8 @@ Speaks vLLM's OpenAI server wire format, including its extensions: ``return_toke
 on the first chunk and per-chunk ``token_ids`` deltas), per-token ``logprobs``,
 Hermes-style tool calls parsed into ``tool_calls`` with ``chatcmpl-tool-`` ids, and
 ``reasoning_content`` from ``<think>`` blocks. ``/v1/responses`` and ``/v1/messages``
-are served the way vLLM does: through chat completions underneath. The generated ids
+are answered from the generation by ``demo.wire``: code of its own, never the proxy's
+translations (a translation bug must show in the tests, not be mirrored here). The generated ids
 include the end-of-turn token, as vLLM's do.
 
 It keeps ``log``: every request body it received, so tests can check what the proxy
@@ -23,14 +24,14 @@ import orjson
 from aiohttp import web
 
 from orchard_rec.demo.chatml import parse_chatml
-from orchard_rec.demo.model import Generation, ScriptedModel
-from orchard_rec.protocol.translate import (
-    MessagesStream,
-    ResponsesStream,
-    chat_to_messages,
-    chat_to_responses,
-    messages_to_chat,
-    responses_to_chat,
+from orchard_rec.demo.model import Generation, ScriptedModel, Section
+from orchard_rec.demo.wire import (
+    message_events,
+    message_object,
+    messages_input,
+    response_events,
+    response_object,
+    responses_input,
 )
 
 __all__ = ["DemoUpstream", "build_upstream_app"]
@@ -56,10 +57,13 @@ class DemoUpstream:
         think: bool = False,
         preamble: bool = False,
         chunk_delay: float = 0.0,
+        stream_interval: int = 1,
         model_name: str = MODEL_NAME,
     ) -> None:
         self.model = ScriptedModel(drift=drift, think=think, preamble=preamble)
         self.chunk_delay = chunk_delay
+        self.stream_interval = max(1, stream_interval)
+        """Tokens per streamed delta (vLLM's ``--stream-interval``): 1 streams every token on its own."""
         self.model_name = model_name
         self.log: list[tuple[str, Any]] = []
         """Every request body received, with its path."""
@@ -237,16 +241,18 @@ class DemoUpstream:
                 continue
             key = "reasoning_content" if s.kind == "reasoning" else "content"
             prev = ""
-            for k in range(len(s.ids)):
+            step = 1 if not s.text else self.stream_interval
+            for k in range(0, len(s.ids), step):
+                ids_k = s.ids[k : k + step]
                 if not s.text:  # tag tokens: ids only, as vLLM sends for control tokens with return_token_ids
-                    out.append(chunk({}, [s.ids[k]], pos))
-                    pos += 1
+                    out.append(chunk({}, ids_k, pos))
+                    pos += len(ids_k)
                     continue
-                now = self.model.decode(s.ids[: k + 1])
+                now = self.model.decode(s.ids[: k + step])
                 piece = now[len(prev) :]
                 prev = now
-                out.append(chunk({key: piece} if piece else {}, [s.ids[k]], pos))
-                pos += 1
+                out.append(chunk({key: piece} if piece else {}, ids_k, pos))
+                pos += len(ids_k)
         eos = [i for s in gen.sections if s.kind == "eos" for i in s.ids]
         out.append(chunk({"content": ""} if eos else {}, eos, pos, gen.finish_reason))
         if opts.get("include_usage"):
@@ -359,19 +365,21 @@ class DemoUpstream:
             return self._json(obj)
         chunks = []
         prev = ""
-        for k, i in enumerate(ids):
-            now = self.model.tok.decode(shown[: k + 1], skip_special_tokens=skip)
+        step = self.stream_interval
+        for k in range(0, len(ids), step):
+            ids_k = ids[k : k + step]
+            now = self.model.tok.decode(shown[: k + step], skip_special_tokens=skip)
             c: dict[str, Any] = {
                 "index": 0,
                 "text": now[len(prev) :],
-                "logprobs": lp([i], k),
-                "finish_reason": finish if k == len(ids) - 1 else None,
+                "logprobs": lp(ids_k, k),
+                "finish_reason": finish if k + step >= len(ids) else None,
                 "stop_reason": None,
             }
             prev = now
             if k == 0:
                 c["prompt_token_ids"] = prompt_ids if want_ids else None
-            c["token_ids"] = [i] if want_ids else None
+            c["token_ids"] = ids_k if want_ids else None
             chunks.append(
                 {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [c]}
             )
@@ -416,7 +424,17 @@ class DemoUpstream:
         text = self.model.tok.decode(shown, skip_special_tokens=skip)
         return self._json({"text": text, "output_ids": ids, "meta_info": meta})
 
-    # -- Responses and Messages (through chat, as vLLM serves them) --------------------------
+    # -- Responses and Messages (built from the generation by ``demo.wire``, not the proxy's code) --
+
+    def _pieces(self, s: Section) -> list[str]:
+        """A section's text as streamed, one piece per ``stream_interval`` tokens (empty pieces dropped)."""
+        out, prev = [], ""
+        for k in range(0, len(s.ids), self.stream_interval):
+            now = self.model.decode(s.ids[: k + self.stream_interval])
+            if len(now) > len(prev):
+                out.append(now[len(prev) :])
+            prev = now
+        return out
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -424,13 +442,11 @@ class DemoUpstream:
             return body
         if body.get("input") is None:
             return _err(400, "input: field required")
-        chat = responses_to_chat(body)
-        chat["stream_options"] = {"include_usage": True}
-        gen = self._generate(chat)
+        messages, tools, custom, max_tokens = responses_input(body)
+        gen = self.model.generate(messages, tools or None, max_tokens=max_tokens)
         if not body.get("stream"):
-            return self._json(chat_to_responses(self.chat_object(chat, gen), body))
-        tr = ResponsesStream(body)
-        events = [e for c in self.chat_chunks(chat, gen) for e in tr.feed(c)] + tr.finish()
+            return self._json(response_object(body, gen, custom, self.model_name))
+        events = response_events(body, gen, custom, self.model_name, self._pieces)
         return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
@@ -443,15 +459,11 @@ class DemoUpstream:
                 "error": {"type": "invalid_request_error", "message": "messages and max_tokens are required"},
             }
             return web.Response(status=400, body=orjson.dumps(body_err), content_type="application/json")
-        chat = messages_to_chat(body)
-        chat["stream_options"] = {"include_usage": True}
-        gen = self._generate(chat)
+        messages, tools, max_tokens = messages_input(body)
+        gen = self.model.generate(messages, tools or None, max_tokens=max_tokens)
         if not body.get("stream"):
-            return self._json(chat_to_messages(self.chat_object(chat, gen), body))
-        tr = MessagesStream(body)
-        events = [
-            e for c in self.chat_chunks({**chat, "return_token_ids": True}, gen) for e in tr.feed(c)
-        ] + tr.finish()
+            return self._json(message_object(body, gen, self.model_name))
+        events = message_events(body, gen, self.model_name, self._pieces)
         return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -529,8 +541,12 @@ class DemoUpstream:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/generate", self.generate)
-        app.router.add_get("/health", lambda _r: web.Response())  # vLLM's liveness route: 200, empty
+        app.router.add_get("/health", _health)  # vLLM's liveness route: 200, empty
         return app
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.Response()
 
 
 def build_upstream_app(**kwargs: Any) -> web.Application:

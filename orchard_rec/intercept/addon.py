@@ -32,18 +32,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
-from orchard_rec.errors import OrchardError, UpgradeRequired, error_body
+from orchard_rec.errors import OrchardError
 from orchard_rec.intercept.config import InterceptConfig
-from orchard_rec.protocol.sse import TERMINAL_EVENTS
-from orchard_rec.proxy.app import default_spool, dialect_of
+from orchard_rec.proxy.app import default_spool
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
+from orchard_rec.proxy.core import Call, dialect_of, refuse_websocket
+from orchard_rec.proxy.identity import SESSION_HEADER
 from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.server import tune_interpreter
-from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store
 
@@ -76,14 +72,13 @@ def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tupl
     return dialect, path[:i], tail
 
 
-class _Call:
+class _Flow:
     """What the addon keeps on ``flow.metadata`` for one recorded call."""
 
-    __slots__ = ("cap", "chunks", "plan", "streamed")
+    __slots__ = ("call", "chunks", "streamed")
 
-    def __init__(self, cap: Capture, plan: Plan | None) -> None:
-        self.cap = cap
-        self.plan = plan
+    def __init__(self, call: Call) -> None:
+        self.call = call
         self.chunks: list[bytes] | None = None
         self.streamed = False
 
@@ -127,20 +122,13 @@ class InterceptAddon:
 
     def request(self, flow: Any) -> None:
         req = flow.request
-        if (
-            req.headers.get("upgrade") or ""
-        ).lower() == "websocket" and req.pretty_host.lower() in self.config.hosts:
-            # Codex's built-in provider tries a Responses WebSocket first: what it sends there could not be
-            # recorded as calls. A quick 426 makes it fall back to POST + SSE at once, as with the proxy.
-            from mitmproxy import http
+        if req.pretty_host.lower() in self.config.hosts:
+            refusal = refuse_websocket(req.path, req.headers)
+            if refusal is not None:
+                from mitmproxy import http
 
-            exc = UpgradeRequired(
-                "WebSocket transport is not supported while recording; use HTTP POST with stream=true"
-            )
-            flow.response = http.Response.make(
-                426, error_body(exc, False), {"content-type": "application/json"}
-            )
-            return
+                flow.response = http.Response.make(*refusal, {"content-type": "application/json"})
+                return
         route = llm_route(self.config.hosts, req.pretty_host, req.method, req.path)
         if route is None:
             if self._override is not None and req.pretty_host.lower() in self.config.hosts:
@@ -153,34 +141,31 @@ class InterceptAddon:
                     self._reroute(req, req.path.lstrip("/"), root=True)
             return
         dialect, _prefix, tail = route
-        cap = Capture(dialect, req.method, "/v1/" + tail, None)
+        call = Call(dialect, req.method, "/v1/" + tail, req.headers)
+        cap = call.cap
         cap.metadata = {"intercept": {"host": req.pretty_host}}
         self.recorder.begin()
-        call = _Call(cap, None)
-        flow.metadata[_KEY] = call
+        flow.metadata[_KEY] = _Flow(call)
         try:
             sid = req.headers.get(SESSION_HEADER)
+            call.name_session(sid)
             if sid is not None:
-                cap.session_id = validate_session_id(sid)
                 del req.headers[SESSION_HEADER]
-            caller(cap, req.headers)
-            body = take_body(cap, req.get_content(strict=False) or b"", req.headers.get("content-type"))
+            call.identify(req.headers)
+            mode = self.config.effective_mode if self._override is not None else "passthrough"
+            call.read(req.get_content(strict=False) or b"", req.headers.get("content-type"), mode)
             req.headers["accept-encoding"] = "identity"  # we must read what we record
             if self._override is not None:
-                call.plan = plan = plan_for(self.config.effective_mode, dialect, body)
-                path = tail
-                if plan is not None:
-                    req.content = orjson.dumps(plan.body)
-                    cap.upstream_request = plan.body
-                    cap.upstream_dialect = plan.upstream
-                    query = tail.partition("?")[2]
-                    path = plan.upstream_path + ("?" + query if query and not plan.translated else "")
+                path, content = call.upstream_target(*_split_query(tail))
+                if content is not None:
+                    req.content = content
                 self._reroute(req, path)
                 cap.metadata["intercept"]["upstream"] = self.config.upstream_override
         except OrchardError as exc:
-            cap.fail(CallOutcome.REJECTED, exc.message)
-            cap.status_code = exc.status
-            self._answer_error(flow, exc)
+            from mitmproxy import http
+
+            status, body = call.reject(exc)
+            flow.response = http.Response.make(status, body, {"content-type": "application/json"})
 
     def _reroute(self, req: Any, tail: str, *, root: bool = False) -> None:
         """Point ``req`` at the override server: ``tail`` under its base path (``/v1``), or under
@@ -193,99 +178,74 @@ class InterceptAddon:
         req.path = ("" if root else o.path.rstrip("/")) + "/" + tail
         req.headers["host"] = o.netloc
 
-    def _answer_error(self, flow: Any, exc: OrchardError) -> None:
-        from mitmproxy import http
-
-        anthropic = (
-            flow.metadata[_KEY].cap.dialect is Dialect.MESSAGES or "anthropic-version" in flow.request.headers
-        )
-        flow.response = http.Response.make(
-            exc.status, error_body(exc, anthropic), {"content-type": "application/json"}
-        )
-
     # -- response -----------------------------------------------------------------------------------
 
     def responseheaders(self, flow: Any) -> None:
-        call: _Call | None = flow.metadata.get(_KEY)
-        if call is None or call.cap.outcome is not CallOutcome.OK:
+        held: _Flow | None = flow.metadata.get(_KEY)
+        if held is None or held.call.cap.outcome is not CallOutcome.OK:
             return
-        cap, plan, resp = call.cap, call.plan, flow.response
-        cap.first_byte_at = time.time()
-        cap.status_code = resp.status_code
-        ctype = (resp.headers.get("content-type") or "").lower()
-        if "text/event-stream" in ctype:
-            cap.stream = True
-            filt = plan.stream_filter() if plan is not None else None
-            if filt is not None:
+        call, resp = held.call, flow.response
+        relay = call.response(resp.status_code, resp.headers.get("content-type"))
+        if relay is not None:
+            if relay.filter is not None:
                 resp.headers.pop("content-length", None)  # events are rewritten on the way
-                if plan is not None and plan.translated:
-                    resp.headers["content-type"] = "text/event-stream; charset=utf-8"
-                    cap.client_events = filt.client_events
-            chunks = cap.chunks
+            if call.client_content_type is not None:
+                resp.headers["content-type"] = call.client_content_type
+            cap = call.cap
 
-            def relay(chunk: bytes) -> list[bytes]:
+            def stream(chunk: bytes) -> list[bytes]:
                 # a list, never b"": mitmproxy would send an empty chunk, which ends a chunked body
-                if not chunk:  # end of the body
-                    tail = filt.finish() if filt is not None else b""
-                    cap.bytes_out += len(tail)
-                    cap.complete = True
-                    return [tail] if tail else []
-                chunks.append(chunk)
-                out = chunk if filt is None else filt.feed(chunk)
-                if not out:
-                    return []
-                cap.bytes_out += len(out)
-                if any(t in out for t in TERMINAL_EVENTS):
+                out = relay.feed(chunk) if chunk else relay.finish()
+                if out:
+                    relay.sending(len(out))
+                if not chunk or relay.ended:
                     cap.complete = True  # the client may hang up now, as SDKs do at [DONE]
-                return [out]
+                return [out] if out else []
 
-            resp.stream = relay
-            call.streamed = True
-        elif plan is None:
+            resp.stream = stream
+            held.streamed = True
+        elif call.plan is None:
             body: list[bytes] = []
-            call.chunks = body
+            held.chunks = body
 
             def collect(chunk: bytes) -> list[bytes]:
                 if not chunk:
                     return []
                 body.append(chunk)
-                cap.bytes_out += len(chunk)
+                call.passing(chunk)
                 return [chunk]
 
             resp.stream = collect
-            call.streamed = True
+            held.streamed = True
         # else: token mode rewrites this JSON body in ``response`` (mitmproxy buffers it)
 
     def response(self, flow: Any) -> None:
-        call: _Call | None = flow.metadata.get(_KEY)
-        if call is None:
+        held: _Flow | None = flow.metadata.get(_KEY)
+        if held is None:
             return
-        cap, resp = call.cap, flow.response
+        call, resp = held.call, flow.response
+        cap = call.cap
         if cap.outcome is CallOutcome.OK:
             if cap.status_code is None:  # a response set by another addon
                 cap.status_code = resp.status_code
             if not cap.stream:
-                if call.streamed:
-                    cap.body = b"".join(call.chunks or ())
+                if held.streamed:
+                    cap.body = b"".join(held.chunks or ())
                 else:
                     data = resp.raw_content or b""
-                    cap.body = data
-                    if call.plan is not None:
-                        out, cap.client_response = call.plan.client_body_bytes(data, resp.status_code)
-                        if out is not data:
-                            resp.content = out
-                            if call.plan.translated:
-                                resp.headers["content-type"] = "application/json"
-                        data = out
-                    cap.bytes_out = len(data)
+                    out = call.body(data, resp.status_code)
+                    if out is not data:
+                        resp.content = out
+                    if call.client_content_type is not None:
+                        resp.headers["content-type"] = call.client_content_type
             cap.complete = True
         self._submit(cap)
 
     def error(self, flow: Any) -> None:
-        call: _Call | None = flow.metadata.get(_KEY)
-        if call is None or call.cap.submitted:
+        held: _Flow | None = flow.metadata.get(_KEY)
+        if held is None or held.call.cap.submitted:
             return
-        cap = call.cap
+        cap = held.call.cap
         msg = flow.error.msg if flow.error is not None else "connection error"
         if cap.outcome is CallOutcome.OK and not cap.complete:
             client_side = "client" in msg.lower()
@@ -298,3 +258,8 @@ class InterceptAddon:
         cap.submitted = True
         cap.done_at = time.time()
         self.recorder.submit(cap)
+
+
+def _split_query(tail: str) -> tuple[str, str]:
+    path, _, query = tail.partition("?")
+    return path, query

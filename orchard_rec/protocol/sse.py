@@ -1,7 +1,8 @@
-"""Incremental server-sent-events parsing, for recording (never for relaying).
+"""Server-sent events: incremental parsing and encoding.
 
-The proxy relays the upstream's bytes as they come; this parser only reads a copy
-to rebuild the events for the record. It follows the WHATWG rules that matter for
+The proxy relays the upstream's bytes as they come; the parser reads them (a copy, for the
+record; or to find the end of a stream, by event and never by a substring of the bytes).
+The parser follows the WHATWG rules that matter for
 LLM APIs: events end at a blank line (``\\n\\n``, ``\\r\\n\\r\\n`` or ``\\r\\r``),
 ``event:`` names the event, several ``data:`` lines join with ``\\n``, comment lines
 (``:``) are ignored.
@@ -11,17 +12,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["TERMINAL_EVENTS", "SSEParser", "parse_sse"]
+import orjson
 
-TERMINAL_EVENTS = (
-    b"data: [DONE]",
-    b"response.completed",
-    b"response.incomplete",
-    b"response.failed",
-    b"message_stop",
-)
-"""Bytes that mark the last event of a stream in each dialect (a client may hang up right after)."""
+__all__ = ["DONE_FRAME", "Event", "SSEParser", "encode", "encode_data", "parse_sse"]
+
+Event = tuple[str | None, str]
+"""One event: its ``event:`` name (or None) and its ``data:`` lines joined."""
+
+DONE_FRAME = b"data: [DONE]\n\n"
+"""The frame that ends an OpenAI chat or completions stream."""
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE = re.compile(rb"\r\n|\n|\r")
@@ -34,6 +35,11 @@ class SSEParser:
 
     def __init__(self) -> None:
         self._buf = b""
+
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished event are buffered."""
+        return bool(self._buf)
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         self._buf += chunk
@@ -80,3 +86,16 @@ def parse_sse(chunks: Iterable[bytes]) -> list[tuple[str | None, str]]:
         out.extend(p.feed(c))
     out.extend(p.flush())
     return out
+
+
+def encode(name: str | None, data: Any) -> bytes:
+    """One event frame: ``event: NAME`` (when named) and ``data: JSON``; a str ``data`` is sent as it is."""
+    body = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    if name is None:
+        return b"data: " + body + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + body + b"\n\n"
+
+
+def encode_data(data: Any) -> bytes:
+    """An unnamed event (OpenAI chat and completions chunks)."""
+    return encode(None, data)

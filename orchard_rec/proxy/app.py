@@ -47,28 +47,23 @@ from orchard_rec.errors import (
     SessionNotFound,
     TooManyRequests,
     Unauthorized,
-    UpgradeRequired,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnavailable,
     UsageError,
-    error_body,
 )
 from orchard_rec.harnesses import is_probe
-from orchard_rec.protocol.sse import TERMINAL_EVENTS
-from orchard_rec.protocol.translate import (
-    MessagesStream,
-    ResponsesStream,
-    chat_to_messages,
-    chat_to_responses,
-)
+from orchard_rec.protocol import error_body, is_anthropic
+from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
+from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
+from orchard_rec.protocol.sse import DONE_FRAME, encode
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.core import Call, StreamRelay, dialect_of
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.tito import (
     TitoSessions,
     chat_completion,
@@ -80,7 +75,6 @@ from orchard_rec.proxy.tito import (
     upstream_request,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
-from orchard_rec.proxy.token import Plan, plan_for
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -120,21 +114,7 @@ _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
 _RESP_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
 )
-_ROUTES = {
-    ("POST", "chat/completions"): Dialect.CHAT,
-    ("POST", "completions"): Dialect.COMPLETIONS,
-    ("POST", "responses"): Dialect.RESPONSES,
-    ("POST", "messages"): Dialect.MESSAGES,
-    ("GET", "models"): Dialect.MODELS,
-}
-
-
-def dialect_of(method: str, tail: str) -> Dialect:
-    return _ROUTES.get((method, tail.strip("/")), Dialect.OTHER)
-
-
-def _is_anthropic(path: str, headers: Any) -> bool:
-    return "/messages" in path or path[-9:] == "/complete" or "anthropic-version" in headers
+_TOKEN_RENDERED = frozenset({Dialect.CHAT, Dialect.RESPONSES, Dialect.MESSAGES})
 
 
 def default_spool(db_url: str) -> Path:
@@ -178,7 +158,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
     return web.Response(
         status=exc.status,
-        body=error_body(exc, _is_anthropic(request.path, request.headers)),
+        body=error_body(exc, is_anthropic(request.path, request.headers)),
         content_type="application/json",
     )
 
@@ -274,15 +254,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if request.method == "GET" and is_probe("GET", "/v1/" + tail, request.headers):
         return await _relay_probe(request, "/v1/" + tail)
     dialect = dialect_of(request.method, tail)
-    sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER)
     path = "/v1/" + tail + (("?" + request.query_string) if request.query_string else "")
-    cap = Capture(dialect, request.method, path, None)
+    call = Call(dialect, request.method, path, request.headers)
+    cap = call.cap
     recorder = app[RECORDER]
     metrics = app[METRICS]
     recorder.begin()
     try:
-        if sid is not None:
-            cap.session_id = validate_session_id(sid)
+        call.name_session(request.match_info.get("sid") or request.headers.get(SESSION_HEADER))
         _authorize(request, cap.session_id)
         cfg = app[CONFIG]
         if (
@@ -294,24 +273,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records"
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
-        caller(cap, request.headers)
-        if request.headers.get("upgrade", "").lower() == "websocket":
-            # Codex's built-in provider tries a Responses WebSocket first; a quick refusal makes it
-            # fall back to POST + SSE without retry delays.
-            cap.status_code = 426
-            cap.outcome = CallOutcome.REJECTED
-            exc = UpgradeRequired(
-                "WebSocket transport is not supported by this proxy; use HTTP POST with stream=true"
-            )
-            return _error_response(request, exc)
+        call.identify(request.headers)
         raw = await _read_body(request)
-        body = take_body(cap, raw, request.headers.get("content-type"))
-        return await _relay(request, cap, raw, body)
+        body = call.read(raw, request.headers.get("content-type"), cfg.mode)
+        if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:
+            return await _relay_tito(request, cap, body)
+        return await _relay(request, call, raw)
     except OrchardError as exc:
-        if cap.outcome is CallOutcome.OK:
-            cap.fail(CallOutcome.REJECTED, exc.message)
-        cap.status_code = exc.status
-        raise
+        status, err = call.reject(exc)
+        return web.Response(status=status, body=err, content_type="application/json")
     except asyncio.CancelledError:
         if not cap.complete:  # a client that hangs up after the last event (as SDKs do at [DONE]) got it all
             cap.fail(CallOutcome.ABORTED, "client disconnected")
@@ -404,17 +374,17 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         for chunk in synth_chunks(chat_obj, usage=usage, translated=translator is not None):
             if translator is None:
                 events.append([None, chunk])
-                frames += b"data: " + orjson.dumps(chunk) + b"\n\n"
+                frames += encode(None, chunk)
             else:
                 for name, d in translator.feed(chunk):
                     events.append([name, d])
-                    frames += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n"
+                    frames += encode(name, d)
         if translator is None:
-            frames += b"data: [DONE]\n\n"
+            frames += DONE_FRAME
         else:
             for name, d in translator.finish():
                 events.append([name, d])
-                frames += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n"
+                frames += encode(name, d)
         cap.client_events = events
         payload, ctype = bytes(frames), "text/event-stream"
     else:
@@ -435,39 +405,25 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     return resp
 
 
-async def _relay(request: web.Request, cap: Capture, raw: bytes, body: Any) -> web.StreamResponse:
+async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG]
-    if cfg.mode == "tito" and cap.dialect in (Dialect.CHAT, Dialect.RESPONSES, Dialect.MESSAGES):
-        return await _relay_tito(request, cap, body)
-    plan = plan_for(cfg.mode, cap.dialect, body)
-    if plan is None:
-        url = cfg.upstream + "/" + request.match_info["tail"]
-        if request.query_string:
-            url += "?" + request.query_string
-    else:
-        url = cfg.upstream + "/" + plan.upstream_path
-        if not plan.translated and request.query_string:
-            url += "?" + request.query_string
-        raw = orjson.dumps(plan.body)
-        cap.upstream_request = plan.body
-        cap.upstream_dialect = plan.upstream
+    cap = call.cap
+    path, data = call.upstream_target(request.match_info["tail"], request.query_string)
+    if data is None:
+        data = raw
     with _upstream_errors(cap, cfg.upstream):
         async with app[UPSTREAM].request(
-            request.method, url, data=raw if raw else None, headers=_upstream_headers(request)
+            request.method,
+            cfg.upstream + "/" + path,
+            data=data if data else None,
+            headers=_upstream_headers(request),
         ) as up:
-            cap.first_byte_at = time.time()
-            cap.status_code = up.status
-            if up.content_type == "text/event-stream":
-                cap.stream = True
-                return await _relay_stream(request, cap, up, plan)
-            data = await up.read()
-            cap.body = data
-            headers = _client_headers(up)
-            if plan is not None:
-                data, cap.client_response = plan.client_body_bytes(data, up.status)
-            resp = web.Response(status=up.status, body=data, headers=headers)
-            cap.bytes_out = len(data)
+            relay = call.response(up.status, up.content_type)
+            if relay is not None:
+                return await _relay_stream(request, call, relay, up)
+            out = call.body(await up.read(), up.status)
+            resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability == "wal":
                 cap.done_at = time.time()
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
@@ -497,55 +453,50 @@ def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
 
 
 async def _relay_stream(
-    request: web.Request, cap: Capture, up: aiohttp.ClientResponse, plan: Plan | None = None
+    request: web.Request, call: Call, relay: StreamRelay, up: aiohttp.ClientResponse
 ) -> web.StreamResponse:
-    """Relay an event stream chunk by chunk. With a token-mode plan, the client gets the
-    upstream's events less what we injected, or translated; the record keeps the upstream's."""
+    """Relay an event stream chunk by chunk, as ``relay`` (the core) rewrites it."""
+    cap = call.cap
     resp = web.StreamResponse(status=up.status, headers=_client_headers(up))
-    filt = plan.stream_filter() if plan is not None else None
-    if plan is not None and plan.translated:
-        resp.headers["Content-Type"] = "text/event-stream; charset=utf-8"
-        cap.client_events = filt.client_events  # type: ignore[union-attr]
+    if call.client_content_type is not None:
+        resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
-    chunks = cap.chunks
-    n = 0
+    wal = request.app[CONFIG].durability == "wal"
     try:
-        wal = request.app[CONFIG].durability == "wal"
         async for chunk in up.content.iter_any():
-            chunks.append(chunk)
-            out = chunk if filt is None else filt.feed(chunk)
+            out = relay.feed(chunk)
             if out:
-                terminal = any(t in out for t in TERMINAL_EVENTS)
-                if terminal and wal and not cap.submitted:
-                    cap.bytes_out = n + len(out)
+                if relay.ended and wal and not cap.submitted:
+                    relay.sending(len(out))
                     cap.done_at = time.time()
                     await request.app[RECORDER].durable(cap)  # recorded before the client has the end
-                await resp.write(out)
-                n += len(out)
-                if terminal:
+                    await resp.write(out)
+                else:
+                    await resp.write(out)
+                    relay.sending(len(out))
+                if relay.ended:
                     # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
                     cap.complete = True
-        tail = filt.finish() if filt is not None else b""
+        tail = relay.finish()
         if wal and not cap.submitted:
-            cap.bytes_out = n + len(tail)
+            relay.sending(len(tail))
             cap.done_at = time.time()
             await request.app[RECORDER].durable(cap)
-        if tail:
+            if tail:
+                await resp.write(tail)
+        elif tail:
             await resp.write(tail)
-            n += len(tail)
+            relay.sending(len(tail))
         cap.complete = True
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-        cap.bytes_out = n
         cap.fail(CallOutcome.ABORTED, f"client disconnected: {exc}")
         return resp
     except (TimeoutError, aiohttp.ClientError) as exc:
         # The status line is gone already: the only honest signal left is a cut stream.
-        cap.bytes_out = n
         cap.fail(CallOutcome.FAILED, f"upstream stream broke: {type(exc).__name__}: {exc}")
         if request.transport is not None:
             request.transport.close()
         return resp
-    cap.bytes_out = n
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.protocol.assemble import assemble, extract_tokens
+from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 

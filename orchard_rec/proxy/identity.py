@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import protocol
 from orchard_rec.errors import BadRequest
 
 __all__ = ["SESSION_HEADER", "derive_session", "harness_of", "public_headers", "validate_session_id"]
@@ -75,39 +76,7 @@ def derive_session(
     if harness_session:
         digest = hashlib.sha256(f"{harness}:{harness_session}".encode()).hexdigest()[:24]
         return f"h-{harness or 'x'}-{digest}"[:128]
-    opening = _opening(dialect, body)
+    opening = protocol.opening(dialect, body)
     if opening is None:
         return None
     return "c-" + hashlib.sha256(orjson.dumps(opening)).hexdigest()[:32]
-
-
-def _opening(dialect: Any, body: dict[str, Any]) -> list[Any] | None:
-    name = getattr(dialect, "value", dialect)
-    if name == "completions":
-        return None
-    if name == "responses":
-        inp = body.get("input")
-        items = (
-            [{"role": "user", "content": inp}]
-            if isinstance(inp, str)
-            else (inp if isinstance(inp, list) else [])
-        )
-        head: list[Any] = [body.get("instructions")]
-    elif name == "messages":
-        items = body.get("messages") if isinstance(body.get("messages"), list) else []
-        head = [body.get("system")]
-    elif name == "chat":
-        items = body.get("messages") if isinstance(body.get("messages"), list) else []
-        head = []
-    else:
-        return None
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "user":
-            head.append(m.get("content"))
-            return head
-        if role in ("system", "developer"):
-            head.append(m.get("content"))
-    return None

@@ -38,8 +38,7 @@ from typing import Any, Protocol
 import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
-from orchard_rec.protocol.translate import template_message
-from orchard_rec.proxy.token import to_chat
+from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.records import Dialect
 
 __all__ = [

@@ -19,19 +19,13 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.errors import BadRequest
-from orchard_rec.protocol.sse import SSEParser
-from orchard_rec.protocol.translate import (
-    MessagesStream,
-    ResponsesStream,
-    chat_to_messages,
-    chat_to_responses,
-    messages_to_chat,
-    responses_to_chat,
-)
+from orchard_rec.protocol import anthropic, responses, to_chat
+from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
+from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
+from orchard_rec.protocol.sse import DONE_FRAME, SSEParser, encode
 from orchard_rec.records import Dialect
 
-__all__ = ["Plan", "plan_for", "to_chat"]
+__all__ = ["Plan", "StreamFilter", "plan_for"]
 
 log = logging.getLogger("orchard_rec.proxy.token")
 
@@ -76,15 +70,9 @@ class Plan:
             return data, None
         if status >= 400:
             if self.client is Dialect.MESSAGES:
-                err = obj.get("error") if isinstance(obj.get("error"), dict) else {}
+                err: dict[str, Any] = obj["error"] if isinstance(obj.get("error"), dict) else {}
                 msg = err.get("message") or obj.get("message") or data.decode("utf-8", "replace")
-                out = {
-                    "type": "error",
-                    "error": {
-                        "type": "invalid_request_error" if status < 500 else "api_error",
-                        "message": msg,
-                    },
-                }
+                out = anthropic.error_object("invalid_request_error" if status < 500 else "api_error", msg)
                 return orjson.dumps(out), out
             return data, None
         if self.client is Dialect.RESPONSES:
@@ -144,7 +132,7 @@ class StreamFilter:
         out = bytearray()
         for name, data in events:
             self.client_events.append([name, data])  # type: ignore[union-attr]
-            out += b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            out += encode(name, data)
         return bytes(out)
 
     def feed(self, chunk: bytes) -> bytes:
@@ -159,7 +147,7 @@ class StreamFilter:
     def _one(self, name: str | None, data: str) -> bytes:
         if data == "[DONE]":
             if self.translator is None:
-                return b"data: [DONE]\n\n"
+                return DONE_FRAME
             return self._finish_translation()
         try:
             obj = orjson.loads(data)
@@ -182,34 +170,9 @@ class StreamFilter:
         assert self.translator is not None
         if "error" in obj and "choices" not in obj:
             err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-            if self.plan.client is Dialect.MESSAGES:
-                return self._emit(
-                    [
-                        (
-                            "error",
-                            {
-                                "type": "error",
-                                "error": {"type": "api_error", "message": err.get("message", "")},
-                            },
-                        )
-                    ]
-                )
-            return self._emit(
-                [
-                    (
-                        "error",
-                        {
-                            "type": "error",
-                            "code": err.get("code"),
-                            "message": err.get("message", ""),
-                            "param": err.get("param"),
-                            "sequence_number": self.translator.seq
-                            if isinstance(self.translator, ResponsesStream)
-                            else 0,
-                        },
-                    )
-                ]
-            )
+            if isinstance(self.translator, ResponsesStream):
+                return self._emit([responses.stream_error_event(err, self.translator.seq)])
+            return self._emit([anthropic.stream_error_event(err)])
         return self._emit(self.translator.feed(obj))
 
     def _finish_translation(self) -> bytes:
@@ -256,44 +219,3 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
             chat["stream_options"] = {"include_usage": True}
         return Plan(dialect, Dialect.CHAT, chat, body, True, True)
     return None
-
-
-def to_chat(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
-    """A Responses or Messages request as chat completions, checked like the real API checks it;
-    anything it cannot read is a 400 in the caller's dialect, never a proxy error."""
-    _validate_translated(dialect, body)
-    try:
-        return responses_to_chat(body) if dialect is Dialect.RESPONSES else messages_to_chat(body)
-    except (TypeError, AttributeError, KeyError, ValueError) as exc:
-        raise BadRequest(
-            f"could not translate this {dialect.value} request to chat completions: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _validate_translated(dialect: Dialect, body: dict[str, Any]) -> None:
-    """The checks the real API makes before generating: we answer in its place."""
-    if dialect is Dialect.MESSAGES:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not all(
-            isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") for m in msgs
-        ):
-            raise BadRequest(
-                "messages: must be a list of {role: user|assistant, content} objects", param="messages"
-            )
-        if (
-            not isinstance(body.get("max_tokens"), int)
-            or isinstance(body.get("max_tokens"), bool)
-            or body["max_tokens"] < 1
-        ):
-            raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
-        if not isinstance(body.get("model"), str):
-            raise BadRequest("model: a string is required", param="model")
-    else:
-        inp = body.get("input")
-        if not isinstance(inp, (str, list)) or (
-            isinstance(inp, list) and not all(isinstance(i, dict) for i in inp)
-        ):
-            raise BadRequest("input: a string or a list of input items is required", param="input")
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("tools: must be a list of tool objects", param="tools")

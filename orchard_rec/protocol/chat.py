@@ -1,0 +1,170 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): the dialect every other one translates to.
+
+Owns the chat request model, stream reassembly (vLLM sends ``prompt_token_ids`` on the first
+chunk only, ``system_fingerprint`` on the last only, and per-chunk ``choices[i].token_ids`` deltas), token extraction, the stream's end
+(a ``data: [DONE]`` event, never the text inside one), the OpenAI error body shared by the
+OpenAI dialects, and the session opening.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from orchard_rec.errors import OrchardError
+
+__all__ = [
+    "DONE",
+    "ChatRequest",
+    "assemble",
+    "assistant_message",
+    "error_body",
+    "error_object",
+    "extract_tokens",
+    "opening",
+]
+
+DONE = "[DONE]"
+"""The data of the event that ends an OpenAI chat or completions stream."""
+
+
+class ChatRequest(BaseModel):
+    """The fields of a chat request we read; the rest pass through untouched."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: Any = None
+    messages: Any = None
+    tools: Any = None
+    stream: bool | None = None
+    return_token_ids: Any = None
+    logprobs: Any = None
+
+
+def error_object(exc: OrchardError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+
+
+def error_body(exc: OrchardError) -> bytes:
+    """The JSON error body an OpenAI client (chat, completions, responses) expects."""
+    return orjson.dumps(error_object(exc))
+
+
+def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
+    chunks = [d for _, d in events if isinstance(d, dict)]
+    if not chunks:
+        return None
+    first = chunks[0]
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": "chat.completion",
+        "created": first.get("created"),
+        "model": first.get("model"),
+    }
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for ch in chunks:
+        if ch.get("prompt_token_ids") is not None and "prompt_token_ids" not in out:
+            out["prompt_token_ids"] = list(ch["prompt_token_ids"])
+        if ch.get("usage"):
+            usage = ch["usage"]
+        if ch.get("system_fingerprint") is not None:  # vLLM sends it in the last chunk only
+            out["system_fingerprint"] = ch["system_fingerprint"]
+        for c in ch.get("choices") or ():
+            idx = c.get("index", 0)
+            acc = choices.setdefault(
+                idx,
+                {
+                    "index": idx,
+                    "message": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                    "_tools": {},
+                },
+            )
+            delta = c.get("delta") or {}
+            msg = acc["message"]
+            if delta.get("role"):
+                msg["role"] = delta["role"]
+            for key in ("content", "reasoning_content", "reasoning", "refusal"):
+                piece = delta.get(key)
+                if piece:
+                    msg[key] = (msg.get(key) or "") + piece
+            for tc in delta.get("tool_calls") or ():
+                t = acc["_tools"].setdefault(
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                if tc.get("id"):
+                    t["id"] = tc["id"]
+                if tc.get("type"):
+                    t["type"] = tc["type"]
+                fn = tc.get("function") or {}
+                if fn.get("name"):
+                    t["function"]["name"] += fn["name"]
+                if fn.get("arguments"):
+                    t["function"]["arguments"] += fn["arguments"]
+            lp = c.get("logprobs")
+            if lp and lp.get("content"):
+                acc.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
+            if c.get("token_ids") is not None:
+                acc.setdefault("token_ids", []).extend(c["token_ids"])
+            if c.get("finish_reason") is not None:
+                acc["finish_reason"] = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                acc["stop_reason"] = c["stop_reason"]
+    out["choices"] = []
+    for idx in sorted(choices):
+        acc = choices[idx]
+        tools = acc.pop("_tools")
+        if tools:
+            acc["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
+        out["choices"].append(acc)
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def extract_tokens(obj: Any) -> tuple[Any, Any, list[float] | None, Any, Any]:
+    """``(prompt_ids, completion_ids, completion_logprobs, finish_reason, usage)`` of choice 0."""
+    if not isinstance(obj, dict):
+        return None, None, None, None, None
+    choices = obj.get("choices") or [{}]
+    c0 = choices[0] if isinstance(choices[0], dict) else {}
+    lps = None
+    content = (c0.get("logprobs") or {}).get("content") if isinstance(c0.get("logprobs"), dict) else None
+    if content:
+        lps = [float(x.get("logprob", 0.0)) for x in content]
+    return obj.get("prompt_token_ids"), c0.get("token_ids"), lps, c0.get("finish_reason"), obj.get("usage")
+
+
+def assistant_message(response: Any) -> dict[str, Any] | None:
+    """The assistant turn of a chat completion (choice 0)."""
+    if not isinstance(response, dict):
+        return None
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    m = ((response.get("choices") or [{}])[0] or {}).get("message") or {}
+    msg["content"] = m.get("content")
+    if m.get("reasoning_content") or m.get("reasoning"):
+        msg["reasoning_content"] = m.get("reasoning_content") or m.get("reasoning")
+    calls = list(m.get("tool_calls") or [])
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def opening(body: dict[str, Any]) -> list[Any] | None:
+    """What every call of one conversation repeats: system/developer messages up to the first user message."""
+    items: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
+    head: list[Any] = []
+    for m in items:
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role == "user":
+            head.append(m.get("content"))
+            return head
+        if role in ("system", "developer"):
+            head.append(m.get("content"))
+    return None

@@ -1,0 +1,85 @@
+"""OpenAI (legacy) Completions (``POST /v1/completions``): reassembly and token extraction.
+
+vLLM puts ``prompt_token_ids`` on the choice here (not on the object, as in chat). A stream
+ends with ``data: [DONE]`` as chat's does; a raw prompt has no conversation opening.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["CompletionsRequest", "assemble", "extract_tokens", "opening"]
+
+
+class CompletionsRequest(BaseModel):
+    """The fields of a completions request we read; the rest pass through untouched."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: Any = None
+    prompt: Any = None
+    stream: bool | None = None
+    return_token_ids: Any = None
+    logprobs: Any = None
+
+
+def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
+    chunks = [d for _, d in events if isinstance(d, dict)]
+    if not chunks:
+        return None
+    first = chunks[0]
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": "text_completion",
+        "created": first.get("created"),
+        "model": first.get("model"),
+    }
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for ch in chunks:
+        if ch.get("usage"):
+            usage = ch["usage"]
+        for c in ch.get("choices") or ():
+            idx = c.get("index", 0)
+            acc = choices.setdefault(idx, {"index": idx, "text": "", "finish_reason": None})
+            acc["text"] += c.get("text") or ""
+            if c.get("prompt_token_ids") is not None and "prompt_token_ids" not in acc:
+                acc["prompt_token_ids"] = list(c["prompt_token_ids"])
+            if c.get("token_ids") is not None:
+                acc.setdefault("token_ids", []).extend(c["token_ids"])
+            lp = c.get("logprobs")
+            if lp:
+                dst = acc.setdefault(
+                    "logprobs", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                )
+                for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    if lp.get(k):
+                        dst[k].extend(lp[k])
+            if c.get("finish_reason") is not None:
+                acc["finish_reason"] = c["finish_reason"]
+    out["choices"] = [choices[i] for i in sorted(choices)]
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def extract_tokens(obj: Any) -> tuple[Any, Any, list[float] | None, Any, Any]:
+    """``(prompt_ids, completion_ids, completion_logprobs, finish_reason, usage)`` of choice 0."""
+    if not isinstance(obj, dict):
+        return None, None, None, None, None
+    choices = obj.get("choices") or [{}]
+    c0 = choices[0] if isinstance(choices[0], dict) else {}
+    lp = c0.get("logprobs") if isinstance(c0.get("logprobs"), dict) else None
+    lps = (
+        [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]]
+        if lp and lp.get("token_logprobs")
+        else None
+    )
+    return c0.get("prompt_token_ids"), c0.get("token_ids"), lps, c0.get("finish_reason"), obj.get("usage")
+
+
+def opening(body: dict[str, Any]) -> None:
+    """A completions prompt is raw text: no conversation opening to derive a session from."""
+    return None

@@ -1,0 +1,658 @@
+"""OpenAI Responses (``POST /v1/responses``): to and from chat, its events, its opening.
+
+Token-aware model servers (vLLM, SGLang) return token ids on chat completions, while Codex
+speaks only Responses: in token mode the request becomes a chat completions request, and the
+answer is turned back into a Responses object or event stream. No I/O here.
+
+Non-obvious bits:
+- ``namespace`` tools (Codex's ``multi_agent_v1``) are flattened; hosted tools
+  (``web_search``, ``file_search`` ...) have no chat equivalent and are dropped.
+- ``developer`` input messages become ``system`` messages.
+- Custom (free-form) tools are exposed as functions taking ``{"input": str}`` and mapped
+  back to ``custom_tool_call`` items.
+- A stream ends with ``response.completed``, ``response.incomplete`` or ``response.failed``
+  (the event's name, never text inside it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from orchard_rec.errors import BadRequest
+from orchard_rec.protocol.content import hex_id, text_of
+
+__all__ = [
+    "TERMINAL_EVENTS",
+    "ResponsesRequest",
+    "ResponsesStream",
+    "assemble",
+    "assistant_message",
+    "chat_to_responses",
+    "custom_tools",
+    "extract_tokens",
+    "opening",
+    "stream_error_event",
+    "to_chat",
+]
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+"""The events that end a Responses stream."""
+
+
+class ResponsesRequest(BaseModel):
+    """The fields of a Responses request we read; the rest pass through untouched."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: Any = None
+    input: str | list[dict[str, Any]]
+    instructions: Any = None
+    tools: list[dict[str, Any]] | None = None
+    stream: bool | None = None
+
+
+def validate(body: dict[str, Any]) -> ResponsesRequest:
+    """The checks the real API makes before generating (a 400 in its words, never a proxy error)."""
+    try:
+        return ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        loc = exc.errors()[0]["loc"]
+        field = str(loc[0]) if loc else None
+        if field == "tools":
+            raise BadRequest("tools: must be a list of tool objects", param="tools") from None
+        if field == "stream":
+            raise BadRequest("'stream' must be a boolean", param="stream") from None
+        raise BadRequest("input: a string or a list of input items is required", param="input") from None
+
+
+def _responses_content(content: Any) -> Any:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts: list[dict[str, Any]] = []
+    for p in content:
+        if not isinstance(p, dict):
+            continue
+        t = p.get("type")
+        if t in ("input_text", "output_text", "text", "summary_text"):
+            parts.append({"type": "text", "text": p.get("text", "")})
+        elif t == "refusal":
+            parts.append({"type": "text", "text": p.get("refusal", "")})
+        elif t == "input_image":
+            url = p.get("image_url") or p.get("file_id")
+            if url:
+                parts.append(
+                    {"type": "image_url", "image_url": {"url": url, "detail": p.get("detail", "auto")}}
+                )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _responses_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[str]]:
+    out: list[dict[str, Any]] = []
+    custom: set[str] = set()
+    dropped: list[str] = []
+    for t in tools or ():
+        if not isinstance(t, dict):
+            continue
+        kind = t.get("type")
+        if kind == "function":
+            fn = {
+                "name": t.get("name"),
+                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
+            }
+            if t.get("description"):
+                fn["description"] = t["description"]
+            out.append({"type": "function", "function": fn})
+        elif kind == "namespace":
+            sub, sub_custom, sub_dropped = _responses_tools(t.get("tools"))
+            out.extend(sub)
+            custom |= sub_custom
+            dropped.extend(sub_dropped)
+        elif kind == "custom":
+            if isinstance(t.get("name"), str):
+                custom.add(t["name"])
+            fn = {
+                "name": t.get("name"),
+                "description": t.get("description") or "",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "string"}},
+                    "required": ["input"],
+                },
+            }
+            out.append({"type": "function", "function": fn})
+        else:
+            dropped.append(str(kind))
+    return out, custom, dropped
+
+
+def to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request as a chat completions request."""
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": text_of(body["instructions"])})
+    inp = body.get("input")
+    if isinstance(inp, str):
+        messages.append({"role": "user", "content": inp})
+    pending_reasoning: str | None = None
+    for item in inp if isinstance(inp, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or ("message" if "role" in item else None)
+        last = messages[-1] if messages else None
+        if kind == "message":
+            role = item.get("role", "user")
+            if role == "developer":
+                role = "system"
+            msg: dict[str, Any] = {"role": role, "content": _responses_content(item.get("content"))}
+            if role == "assistant" and pending_reasoning:
+                msg["reasoning_content"] = pending_reasoning
+                pending_reasoning = None
+            messages.append(msg)
+        elif kind == "reasoning":
+            text = text_of(item.get("content")) or text_of(item.get("summary"))
+            pending_reasoning = (pending_reasoning or "") + text
+        elif kind in ("function_call", "custom_tool_call"):
+            args = (
+                item.get("arguments")
+                if kind == "function_call"
+                else orjson.dumps({"input": item.get("input", "")}).decode()
+            )
+            call = {
+                "id": item.get("call_id") or item.get("id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": args or ""},
+            }
+            if last is not None and last["role"] == "assistant" and not last.get("_closed"):
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if pending_reasoning:
+                    msg["reasoning_content"] = pending_reasoning
+                    pending_reasoning = None
+                messages.append(msg)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            out = item.get("output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": text_of(out) if not isinstance(out, str) else out,
+                }
+            )
+        # item_reference and unknown items carry nothing a chat model can see
+    for m in messages:
+        m.pop("_closed", None)
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    tools, _custom, _dropped = _responses_tools(body.get("tools"))
+    if tools:
+        chat["tools"] = tools
+    tc = body.get("tool_choice")
+    if isinstance(tc, str):
+        chat["tool_choice"] = tc
+    elif isinstance(tc, dict) and tc.get("name"):
+        chat["tool_choice"] = {"type": "function", "function": {"name": tc["name"]}}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for k in (
+        "temperature",
+        "top_p",
+        "parallel_tool_calls",
+        "stream",
+        "user",
+        "seed",
+        "stop",
+        "top_logprobs",
+    ):
+        if body.get(k) is not None:
+            chat[k] = body[k]
+    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    if effort:
+        chat["reasoning_effort"] = effort
+    return chat
+
+
+def custom_tools(body: dict[str, Any]) -> set[str]:
+    return _responses_tools(body.get("tools"))[1]
+
+
+def _usage_responses(u: Any) -> dict[str, Any] | None:
+    if not isinstance(u, dict):
+        return None
+    return {
+        "input_tokens": u.get("prompt_tokens", 0),
+        "input_tokens_details": {
+            "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+        },
+        "output_tokens": u.get("completion_tokens", 0),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.get("total_tokens", u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)),
+    }
+
+
+def _response_shell(req: dict[str, Any], rid: str, created: int, status: str) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
+        "model": req.get("model"),
+        "output": [],
+        "parallel_tool_calls": req.get("parallel_tool_calls", True),
+        "previous_response_id": req.get("previous_response_id"),
+        "reasoning": req.get("reasoning") or {"effort": None, "summary": None},
+        "store": req.get("store", False),
+        "temperature": req.get("temperature"),
+        "text": req.get("text") or {"format": {"type": "text"}},
+        "tool_choice": req.get("tool_choice", "auto"),
+        "tools": req.get("tools") or [],
+        "top_p": req.get("top_p"),
+        "truncation": req.get("truncation", "disabled"),
+        "usage": None,
+        "metadata": req.get("metadata") or {},
+    }
+
+
+def _call_item(
+    call_id: str, name: str, arguments: str, custom: set[str], status: str = "completed"
+) -> dict[str, Any]:
+    if name in custom:
+        try:
+            inp = orjson.loads(arguments).get("input", "")
+        except (orjson.JSONDecodeError, AttributeError):
+            inp = arguments
+        return {
+            "type": "custom_tool_call",
+            "id": "ctc_" + hex_id(),
+            "call_id": call_id,
+            "name": name,
+            "input": inp,
+            "status": status,
+        }
+    return {
+        "type": "function_call",
+        "id": "fc_" + hex_id(),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def chat_to_responses(chat: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion (non-stream) as a Responses object answering ``req``."""
+    choice = (chat.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    finish = choice.get("finish_reason")
+    resp = _response_shell(req, "resp_" + hex_id(), int(chat.get("created") or time.time()), "completed")
+    custom = custom_tools(req)
+    out = resp["output"]
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if reasoning:
+        out.append(
+            {
+                "type": "reasoning",
+                "id": "rs_" + hex_id(),
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+            }
+        )
+    if msg.get("content"):
+        out.append(
+            {
+                "type": "message",
+                "id": "msg_" + hex_id(),
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": msg["content"], "annotations": [], "logprobs": []}
+                ],
+            }
+        )
+    for tc in msg.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        out.append(
+            _call_item(
+                tc.get("id") or "call_" + hex_id(), fn.get("name", ""), fn.get("arguments", ""), custom
+            )
+        )
+    if finish == "length":
+        resp["status"] = "incomplete"
+        resp["incomplete_details"] = {"reason": "max_output_tokens"}
+    resp["usage"] = _usage_responses(chat.get("usage"))
+    return resp
+
+
+class ResponsesStream:
+    """Turns chat completion chunks into the Responses API's event sequence.
+
+    ``feed(chunk)`` and ``finish()`` return ``[(event_name, data), ...]``; every data
+    carries ``type`` (= the event name) and a growing ``sequence_number``.
+    """
+
+    def __init__(self, req: dict[str, Any]) -> None:
+        self.req = req
+        self.custom = custom_tools(req)
+        self.seq = 0
+        self.resp = _response_shell(req, "resp_" + hex_id(), int(time.time()), "in_progress")
+        self.started = False
+        self.items: list[dict[str, Any]] = []
+        self.open: Any = None  # the item being streamed (a dict)
+        self.open_kind: str | None = None
+        self.tool_index: int | None = None
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+
+    def _ev(self, kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        d = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return kind, d
+
+    def _start(self) -> list[tuple[str, dict[str, Any]]]:
+        self.started = True
+        snap = dict(self.resp)
+        return [
+            self._ev("response.created", response=snap),
+            self._ev("response.in_progress", response=dict(snap)),
+        ]
+
+    def _close(self) -> list[tuple[str, dict[str, Any]]]:
+        item, kind = self.open, self.open_kind
+        if item is None:
+            return []
+        self.open = self.open_kind = None
+        idx = len(self.items)
+        evs: list[tuple[str, dict[str, Any]]] = []
+        if kind == "message":
+            part = item["content"][0]
+            evs.append(
+                self._ev(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=[],
+                )
+            )
+            evs.append(
+                self._ev(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    part=dict(part),
+                )
+            )
+            item["status"] = "completed"
+        elif kind == "reasoning":
+            text = item["content"][0]["text"]
+            evs.append(
+                self._ev(
+                    "response.reasoning_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    text=text,
+                )
+            )
+        elif kind == "call":
+            item = _call_item(item["call_id"], item["name"], item["arguments"], self.custom)
+            item["id"] = self._call_id_item
+            if item["type"] == "function_call":
+                evs.append(
+                    self._ev(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        name=item["name"],
+                        arguments=item["arguments"],
+                    )
+                )
+            else:
+                evs.append(
+                    self._ev(
+                        "response.custom_tool_call_input.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        input=item["input"],
+                    )
+                )
+        evs.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        self.items.append(item)
+        return evs
+
+    def feed(self, chunk: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        evs = [] if self.started else self._start()
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            if c.get("index", 0) != 0:
+                continue
+            d = c.get("delta") or {}
+            r = d.get("reasoning_content") or d.get("reasoning")
+            if r:
+                if self.open_kind != "reasoning":
+                    evs += self._close()
+                    self.open = {
+                        "type": "reasoning",
+                        "id": "rs_" + hex_id(),
+                        "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}],
+                    }
+                    self.open_kind = "reasoning"
+                    evs.append(
+                        self._ev(
+                            "response.output_item.added",
+                            output_index=len(self.items),
+                            item={**self.open, "content": []},
+                        )
+                    )
+                self.open["content"][0]["text"] += r
+                evs.append(
+                    self._ev(
+                        "response.reasoning_text.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.items),
+                        content_index=0,
+                        delta=r,
+                    )
+                )
+            if d.get("content"):
+                if self.open_kind != "message":
+                    evs += self._close()
+                    self.open = {
+                        "type": "message",
+                        "id": "msg_" + hex_id(),
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    }
+                    self.open_kind = "message"
+                    idx = len(self.items)
+                    evs.append(
+                        self._ev(
+                            "response.output_item.added", output_index=idx, item={**self.open, "content": []}
+                        )
+                    )
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    self.open["content"].append(part)
+                    evs.append(
+                        self._ev(
+                            "response.content_part.added",
+                            item_id=self.open["id"],
+                            output_index=idx,
+                            content_index=0,
+                            part=dict(part),
+                        )
+                    )
+                self.open["content"][0]["text"] += d["content"]
+                evs.append(
+                    self._ev(
+                        "response.output_text.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.items),
+                        content_index=0,
+                        delta=d["content"],
+                        logprobs=[],
+                    )
+                )
+            for tc in d.get("tool_calls") or ():
+                ti = tc.get("index", 0)
+                fn = tc.get("function") or {}
+                if self.open_kind != "call" or self.tool_index != ti:
+                    evs += self._close()
+                    self.tool_index = ti
+                    self.open_kind = "call"
+                    self.open = {
+                        "call_id": tc.get("id") or "call_" + hex_id(),
+                        "name": fn.get("name") or "",
+                        "arguments": "",
+                    }
+                    self._call_id_item = ("ctc_" if self.open["name"] in self.custom else "fc_") + hex_id()
+                    added = _call_item(
+                        self.open["call_id"], self.open["name"], "", self.custom, status="in_progress"
+                    )
+                    added["id"] = self._call_id_item
+                    evs.append(
+                        self._ev("response.output_item.added", output_index=len(self.items), item=added)
+                    )
+                elif fn.get("name"):
+                    self.open["name"] += fn["name"]
+                if fn.get("arguments"):
+                    self.open["arguments"] += fn["arguments"]
+                    if self.open["name"] in self.custom:
+                        continue  # custom tool input is only known once the JSON wrapper is complete
+                    evs.append(
+                        self._ev(
+                            "response.function_call_arguments.delta",
+                            item_id=self._call_id_item,
+                            output_index=len(self.items),
+                            delta=fn["arguments"],
+                        )
+                    )
+            if c.get("finish_reason"):
+                self.finish_reason = c["finish_reason"]
+        return evs
+
+    def finish(self) -> list[tuple[str, dict[str, Any]]]:
+        evs = [] if self.started else self._start()
+        evs += self._close()
+        final = dict(self.resp)
+        final["output"] = self.items
+        final["usage"] = _usage_responses(self.usage)
+        if self.finish_reason == "length":
+            final["status"] = "incomplete"
+            final["incomplete_details"] = {"reason": "max_output_tokens"}
+            evs.append(self._ev("response.incomplete", response=final))
+        else:
+            final["status"] = "completed"
+            evs.append(self._ev("response.completed", response=final))
+        self.final = final
+        return evs
+
+
+def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
+    final = None
+    latest = None
+    for name, data in events:
+        if not isinstance(data, dict):
+            continue
+        kind = data.get("type") or name
+        if kind in ("response.completed", "response.incomplete", "response.failed"):
+            final = data.get("response")
+        elif isinstance(data.get("response"), dict):
+            latest = data["response"]
+    return final if final is not None else latest
+
+
+def extract_tokens(obj: Any) -> tuple[None, None, None, Any, Any]:
+    """Responses carries no token ids: ``(None, None, None, status, usage)``."""
+    if not isinstance(obj, dict):
+        return None, None, None, None, None
+    return None, None, None, obj.get("status"), obj.get("usage")
+
+
+def assistant_message(response: Any) -> dict[str, Any] | None:
+    """The assistant turn a Responses object represents, as a chat message."""
+    if not isinstance(response, dict):
+        return None
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for item in response.get("output") or ():
+        kind = item.get("type")
+        if kind == "message":
+            texts.append(text_of(item.get("content")))
+        elif kind == "reasoning":
+            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (
+                text_of(item.get("content")) or text_of(item.get("summary"))
+            )
+        elif kind == "function_call":
+            calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                }
+            )
+        elif kind == "custom_tool_call":
+            calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {
+                        "name": item.get("name"),
+                        "arguments": orjson.dumps({"input": item.get("input", "")}).decode(),
+                    },
+                }
+            )
+    msg["content"] = "".join(texts) or None
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def opening(body: dict[str, Any]) -> list[Any] | None:
+    """What every call of one conversation repeats: the instructions and the input up to the first user message."""
+    inp = body.get("input")
+    items = (
+        [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
+    )
+    return _head([body.get("instructions")], items)
+
+
+def _head(head: list[Any], items: list[Any]) -> list[Any] | None:
+    for m in items:
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role == "user":
+            head.append(m.get("content"))
+            return head
+        if role in ("system", "developer"):
+            head.append(m.get("content"))
+    return None
+
+
+def stream_error_event(err: dict[str, Any], sequence_number: int) -> tuple[str, dict[str, Any]]:
+    """An upstream error inside a stream, as the Responses ``error`` event."""
+    return (
+        "error",
+        {
+            "type": "error",
+            "code": err.get("code"),
+            "message": err.get("message", ""),
+            "param": err.get("param"),
+            "sequence_number": sequence_number,
+        },
+    )
