@@ -209,4 +209,3 @@ class UpstreamStatus(UpstreamError):
                 attrs.update(openai_type="invalid_request_error", anthropic_type="invalid_request_error")
             UpstreamStatus._built[status] = type(f"UpstreamStatus{status}", (UpstreamStatus,), attrs)
         return UpstreamStatus._built[status]
-

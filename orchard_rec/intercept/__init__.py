@@ -2,8 +2,13 @@
 
 ``orchard-rec intercept`` runs mitmproxy as a library with ``InterceptAddon``: the
 harness runs with ``HTTPS_PROXY`` pointing at it and trusts mitmproxy's CA; calls to the
-LLM API hosts are recorded by the same core as the HTTP proxy (``proxy.capture``,
-``proxy.recorder``, ``proxy.token``), other traffic is tunnelled untouched.
+LLM API hosts are recorded by the same core as the HTTP proxy (``proxy.core.Call``: the addon
+feeds it headers and bytes and holds no policy of its own), other traffic is tunnelled untouched.
+
+Owns: ``addon`` (mitmproxy hooks driving the core), ``config``, ``run`` (mitmproxy as a library),
+``runtime`` (the runtime venv). May import the public names of ``orchard_rec.proxy`` (core,
+capture, recorder, identity, server), ``protocol``, ``errors``, ``records``, ``storage``; never a
+private (underscored) name of another package.
 
 mitmproxy is an optional extra (``pip install 'orchard-rec[mitm]'``, Python >= 3.12 for
 mitmproxy 12). Where the running Python has no mitmproxy, ``orchard-rec intercept

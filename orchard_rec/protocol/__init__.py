@@ -22,7 +22,7 @@ import orjson
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.protocol import anthropic, chat, completions, responses
 from orchard_rec.protocol.content import template_message
-from orchard_rec.protocol.sse import SSEParser
+from orchard_rec.protocol.sse import last_boundary, split_events
 from orchard_rec.records import Dialect
 
 __all__ = [
@@ -166,20 +166,34 @@ def is_terminal(dialect: Dialect, name: str | None, data: str) -> bool:
 
 
 class StreamEnd:
-    """Watches the bytes a client receives and says when its stream's last event has passed."""
+    """Watches the bytes a client receives and says when its stream's last event has passed.
 
-    __slots__ = ("dialect", "ended", "parser")
+    Cheap on the hot path: bytes are only parsed into events when the dialect's end marker occurs
+    in them; otherwise only the unfinished event after the last blank line is kept. The decision
+    itself is always made on a parsed event (``is_terminal``)."""
+
+    __slots__ = ("_buf", "_marks", "dialect", "ended")
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.parser = SSEParser()
         self.ended = False
+        self._buf = b""
+        self._marks: tuple[bytes, ...] = (
+            tuple(e.encode() for e in responses.TERMINAL_EVENTS)
+            if dialect is Dialect.RESPONSES
+            else tuple(e.encode() for e in anthropic.TERMINAL_EVENTS)
+            if dialect is Dialect.MESSAGES
+            else (chat.DONE.encode(),)
+        )
 
     def feed(self, out: bytes) -> bool:
         """True once the last event has been among the bytes fed so far."""
-        if not self.ended:
-            for name, data in self.parser.feed(out):
-                if is_terminal(self.dialect, name, data):
-                    self.ended = True
-                    break
+        if self.ended:
+            return True
+        buf = self._buf + out if self._buf else out
+        if not any(m in buf for m in self._marks):
+            self._buf = buf[last_boundary(buf) :]
+            return False
+        events, self._buf = split_events(buf)
+        self.ended = any(is_terminal(self.dialect, name, data) for name, data in events)
         return self.ended

@@ -16,7 +16,16 @@ from typing import Any
 
 import orjson
 
-__all__ = ["DONE_FRAME", "Event", "SSEParser", "encode", "encode_data", "parse_sse"]
+__all__ = [
+    "DONE_FRAME",
+    "Event",
+    "SSEParser",
+    "encode",
+    "encode_data",
+    "last_boundary",
+    "parse_sse",
+    "split_events",
+]
 
 Event = tuple[str | None, str]
 """One event: its ``event:`` name (or None) and its ``data:`` lines joined."""
@@ -58,6 +67,19 @@ class SSEParser:
         block, self._buf = self._buf, b""
         ev = _parse_block(block) if block.strip() else None
         return [ev] if ev is not None else []
+
+
+def split_events(buf: bytes) -> tuple[list[tuple[str | None, str]], bytes]:
+    """The complete events at the start of ``buf`` (which begins at an event boundary), and the rest."""
+    p = SSEParser()
+    events = p.feed(buf)
+    return events, p._buf
+
+
+def last_boundary(buf: bytes) -> int:
+    """Where the bytes after the last blank line of ``buf`` start (0: none)."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.rfind(sep)) >= 0]
+    return max(ends, default=0)
 
 
 def _parse_block(block: bytes) -> tuple[str | None, str] | None:

@@ -1,8 +1,18 @@
-"""The recording proxy: OpenAI- and Anthropic-compatible HTTP front door (aiohttp).
+"""The recording proxy: OpenAI- and Anthropic-compatible HTTP front door (aiohttp), and the
+recording core every front door shares.
+
+Owns: ``core`` (the sans-io ``Call``/``StreamRelay``: identity, body, WebSocket refusal, token-mode
+plan, what the client receives, end of stream, errors in the caller's dialect), ``capture`` (what a
+call collects; ``to_record`` on the writer thread), ``request`` and ``identity`` (caller, session
+ids, stored headers), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tito`` (token-in/token-out
+sessions), ``recorder`` (the writer thread), ``app`` (aiohttp routes driving the core), ``server``,
+``config``, ``metrics``, ``openapi``.
 
 ``build_app(ProxyConfig(...))`` gives the aiohttp application; ``run_forever`` and
-``BackgroundServer`` run it. Handlers hand finished calls to the ``Recorder`` and
-never wait on SQL.
+``BackgroundServer`` run it. Handlers hand finished calls to the ``Recorder`` and never wait on SQL.
+
+May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``, ``storage``,
+``tokenizer``. Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
 """
 
 from orchard_rec.proxy.app import build_app, dialect_of

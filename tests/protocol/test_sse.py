@@ -72,3 +72,31 @@ def test_encode_parses_back(events: list[tuple[str | None, dict[str, str]]]) -> 
 def test_done_frame_and_unnamed_data() -> None:
     assert encode_data({"a": 1}) == b'data: {"a":1}\n\n'
     assert encode(None, "[DONE]") == DONE_FRAME
+
+
+def test_stream_end_at_every_split_only_after_the_last_event() -> None:
+    from orchard_rec.protocol import StreamEnd
+    from orchard_rec.records import Dialect
+
+    trap = encode(None, {"choices": [{"delta": {"content": "data: [DONE]\n\n"}}]})
+    stream = b": hi\r\n\r\n" + trap + b"data: [DONE]\r\n\r\n"
+    for i in range(len(stream) + 1):  # the end is known once [DONE]'s blank line is complete
+        e = StreamEnd(Dialect.CHAT)
+        assert e.feed(stream[:i]) == (i == len(stream)), i
+        assert e.feed(stream[i:]), i
+    e = StreamEnd(Dialect.CHAT)
+    assert [e.feed(bytes([b])) for b in stream].index(True) == len(stream) - 1
+    named = encode("content_block_delta", {"text": "event: message_stop\n\n"}) + encode("message_stop", {})
+    for i in range(len(named) + 1):
+        e = StreamEnd(Dialect.MESSAGES)
+        assert not e.feed(named[:i]) or i == len(named)
+        assert e.feed(named[i:])
+
+
+def test_last_boundary() -> None:
+    from orchard_rec.protocol.sse import last_boundary
+
+    assert last_boundary(b"data: x") == 0
+    assert last_boundary(b"a\n\nb") == 3
+    assert last_boundary(b"a\r\n\r\nbc") == 5
+    assert last_boundary(b"a\n\nb\r\rc") == 6
