@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.protocol.assemble import assemble
+from orchard_rec.protocol import assemble
 from orchard_rec.records import Dialect
 
 
