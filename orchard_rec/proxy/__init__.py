@@ -12,7 +12,8 @@ sessions), ``recorder`` (the writer thread), ``app`` (aiohttp routes driving the
 ``BackgroundServer`` run it. Handlers hand finished calls to the ``Recorder`` and never wait on SQL.
 
 May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``, ``storage``,
-``tokenizer``. Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
+``tokenizer``, ``harnesses`` (who is calling, and probes, from the plug-ins' own data), ``ui``
+(mounted with ``--ui``). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
 """
 
 from orchard_rec.proxy.app import build_app, dialect_of

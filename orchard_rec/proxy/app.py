@@ -513,9 +513,11 @@ async def _watch_upstream(app: web.Application) -> None:
     state = app[UPSTREAM_HEALTH]
     url = cfg.upstream + "/models" if cfg.upstream.endswith("/v1") else cfg.upstream
     timeout = aiohttp.ClientTimeout(total=min(5.0, cfg.connect_timeout + 2))
+    # the proxy's own upstream credential, as on every call (never a client's)
+    headers = {"Authorization": f"Bearer {cfg.upstream_key}"} if cfg.upstream_key else {}
     while True:
         try:
-            async with app[UPSTREAM].get(url, timeout=timeout) as r:
+            async with app[UPSTREAM].get(url, timeout=timeout, headers=headers) as r:
                 await r.read()
             state.update(reachable=True, error=None)
         except asyncio.CancelledError:
