@@ -8,7 +8,7 @@ import sys
 
 def test_protocol_imports_nothing_above_it() -> None:
     code = (
-        "import sys, orchard_rec.protocol, orchard_rec.protocol.translate;"
+        "import sys, orchard_rec.protocol, orchard_rec.protocol.translate, orchard_rec.protocol.assemble;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'sqlalchemy', 'alembic', 'torch', 'pyarrow')"
         " or m.startswith(('orchard_rec.proxy', 'orchard_rec.storage', 'orchard_rec.reconstruct',"
         " 'orchard_rec.exporters', 'orchard_rec.intercept', 'orchard_rec.trainers', 'orchard_rec.demo'))];"
