@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from factories import call
 from typer.testing import CliRunner
 
@@ -51,6 +52,7 @@ def test_env_vars_configure_the_database(tmp_path: Path) -> None:
     assert r.exit_code == 0 and (tmp_path / "env.db").exists()
 
 
+@pytest.mark.slow  # demo upstream + proxy + the scripted agent + every export: ~30 s on a loaded machine
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     r = runner.invoke(app, ["demo", "--workdir", str(tmp_path)])
     assert r.exit_code == 0, r.output

@@ -46,6 +46,7 @@ def test_torch_is_not_imported_by_the_core() -> None:
     assert out == "False"
 
 
+@pytest.mark.slow  # one fresh interpreter per module: ~2-4 s each on a loaded machine
 @pytest.mark.parametrize(
     "name", PACKAGES + ["orchard_rec.cli", "orchard_rec.trainers.slime", "orchard_rec.exporters.pipeline"]
 )

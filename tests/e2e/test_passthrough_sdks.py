@@ -103,6 +103,7 @@ def test_client_receives_the_upstreams_bytes(upstream, proxy_factory, db_url, pa
         assert rec.response == json.loads(got)
 
 
+@pytest.mark.slow  # the openai SDK, chat + Responses, stream and not: ~20 s on a loaded machine
 def test_openai_sdk_chat_completions_and_responses(upstream, proxy_factory, db_url) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
     client = openai.OpenAI(base_url=f"{proxy.url}/s/sdk-run/v1", api_key="sk-secret-openai", max_retries=0)

@@ -16,6 +16,11 @@ from orchard_rec.records import CallOutcome
 
 from .agents import AGENTS
 
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.network,
+]  # concurrent SDK sessions through a real proxy: 25-35 s on a loaded machine
+
 PER_DIALECT = 8
 
 

@@ -12,6 +12,11 @@ from orchard_rec.tokenizer import load_hf_tokenizer
 
 from .agents import AGENTS
 
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.network,
+]  # a Hugging Face tokenizer and chat templates: up to 30 s
+
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():  # type: ignore[no-untyped-def]

@@ -14,6 +14,11 @@ from orchard_rec.records import CallOutcome
 
 from .agents import AGENTS
 
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.network,
+]  # tito sessions with a Hugging Face tokenizer: 2-7 s each
+
 
 def _base(url: str, sid: str, dialect: str) -> str:
     return f"{url}/s/{sid}" + ("" if dialect == "messages" else "/v1")

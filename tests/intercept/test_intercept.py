@@ -22,6 +22,11 @@ from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
 from orchard_rec.tokenizer import load_hf_tokenizer
 
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.network,
+]  # mitmproxy runtimes in subprocesses, real SDKs through them
+
 SID = {"chat": "icpt-chat", "responses": "icpt-resp", "messages": "icpt-msg"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from orchard_rec.records import CallOutcome
 
@@ -32,6 +33,7 @@ async def _session(http: aiohttp.ClientSession, base: str, sid: str) -> int:
     return sent
 
 
+@pytest.mark.slow  # fifty sessions through a real proxy: ~7 s on SQLite
 def test_fifty_interleaved_sessions(upstream, proxy_factory, db_url) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
 

@@ -9,6 +9,7 @@ import urllib.request
 from typing import Any
 
 import orjson
+import pytest
 
 from orchard_rec.protocol import assemble
 from orchard_rec.records import Dialect
@@ -76,6 +77,7 @@ TOOLS = [
 ]
 
 
+@pytest.mark.slow  # a Hugging Face tokenizer and multi-turn tito sessions: 3-55 s on a loaded machine
 def test_tito_prompts_are_the_templates_render_turn_after_turn(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     """Bug 1: the template's ``\\n`` after ``<|im_end|>`` was dropped between turns."""
     import openai
@@ -105,6 +107,7 @@ def test_tito_prompts_are_the_templates_render_turn_after_turn(upstream, proxy_f
     assert [c.metadata["tito"]["fresh"] for c in calls] == [True, False, False]
 
 
+@pytest.mark.slow  # a Hugging Face tokenizer and multi-turn tito sessions: 3-55 s on a loaded machine
 def test_tito_streams_like_vllm(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     """Bug 2: a streaming Anthropic client got ``input_tokens: 0``; bug 3: a chat client that
     did not ask for usage got a usage chunk."""
@@ -149,6 +152,7 @@ def _fake_token_server(answers: list[tuple[int, Any]]) -> Any:
     return app
 
 
+@pytest.mark.slow  # a Hugging Face tokenizer and multi-turn tito sessions: 3-55 s on a loaded machine
 def test_tito_relays_the_servers_text_and_errors(proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     """Bug 4: answer text was stripped and re-decoded (U+FFFD for a cut UTF-8 character);
     upstream errors were re-wrapped (type, param, code lost) and a 5xx became a 400."""

@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import aiohttp
+import pytest
 
 from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
@@ -53,6 +54,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a proxy subprocess stopped with SIGTERM mid-load: ~15 s
 def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.01)
     port = _free_port()

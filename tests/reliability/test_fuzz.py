@@ -13,6 +13,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = [pytest.mark.slow, pytest.mark.network]  # hypothesis and schemathesis against a live proxy
+
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
 
 json_values = st.recursive(

@@ -12,8 +12,11 @@ import time
 import urllib.request
 
 import aiohttp
+import pytest
 
 from orchard_rec.storage import Store
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]  # 500 concurrent streaming sessions
 
 SESSIONS = 500
 SECONDS = float(os.environ.get("ORCHARD_LOAD_SECONDS", "60"))

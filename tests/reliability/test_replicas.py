@@ -6,9 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.records import CallOutcome
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.postgres,
+    pytest.mark.network,
+]  # three proxy replicas on one PostgreSQL
 
 SESSIONS = 30
 TURNS = 4

@@ -14,6 +14,8 @@ from orchard_rec.records import CallOutcome
 
 from .faulty import FaultyUpstream
 
+pytestmark = [pytest.mark.slow, pytest.mark.network]  # timeouts, hangs and slow streams by design
+
 
 @pytest.fixture
 def faulty():  # type: ignore[no-untyped-def]
