@@ -29,6 +29,21 @@ from orchard_rec.records import CallOutcome, CallRecord
 
 PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
 
+
+def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
+    """What the agent did, parsed from its own traffic (issue 19): the one shell command it was asked
+    to run, in its harness's tool vocabulary, answered, not failed, writing the marker file."""
+    from orchard_rec.recipes import session_steps
+
+    steps, _turns = session_steps(store, sid)
+    shell = [s for s in steps if s.kind == "shell"]
+    assert len(shell) == 1, [s.to_dict() for s in steps]
+    step = shell[0]
+    assert step.command is not None and "echo orchard > marker.txt" in step.command
+    assert "marker.txt" in step.edits and step.output is not None
+    assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
+
+
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 
@@ -112,6 +127,7 @@ def test_plugin_harness_runs_with_and_without_session_prefix(
     ]  # probes: never recorded
     tagged = store.calls("tagged")
     _check_run(harness, tagged)
+    check_steps(store, "tagged")
     summary = store.session("tagged")
     assert summary is not None and summary.harness == harness.name  # what `sessions` shows
     assert summary.outcome is not None and summary.outcome.metadata["harness"] == harness.name
