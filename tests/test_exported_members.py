@@ -35,6 +35,7 @@ def test_all_is_declared_and_resolves(name: str) -> None:
         assert hasattr(mod, member), f"{name}.{member}"
 
 
+@pytest.mark.slow  # a fresh interpreter importing proxy, storage and the CLI: ~10 s on a loaded machine
 def test_torch_is_not_imported_by_the_core() -> None:
     import subprocess
     import sys

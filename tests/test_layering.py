@@ -17,6 +17,7 @@ its own subprocess.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,6 +66,7 @@ def _imports(tree: ast.AST, importer: str) -> Iterator[tuple[str, list[str], ast
             yield _absolute(node.module, node.level, importer), [a.name for a in node.names], node
 
 
+@functools.cache
 def _parse(name: str) -> ast.Module:
     return ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
 
