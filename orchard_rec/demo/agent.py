@@ -72,8 +72,9 @@ def run_agent(
 
 
 def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+    completions: Any = client.chat.completions  # plain dicts in, SDK objects out
     if not stream:
-        r = client.chat.completions.create(model=model, messages=messages, tools=[SHELL_TOOL])  # type: ignore[arg-type]
+        r = completions.create(model=model, messages=messages, tools=[SHELL_TOOL])
         m = r.choices[0].message
         out: dict[str, Any] = {"role": "assistant", "content": m.content}
         if m.tool_calls:
@@ -88,7 +89,7 @@ def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], str
         return out
     content = ""
     calls: dict[int, dict[str, Any]] = {}
-    for ch in client.chat.completions.create(model=model, messages=messages, tools=[SHELL_TOOL], stream=True):  # type: ignore[arg-type]
+    for ch in completions.create(model=model, messages=messages, tools=[SHELL_TOOL], stream=True):
         if not ch.choices:
             continue
         d = ch.choices[0].delta

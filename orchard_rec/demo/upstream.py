@@ -25,6 +25,7 @@ from aiohttp import web
 
 from orchard_rec.demo.chatml import parse_chatml
 from orchard_rec.demo.model import Generation, ScriptedModel, Section
+from orchard_rec.demo.scoring import sglang_input_logprobs, vllm_prompt_logprobs
 from orchard_rec.demo.wire import (
     message_events,
     message_object,
@@ -281,6 +282,14 @@ class DemoUpstream:
 
     # -- completions ---------------------------------------------------------------------------
 
+    def _prompt_logprobs(self, prompt_ids: list[int], k: Any) -> list[Any] | None:
+        """vLLM's ``prompt_logprobs`` (a teacher scoring a sequence), deterministic here."""
+        if k is None or isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            return None
+        return vllm_prompt_logprobs(
+            prompt_ids, k, self.model.tok.get_vocab_size(), lambda t: self.model.tok.decode(t)
+        )
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         if isinstance(body, web.Response):
@@ -347,7 +356,7 @@ class DemoUpstream:
                 "logprobs": lp(ids, 0),
                 "finish_reason": finish,
                 "stop_reason": None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": self._prompt_logprobs(prompt_ids, body.get("prompt_logprobs")),
                 "prompt_token_ids": prompt_ids if want_ids else None,
                 "token_ids": ids if want_ids else None,
             }
@@ -407,18 +416,32 @@ class DemoUpstream:
         ):
             return _err(400, "input_ids: a list of token ids is required")
         params = body.get("sampling_params") or {}
-        messages, tools = parse_chatml(self.model.decode(ids_in))
-        gen = self.model.generate(messages, tools, max_tokens=params.get("max_new_tokens"), prompt_ids=ids_in)
-        ids = gen.ids
+        if params.get("max_new_tokens") == 0:  # scoring only (a teacher's input log-probs)
+            ids: list[int] = []
+            finish_type = "length"
+        else:
+            messages, tools = parse_chatml(self.model.decode(ids_in))
+            gen = self.model.generate(
+                messages, tools, max_tokens=params.get("max_new_tokens"), prompt_ids=ids_in
+            )
+            ids = gen.ids
+            finish_type = "length" if gen.finish_reason == "length" else "stop"
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex,
-            "finish_reason": {"type": "length" if gen.finish_reason == "length" else "stop"},
+            "finish_reason": {"type": finish_type},
             "prompt_tokens": len(ids_in),
             "completion_tokens": len(ids),
             "cached_tokens": 0,
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]
+            start = body.get("logprob_start_len")
+            if isinstance(start, int) and start >= 0 and ids_in:
+                k = int(body.get("top_logprobs_num") or 0)
+                toks, tops = sglang_input_logprobs(ids_in, start, k, self.model.tok.get_vocab_size())
+                meta["input_token_logprobs"] = toks
+                if k:
+                    meta["input_top_logprobs"] = tops
         skip = params.get("skip_special_tokens", True) is not False
         shown = ids[:-1] if ids and ids[-1] == self.model.eos else ids
         text = self.model.tok.decode(shown, skip_special_tokens=skip)
