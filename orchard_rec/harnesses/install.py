@@ -86,6 +86,7 @@ def install(h: Harness, cache: Path | None = None, *, force: bool = False) -> Pa
         python = find_python(h)
         subprocess.run([python, "-m", "venv", "--clear", str(prefix)], check=True, stdout=subprocess.DEVNULL)
         env["PIP_CONSTRAINT"] = ""  # a machine-wide constraints file is not the harness's
+        env.pop("PYTHONPATH", None)  # nor is the caller's import path (it would make pip see orchard-rec)
         subprocess.run(
             [
                 str(prefix / "bin" / "python"),
