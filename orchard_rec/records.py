@@ -83,6 +83,8 @@ class CallRecord:
     model: str | None = None
     request: Any = None
     """The client's body, parsed (None when it was not JSON)."""
+    request_text: str | None = None
+    """The client's body exactly as sent (UTF-8 JSON text) when it was JSON; storage rebuilds it byte for byte."""
     upstream_request: Any = None
     """The body actually sent upstream, when the proxy changed it (injected fields, translation)."""
     response: Any = None

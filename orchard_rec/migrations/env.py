@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import create_engine
 
@@ -12,10 +14,10 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    engine = config.attributes.get("engine")
+    engine: Any = config.attributes.get("engine")
     owned = engine is None
     if owned:
-        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+        engine = create_engine(config.get_main_option("sqlalchemy.url") or "")
     try:
         with engine.begin() as connection:
             context.configure(

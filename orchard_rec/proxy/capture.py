@@ -44,6 +44,7 @@ class Capture:
         "path",
         "received_at",
         "request",
+        "request_raw",
         "session_id",
         "status_code",
         "stream",
@@ -63,6 +64,8 @@ class Capture:
         self.harness: str | None = None
         self.harness_session: str | None = None
         self.request: Any = None
+        self.request_raw: bytes | None = None
+        """The client's body as sent (decoded to text on the writer thread, in ``to_record``)."""
         self.upstream_request: Any = None
         self.stream = False
         self.status_code: int | None = None
@@ -149,6 +152,7 @@ class Capture:
             harness_session=self.harness_session,
             model=model,
             request=self.request,
+            request_text=_text(self.request_raw) if self.request is not None else None,
             upstream_request=self.upstream_request,
             response=response,
             events=events,
@@ -162,6 +166,15 @@ class Capture:
             bytes_out=self.bytes_out,
             metadata=self.metadata,
         )
+
+
+def _text(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _ints(v: Any) -> tuple[int, ...] | None:

@@ -27,6 +27,7 @@ def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
     cap.bytes_in = len(raw)
     body = parse_body(raw, content_type, cap.dialect)
     cap.request = body
+    cap.request_raw = raw
     if body is not None:
         # harnesses named by their body (Kimi's prompt_cache_key, a tool set), side conversations;
         # a session id the headers already gave stands

@@ -4,6 +4,12 @@ Alembic migrations in ``orchard_rec/migrations`` create exactly this schema; a t
 runs ``alembic check`` against it on SQLite and PostgreSQL, so the two cannot drift.
 JSON columns use the plain ``JSON`` type on every backend (not PostgreSQL ``JSONB``):
 it keeps the recorded text as it was, key order included.
+
+A call stores only what is new relative to what its session already holds
+(``orchard_rec.storage.layout``): token ids as int32 deltas on an earlier call's ids, the
+request as literal text around references to ``blobs`` (messages and tool lists, stored
+once per session by content digest), the upstream request as a recipe on the request.
+``Store`` reads hide this: records come back whole.
 """
 
 from __future__ import annotations
@@ -11,12 +17,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Call", "Session"]
+__all__ = ["Base", "Blob", "Call", "Session"]
 
 Json = Annotated[Any, mapped_column(JSON(none_as_null=True), nullable=True)]
+Bytes = Annotated[bytes | None, mapped_column(LargeBinary, nullable=True)]
 Timestamp = Annotated[datetime, mapped_column(DateTime(timezone=True))]
 
 
@@ -79,17 +97,41 @@ class Call(Base):
     harness_session: Mapped[str | None] = mapped_column(String(256), index=True)
     model: Mapped[str | None] = mapped_column(String(256))
     headers: Mapped[Json]
-    request: Mapped[Json]
-    upstream_request: Mapped[Json]
+    request_skel: Mapped[Bytes]
+    """The request text between its blobs: zstd of the JSON list of literal pieces."""
+    request_refs: Mapped[Bytes]
+    """Delta array of 16-byte blob digests (``layout.pack_delta``), on an earlier call's."""
+    upstream: Mapped[Json]
+    """How to rebuild the body sent upstream from the request (``layout.derive_upstream``)."""
+    upstream_refs: Mapped[Bytes]
+    """Delta array of blob digests of the upstream's own (translated) messages."""
     response: Mapped[Json]
-    events: Mapped[Json]
+    """As the client received it, without the ids ``response_ids`` says to put back."""
+    response_ids: Mapped[Json]
+    events: Mapped[Bytes]
+    """zstd of the JSON event list, as the client received it."""
     error: Mapped[str | None] = mapped_column(Text)
     usage: Mapped[Json]
-    prompt_ids: Mapped[Json]
-    completion_ids: Mapped[Json]
-    completion_logprobs: Mapped[Json]
+    prompt_ids: Mapped[Bytes]
+    """Delta array of int32 ids on an earlier call's prompt + completion."""
+    completion_ids: Mapped[Bytes]
+    """int32 ids."""
+    completion_logprobs: Mapped[Bytes]
+    """``f`` + float32 (or ``d`` + float64 when float32 would change them)."""
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     call_metadata: Mapped[Json] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
     """What the proxy decided about the call (token-in/token-out branch, ...)."""
+
+
+class Blob(Base):
+    """A piece of request text (a message, a tool list ...) stored once per session, by digest."""
+
+    __tablename__ = "blobs"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    """The session's id; ``""`` for calls without one."""
+    digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    """UTF-8 text."""

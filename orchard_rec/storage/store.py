@@ -12,6 +12,10 @@ Sequence numbers follow commit order. With several replicas, a call can commit b
 an earlier call of the same session still queued in another replica, so readers that
 need causal order (reconstruction) sort a session by ``received_at``: a call that
 follows another's answer was received after it.
+
+Each call is stored as what is new relative to its session (``storage.delta``,
+``storage.layout``); every read returns whole records: the request exactly as the client
+sent it, the response as the client received it, the ids, the upstream request.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
+from orchard_rec.storage import layout
+from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Call, Session
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
@@ -131,6 +137,8 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._insert_sql: str | None = None
         self._insert_conv: list[tuple[str, Any]] = []
+        self.encoder = Encoder()
+        """The writer's per-session cache (last call's ids, request split, blob digests)."""
 
     @property
     def dialect(self) -> str:
@@ -170,13 +178,72 @@ class Store:
                     by_session[r.session_id].append(r)
             seqs: dict[str, int] = {}
             now = datetime.now(UTC)
+            states: dict[str, SessionState] = {}
+            order: list[CallRecord] = []
             for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
                 group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
                 last = self._bump_session(db, sid, len(group), now, group[0].harness)
                 for i, r in enumerate(group):
                     seqs[r.call_id] = last - len(group) + 1 + i
-            self._insert_calls(db, [_row(r, seqs.get(r.call_id)) for r in fresh.values()])
-            return len(fresh)
+                cached = self.encoder.state(sid)
+                if cached is not None:
+                    states[sid] = cached.copy()
+                elif last > len(group):  # the session has calls this writer has not seen
+                    states[sid] = self._load_state(db, sid)
+                else:
+                    states[sid] = SessionState()
+                order.extend(group)
+            order.extend(r for r in fresh.values() if r.session_id is None)
+            rows: list[dict[str, Any]] = []
+            blobs: list[tuple[str, bytes, bytes]] = []
+            for r in order:
+                st = states.setdefault(r.session_id or "", SessionState())
+                fields, new = self.encoder.encode(r, st)
+                rows.append(_row(r, seqs.get(r.call_id), fields))
+                blobs.extend((r.session_id or "", h, piece.encode()) for h, piece in new.items())
+            if blobs:
+                self._insert_blobs(db, blobs)
+            self._insert_calls(db, rows)
+        self.encoder.commit(states)
+        return len(fresh)
+
+    def _load_state(self, db: Any, sid: str) -> SessionState:
+        """A session's last calls as the writer's cache would hold them (a cache miss: once per session)."""
+        st = SessionState()
+        conn = db.connection()
+        reader = Reader(conn)
+        t = Call.__table__
+        last = conn.execute(
+            select(t.c.id, t.c.prompt_ids, t.c.completion_ids)
+            .where(t.c.session_id == sid, t.c.prompt_ids.is_not(None))
+            .order_by(t.c.seq.desc())
+            .limit(1)
+        ).first()
+        if last is not None:
+            p, c = reader.tokens(last.id, last.prompt_ids, last.completion_ids)
+            st.tokens, st.tokens_id = (p or ()) + (c or ()), last.id
+        for col, attr in (("request_refs", "refs"), ("upstream_refs", "up_refs")):
+            row = conn.execute(
+                select(t.c.id, t.c[col])
+                .where(t.c.session_id == sid, t.c[col].is_not(None))
+                .order_by(t.c.seq.desc())
+                .limit(1)
+            ).first()
+            if row is not None:
+                refs = reader.refs(col, row.id, row[1])
+                setattr(st, attr, refs)
+                setattr(st, attr + "_id", row.id)
+                st.known.update(refs)
+        return st
+
+    def _insert_blobs(self, db: Any, blobs: list[tuple[str, bytes, bytes]]) -> None:
+        sqlite = self.dialect == "sqlite"
+        mark = "?" if sqlite else "%s"
+        sql = (
+            f"INSERT INTO blobs (session_id, digest, data) VALUES ({mark}, {mark}, {mark}) "
+            "ON CONFLICT (session_id, digest) DO NOTHING"
+        )
+        db.connection().exec_driver_sql(sql, blobs)
 
     def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> None:
         """One ``executemany`` of pre-serialized values, straight to the driver.
@@ -192,7 +259,7 @@ class Store:
             sqlite = self.dialect == "sqlite"
             marks = ["?" if sqlite else ("%s::json" if isinstance(c.type, JSON) else "%s") for c in cols]
             names = ", ".join(self.engine.dialect.identifier_preparer.quote(c.name) for c in cols)
-            self._insert_sql = f"INSERT INTO {table.name} ({names}) VALUES ({', '.join(marks)})"
+            self._insert_sql = f"INSERT INTO {Call.__tablename__} ({names}) VALUES ({', '.join(marks)})"
             conv: list[Any] = []
             for c in cols:
                 if isinstance(c.type, JSON):
@@ -211,11 +278,10 @@ class Store:
         db.connection().exec_driver_sql(self._insert_sql, params)
 
     def _bump_session(self, db: Any, sid: str, n: int, now: datetime, harness: str | None) -> int:
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        table = Session.__table__
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert: Any = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        table: Any = Session.__table__
         stmt = insert(table).values(id=sid, created_at=now, updated_at=now, call_count=n, harness=harness)
         stmt = stmt.on_conflict_do_update(
             index_elements=[table.c.id],
@@ -286,8 +352,9 @@ class Store:
         else:
             stmt = stmt.order_by(Call.session_id, Call.seq, Call.received_at, Call.id)
         with self._sessions() as db:
+            reader = Reader(db.connection())
             for row in db.scalars(stmt.execution_options(yield_per=batch)):
-                yield _record(row)
+                yield _record(row, reader)
 
     def iter_sessions_calls(
         self,
@@ -316,9 +383,10 @@ class Store:
         stmt = stmt.order_by(t.c.session_id, t.c.received_at, t.c.seq)
         current: SessionSummary | None = None
         calls: list[CallRecord] = []
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, self.engine.connect() as side:
+            reader = Reader(side)
             for row in conn.execution_options(yield_per=batch).execute(stmt):
-                rec = _light_record(row)
+                rec = _light_record(row, reader)
                 if rec.prompt_ids is None or rec.completion_ids is None:
                     rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
                 if current is None or rec.session_id != current.id:
@@ -336,7 +404,7 @@ class Store:
     def get_call(self, call_id: str) -> CallRecord | None:
         with self._sessions() as db:
             row = db.get(Call, call_id)
-            return None if row is None else _record(row)
+            return None if row is None else _record(row, Reader(db.connection()))
 
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
@@ -396,11 +464,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def _tuple(v: Any) -> tuple[Any, ...] | None:
-    return None if v is None else tuple(v)
+def _floats(v: bytes | None) -> tuple[float, ...] | None:
+    return None if v is None else tuple(layout.unpack_floats(bytes(v)))
 
 
-def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
+def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": r.call_id,
         "session_id": r.session_id,
@@ -418,19 +486,13 @@ def _row(r: CallRecord, seq: int | None) -> dict[str, Any]:
         "harness_session": r.harness_session,
         "model": r.model,
         "headers": dict(r.headers),
-        "request": r.request,
-        "upstream_request": r.upstream_request,
-        "response": r.response,
-        "events": r.events,
         "error": r.error,
         "usage": None if r.usage is None else dict(r.usage),
-        "prompt_ids": None if r.prompt_ids is None else list(r.prompt_ids),
-        "completion_ids": None if r.completion_ids is None else list(r.completion_ids),
-        "completion_logprobs": None if r.completion_logprobs is None else list(r.completion_logprobs),
         "finish_reason": r.finish_reason,
         "bytes_in": r.bytes_in,
         "bytes_out": r.bytes_out,
         "metadata": dict(r.metadata) if r.metadata else None,
+        **stored,
     }
 
 
@@ -456,8 +518,9 @@ _LIGHT_COLUMNS = (
 )
 
 
-def _light_record(c: Any) -> CallRecord:
+def _light_record(c: Any, reader: Reader) -> CallRecord:
     """A record without bodies or timings: what reconstruction reads."""
+    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids)
     return CallRecord(
         call_id=c.id,
         session_id=c.session_id,
@@ -473,16 +536,18 @@ def _light_record(c: Any) -> CallRecord:
         harness=c.harness,
         model=c.model,
         error=c.error,
-        prompt_ids=_tuple(c.prompt_ids),
-        completion_ids=_tuple(c.completion_ids),
-        completion_logprobs=_tuple(c.completion_logprobs),
+        prompt_ids=prompt,
+        completion_ids=completion,
+        completion_logprobs=_floats(c.completion_logprobs),
         finish_reason=c.finish_reason,
         seq=c.seq,
         metadata=c.metadata or {},
     )
 
 
-def _record(c: Call) -> CallRecord:
+def _record(c: Call, reader: Reader) -> CallRecord:
+    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids)
+    bodies = reader.bodies(c, prompt, completion)
     return CallRecord(
         call_id=c.id,
         session_id=c.session_id,
@@ -499,15 +564,12 @@ def _record(c: Call) -> CallRecord:
         harness=c.harness,
         harness_session=c.harness_session,
         model=c.model,
-        request=c.request,
-        upstream_request=c.upstream_request,
-        response=c.response,
-        events=c.events,
         error=c.error,
         usage=c.usage,
-        prompt_ids=_tuple(c.prompt_ids),
-        completion_ids=_tuple(c.completion_ids),
-        completion_logprobs=_tuple(c.completion_logprobs),
+        prompt_ids=prompt,
+        completion_ids=completion,
+        completion_logprobs=_floats(c.completion_logprobs),
+        **bodies,
         finish_reason=c.finish_reason,
         bytes_in=c.bytes_in,
         bytes_out=c.bytes_out,

@@ -1,0 +1,449 @@
+"""How a call is laid out on disk so that a session's storage grows with what is new in it.
+
+Pure functions, no SQL. Four pieces:
+
+- **Delta arrays** (``pack_delta`` / ``unpack_delta``): a sequence stored as "the first
+  ``n`` items of the same sequence of call ``base``" + its own new items, packed. Token
+  ids are int32 (a call's prompt is based on an earlier call's prompt + completion),
+  content references are 16-byte digests.
+- **Request text split** (``split_request``): the client's JSON text, cut at the elements
+  of its message arrays (``messages``, ``input``) and at every other large top-level
+  value (tool lists, system prompts): each such piece is a content-addressed blob stored
+  once per session, the call keeps the literal text in between (``skeleton``) and its
+  list of blob digests. Joining them gives back the exact text the client sent, key
+  order, whitespace and escapes included. With the previous call's split at hand, the
+  pieces it already had are recognised by comparing text (no re-hashing, no re-scanning),
+  so the work is proportional to what is new.
+- **Upstream request derivation** (``derive_upstream`` / ``upstream_of``): what the proxy
+  sent upstream, as "the request's value" per key, the prompt-ids marker, or a literal;
+  translated message lists go to blobs like the request's.
+- **Client views** (``client_view``): the response and events as the client received
+  them (the fields token mode injected are null again), with ids the id columns hold
+  replaced by a restore note.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from array import array
+from collections.abc import Sequence
+from hashlib import blake2b
+from typing import Any
+
+import orjson
+import zstandard
+
+__all__ = [
+    "Split",
+    "client_view",
+    "compress",
+    "decompress",
+    "derive_upstream",
+    "digest",
+    "join_request",
+    "pack_delta",
+    "pack_floats",
+    "pack_ints",
+    "restore_ids",
+    "split_request",
+    "unpack_delta",
+    "unpack_floats",
+    "unpack_ints",
+    "upstream_of",
+]
+
+DIGEST = 16
+ARRAY_KEYS = frozenset({"messages", "input"})
+"""Top-level keys whose array elements are stored one blob each (the conversation)."""
+BLOB_MIN = 256
+"""Other top-level values at least this long (characters) are stored as one blob."""
+
+
+def digest(data: bytes) -> bytes:
+    return blake2b(data, digest_size=DIGEST).digest()
+
+
+# -- packed arrays -------------------------------------------------------------------------------
+
+
+def pack_ints(ids: Sequence[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def unpack_ints(data: bytes) -> array[int]:
+    a = array("i")
+    a.frombytes(data)
+    return a
+
+
+def pack_floats(values: Sequence[float]) -> bytes:
+    """float32 when every value survives the round trip (vLLM's logprobs are float32), else float64."""
+    f = array("f", values)
+    if f.tolist() == list(values):
+        return b"f" + f.tobytes()
+    return b"d" + array("d", values).tobytes()
+
+
+def unpack_floats(data: bytes) -> array[float]:
+    a = array("f" if data[:1] == b"f" else "d")
+    a.frombytes(data[1:])
+    return a
+
+
+_HEAD = struct.Struct("<BI")
+
+
+def pack_delta(base: str | None, n: int, payload: bytes) -> bytes:
+    """``[len(base)][n: u32][base id][payload]``: the first ``n`` items of call ``base``'s same sequence, then ``payload``."""
+    b = (base or "").encode("ascii")
+    return _HEAD.pack(len(b), n if base else 0) + b + payload
+
+
+def unpack_delta(data: bytes) -> tuple[str | None, int, bytes]:
+    k, n = _HEAD.unpack_from(data)
+    start = _HEAD.size
+    base = data[start : start + k].decode("ascii") if k else None
+    return base, n, data[start + k :]
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the longest common prefix (the whole shorter one compared at C speed first)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# -- compression ---------------------------------------------------------------------------------
+
+_ZC = zstandard.ZstdCompressor(level=3)
+
+
+def compress(obj: Any) -> bytes:
+    return _ZC.compress(orjson.dumps(obj))
+
+
+def decompress(data: bytes) -> Any:
+    return orjson.loads(zstandard.ZstdDecompressor().decompress(data))
+
+
+# -- request text --------------------------------------------------------------------------------
+
+_WS = re.compile(r"[ \t\n\r]*")
+_STR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRUCT = re.compile(r'[\[\]{}"]')
+_SCALAR = re.compile(r"-?[0-9][0-9.eE+\-]*|true|false|null")
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _ws(t: str, i: int) -> int:
+    m = _WS.match(t, i)
+    return m.end() if m else i
+
+
+def _skip(t: str, i: int) -> int:
+    """End of the JSON value starting at ``t[i]``."""
+    c = t[i : i + 1]
+    if c == '"':
+        m = _STR.match(t, i)
+        if m is None:
+            raise _Malformed
+        return m.end()
+    if c in ("{", "["):
+        depth, pos = 0, i
+        while True:
+            m = _STRUCT.search(t, pos)
+            if m is None:
+                raise _Malformed
+            ch, p = m.group(), m.start()
+            if ch == '"':
+                s = _STR.match(t, p)
+                if s is None:
+                    raise _Malformed
+                pos = s.end()
+                continue
+            depth += 1 if ch in "{[" else -1
+            pos = p + 1
+            if depth == 0:
+                return pos
+    m = _SCALAR.match(t, i)
+    if m is None or not c:
+        raise _Malformed
+    return m.end()
+
+
+class Split:
+    """One request text cut into literal text and blob references."""
+
+    __slots__ = ("blobs", "literals", "pieces", "refs")
+
+    def __init__(self) -> None:
+        self.literals: list[str] = []
+        """``len(refs) + 1`` pieces of text around the blobs."""
+        self.refs: list[bytes] = []
+        """Blob digests, in text order."""
+        self.blobs: dict[bytes, str] = {}
+        """Blobs this split hashed itself (the ones the previous split did not have)."""
+        self.pieces: dict[str, list[tuple[str, bytes]]] = {}
+        """Per top-level key, its blob pieces (text, digest): what the next call's split compares against."""
+
+
+def split_request(text: str, prev: Split | None = None) -> Split:
+    """Cut ``text`` (a JSON object) at its conversation elements and large values.
+
+    ``prev``: the previous call's split of the session; pieces it already had (compared as
+    text, at the same position of the same key) are not hashed again.
+    """
+    out = Split()
+    try:
+        _split(text, prev, out)
+    except (_Malformed, IndexError):
+        out = Split()
+        out.literals = [text]
+    return out
+
+
+def _split(t: str, prev: Split | None, out: Split) -> None:
+    i = _ws(t, 0)
+    if t[i] != "{":
+        raise _Malformed
+    i += 1
+    cur = 0
+    lits, refs = out.literals, out.refs
+    old = prev.pieces if prev is not None else {}
+
+    def blob(key: str, start: int, end: int, j: int, reuse: bytes | None) -> None:
+        nonlocal cur
+        piece = t[start:end]
+        h = reuse
+        if h is None:
+            h = digest(piece.encode())
+            out.blobs[h] = piece
+        lits.append(t[cur:start])
+        refs.append(h)
+        out.pieces.setdefault(key, []).append((piece, h))
+        cur = end
+
+    while True:
+        i = _ws(t, i)
+        if t[i] == "}":
+            break
+        m = _STR.match(t, i)
+        if m is None:
+            raise _Malformed
+        key = orjson.loads(m.group())
+        i = _ws(t, m.end())
+        if t[i] != ":":
+            raise _Malformed
+        i = _ws(t, i + 1)
+        was = old.get(key, ())
+        if key in ARRAY_KEYS and t[i] == "[":
+            i = _ws(t, i + 1)
+            j = 0
+            if t[i] == "]":
+                i += 1
+            else:
+                while True:
+                    reuse = None
+                    if j < len(was) and t.startswith(was[j][0], i) and was[j][0][:1] in ("{", "[", '"'):
+                        end, reuse = i + len(was[j][0]), was[j][1]
+                    else:
+                        end = _skip(t, i)
+                    blob(key, i, end, j, reuse)
+                    j += 1
+                    i = _ws(t, end)
+                    if t[i] == ",":
+                        i = _ws(t, i + 1)
+                        continue
+                    if t[i] != "]":
+                        raise _Malformed
+                    i += 1
+                    break
+        else:
+            if was and t.startswith(was[0][0], i) and was[0][0][:1] in ("{", "[", '"'):
+                blob(key, i, i + len(was[0][0]), 0, was[0][1])
+                i += len(was[0][0])
+            else:
+                end = _skip(t, i)
+                if end - i >= BLOB_MIN:
+                    blob(key, i, end, 0, None)
+                i = end
+        i = _ws(t, i)
+        if t[i] == ",":
+            i += 1
+            continue
+        if t[i] != "}":
+            raise _Malformed
+        break
+    lits.append(t[cur:])
+
+
+def join_request(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[bytes, str]) -> str:
+    parts = [literals[0]]
+    for k, h in enumerate(refs):
+        parts.append(blobs[h])
+        parts.append(literals[k + 1])
+    return "".join(parts)
+
+
+# -- upstream request ----------------------------------------------------------------------------
+
+
+def derive_upstream(
+    upstream: Any, request: Any, prompt_ids: Sequence[int] | None
+) -> tuple[Any, list[str] | None]:
+    """``(recipe, message texts)``: how to rebuild ``upstream`` from ``request``.
+
+    The recipe is ``{"k": [[key, how, value?], ...]}`` in the upstream's key order, ``how``
+    being ``"r"`` (the request's value), ``"p"`` (the prompt ids), ``"m"`` (the message texts
+    returned alongside, stored as blobs) or ``"v"`` (the literal value). Not a dict: the
+    value itself as ``{"v": upstream}``.
+    """
+    if not isinstance(upstream, dict):
+        return {"v": upstream}, None
+    req = request if isinstance(request, dict) else {}
+    keys: list[list[Any]] = []
+    msgs: list[str] | None = None
+    for k, v in upstream.items():
+        if k in req and req[k] == v:
+            keys.append([k, "r"])
+        elif (
+            prompt_ids is not None
+            and isinstance(v, list)
+            and len(v) == len(prompt_ids)
+            and v == list(prompt_ids)
+        ):
+            keys.append([k, "p"])
+        elif k == "messages" and isinstance(v, list) and msgs is None:
+            msgs = [orjson.dumps(m).decode() for m in v]
+            keys.append([k, "m"])
+        else:
+            keys.append([k, "v", v])
+    return {"k": keys}, msgs
+
+
+def upstream_of(
+    recipe: Any, request: Any, prompt_ids: Sequence[int] | None, messages: Sequence[str] | None
+) -> Any:
+    if recipe is None:
+        return None
+    if "v" in recipe:
+        return recipe["v"]
+    out: dict[str, Any] = {}
+    for entry in recipe["k"]:
+        k, how = entry[0], entry[1]
+        if how == "r":
+            out[k] = request[k]
+        elif how == "p":
+            out[k] = None if prompt_ids is None else list(prompt_ids)
+        elif how == "m":
+            out[k] = [orjson.loads(m) for m in messages or ()]
+        else:
+            out[k] = entry[2]
+    return out
+
+
+# -- responses and events ------------------------------------------------------------------------
+
+
+def injected(dialect: str, request: Any, upstream: Any) -> tuple[bool, bool]:
+    """Which of (ids, logprobs) token mode added to what a chat / completions client asked for
+    (as ``proxy.token.plan_for`` decides); nothing for other dialects (translated calls record
+    what the client received already)."""
+    if not isinstance(upstream, dict) or not isinstance(request, dict):
+        return False, False
+    ids = upstream.get("return_token_ids") is True and not request.get("return_token_ids")
+    if dialect == "chat":
+        return ids, upstream.get("logprobs") is True and not request.get("logprobs")
+    if dialect == "completions":
+        asked = request.get("logprobs")
+        up = upstream.get("logprobs")
+        return ids, (asked is None or asked is False) and up == 0 and up is not False
+    return False, False
+
+
+def _strip(obj: Any, ids: bool, lp: bool) -> Any:
+    """What the proxy sent the client for this upstream object: the injected fields null (``Plan._strip``)."""
+    if not isinstance(obj, dict) or not (ids or lp):
+        return obj
+    out = dict(obj)
+    if ids and out.get("prompt_token_ids") is not None:
+        out["prompt_token_ids"] = None
+    choices = out.get("choices")
+    if isinstance(choices, list):
+        new = []
+        for c in choices:
+            if isinstance(c, dict):
+                c = dict(c)
+                if ids:
+                    for k in ("token_ids", "prompt_token_ids"):
+                        if c.get(k) is not None:
+                            c[k] = None
+                if lp and c.get("logprobs") is not None:
+                    c["logprobs"] = None
+            new.append(c)
+        out["choices"] = new
+    return out
+
+
+def client_view(
+    dialect: str,
+    response: Any,
+    events: list[Any] | None,
+    request: Any,
+    upstream: Any,
+    prompt_ids: Sequence[int] | None,
+    completion_ids: Sequence[int] | None,
+) -> tuple[Any, list[Any] | None, list[Any]]:
+    """``(response, events, restore)``: as the client received them, and without the ids the
+    id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``)."""
+    ids, lp = injected(dialect, request, upstream)
+    if ids or lp:
+        response = _strip(response, ids, lp)
+        if events is not None:
+            events = [
+                [e[0], _strip(e[1], ids, lp)] if isinstance(e, list) and len(e) == 2 else e for e in events
+            ]
+    restore: list[Any] = []
+    if isinstance(response, dict) and (prompt_ids is not None or completion_ids is not None):
+        pl = None if prompt_ids is None else list(prompt_ids)
+        cl = None if completion_ids is None else list(completion_ids)
+        response = dict(response)
+        if pl is not None and response.get("prompt_token_ids") == pl:
+            response["prompt_token_ids"] = None
+            restore.append([["prompt_token_ids"], "prompt"])
+        choices = response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            c0 = dict(choices[0])
+            for k, which, want in (("prompt_token_ids", "prompt", pl), ("token_ids", "completion", cl)):
+                if want is not None and c0.get(k) == want:
+                    c0[k] = None
+                    restore.append([["choices", 0, k], which])
+            response["choices"] = [c0, *choices[1:]]
+    return response, events, restore
+
+
+def restore_ids(
+    response: Any,
+    restore: Sequence[Any],
+    prompt_ids: Sequence[int] | None,
+    completion_ids: Sequence[int] | None,
+) -> Any:
+    for path, which in restore:
+        ids = prompt_ids if which == "prompt" else completion_ids
+        node = response
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = None if ids is None else list(ids)
+    return response

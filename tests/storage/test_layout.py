@@ -1,0 +1,188 @@
+"""The linear layout: exact request text back for every dialect, deltas on earlier calls,
+forks and drift as new bases, and per-call storage that grows with what is new."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+from factories import call
+from sqlalchemy import create_engine, func, select, text
+
+from orchard_rec.storage import Store, layout
+from orchard_rec.storage.models import Blob, Call
+
+SYSTEM = "You are a careful engineer. " * 40
+
+
+def _msgs(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for k in range(n):
+        out.append({"role": "user", "content": f'turn {k}: é ☃ \u2028 "quoted" \\ back'})
+        out.append({"role": "assistant", "content": f"answer {k} " * 20})
+    return out
+
+
+# Whitespace, key order and escapes as different clients write them.
+STYLES = [
+    lambda b: json.dumps(b),  # Python json / httpx default: ", " and ": ", \\u escapes
+    lambda b: json.dumps(b, separators=(",", ":"), ensure_ascii=False),  # compact, raw UTF-8
+    lambda b: json.dumps(b, indent=2, ensure_ascii=False),  # pretty
+    lambda b: "\n  " + json.dumps(dict(reversed(list(b.items()))), separators=(" ,", " : ")) + " \n",
+]
+
+
+def _bodies(dialect: str, turns: int) -> dict[str, Any]:
+    msgs = _msgs(turns)
+    tools = [
+        {"type": "function", "function": {"name": f"tool{i}", "parameters": {"type": "object"}}}
+        for i in range(5)
+    ]
+    if dialect == "chat":
+        return {"model": "m", "messages": msgs, "tools": tools, "temperature": 0.5, "stream": False}
+    if dialect == "completions":
+        return {"model": "m", "prompt": "".join(m["content"] for m in msgs), "max_tokens": 8}
+    if dialect == "responses":
+        items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in msgs[1:]]
+        return {"model": "m", "instructions": SYSTEM, "input": items, "tools": tools, "store": False}
+    return {
+        "model": "m",
+        "system": [{"type": "text", "text": SYSTEM}],
+        "messages": msgs[1:],
+        "max_tokens": 64,
+    }
+
+
+@pytest.mark.parametrize("dialect", ["chat", "completions", "responses", "messages"])
+@pytest.mark.parametrize("style", range(len(STYLES)))
+def test_request_text_comes_back_byte_for_byte(dialect: str, style: int) -> None:
+    prev = None
+    blobs: dict[bytes, str] = {}
+    for turns in (1, 2, 3, 5):
+        sent = STYLES[style](_bodies(dialect, turns))
+        split = layout.split_request(sent, prev)
+        blobs.update(split.blobs)
+        assert layout.join_request(split.literals, split.refs, blobs) == sent
+        assert json.loads(sent) == json.loads(layout.join_request(split.literals, split.refs, blobs))
+        if prev is not None and dialect != "completions":  # earlier messages are recognised, not re-hashed
+            assert len(split.blobs) < len(split.refs)
+        prev = split
+
+
+def test_malformed_or_odd_text_is_kept_whole() -> None:
+    for sent in ("[1, 2]", '{"a": [1, 2, 3], "b": "x"}', '{"messages": []}', '{"messages": "just text"}'):
+        split = layout.split_request(sent)
+        assert layout.join_request(split.literals, split.refs, split.blobs) == sent
+
+
+def _post(url: str, raw: bytes) -> bytes:
+    req = urllib.request.Request(url, data=raw, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+@pytest.mark.parametrize("dialect", ["chat", "completions", "responses", "messages"])
+def test_the_proxy_records_the_exact_bytes_and_what_the_client_received(
+    upstream, proxy_factory, sqlite_url, dialect
+) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
+    path = {
+        "chat": "chat/completions",
+        "completions": "completions",
+        "responses": "responses",
+        "messages": "messages",
+    }
+    sent, got = [], []
+    for turns, style in ((1, 0), (2, 1), (3, 3)):
+        body = _bodies(dialect, turns)
+        body.pop("tools", None)  # the demo model's tool parser is not under test here
+        raw = STYLES[style](body).encode()
+        sent.append(raw)
+        got.append(json.loads(_post(f"{proxy.url}/s/exact-{dialect}/v1/{path[dialect]}", raw)))
+    proxy.flush()
+    store = proxy.store()
+    recs = store.calls(f"exact-{dialect}")
+    assert [r.request_text.encode() for r in recs] == sent  # type: ignore[union-attr]
+    assert [r.request for r in recs] == [json.loads(s) for s in sent]
+    assert [r.response for r in recs] == got  # as the client received it: no injected ids
+    for r in recs:
+        assert r.prompt_ids and r.completion_ids and r.upstream_request["return_token_ids"] is True
+    store.close()
+
+
+def test_ids_are_deltas_on_the_previous_call_and_forks_start_a_new_base(db_url: str) -> None:
+    store = Store(db_url)
+    store.upgrade()
+    base = list(range(1000, 1400))
+    a = call("d", prompt_ids=base, completion_ids=[7, 8, 9], logprobs=[-0.5, -0.25, -1.0], received_at=1.0)
+    b = call(
+        "d", prompt_ids=[*base, 7, 8, 9, 50, 51], completion_ids=[10], logprobs=[-0.125], received_at=2.0
+    )
+    fork = call("d", prompt_ids=[*base[:100], 99, 98], completion_ids=[1], logprobs=[-0.1], received_at=3.0)
+    fresh = call("d", prompt_ids=[5, 6], completion_ids=[2], logprobs=[-0.3], received_at=4.0)
+    after = call("d", prompt_ids=[5, 6, 2, 3], completion_ids=[4], logprobs=[-0.2], received_at=5.0)
+    store.write_batch([a, b])
+    store.write_batch([fork])
+    store.write_batch([fresh, after])
+    got = store.calls("d")
+    for want, back in zip([a, b, fork, fresh, after], got, strict=True):
+        assert back.prompt_ids == want.prompt_ids and back.completion_ids == want.completion_ids
+        assert back.completion_logprobs == pytest.approx(want.completion_logprobs, abs=1e-7)
+    assert got[0].completion_logprobs == (-0.5, -0.25, -1.0)  # float32 when exact
+    assert store.get_call(after.call_id).prompt_ids == (5, 6, 2, 3)  # type: ignore[union-attr]
+    eng = create_engine(db_url)
+    with eng.connect() as c:
+        sizes = dict(c.execute(select(Call.id, func.length(Call.prompt_ids))).all())
+    eng.dispose()
+    assert sizes[b.call_id] < 64  # 2 new ids + the reference, not 405 ids
+    assert sizes[fork.call_id] < 64  # shares 100 ids with the previous call: a new base
+    # a new writer (restart) continues the session from the database
+    store2 = Store(db_url)
+    nxt = call("d", prompt_ids=[5, 6, 2, 3, 4, 11], completion_ids=[12], logprobs=[-0.5], received_at=6.0)
+    store2.write_batch([nxt])
+    assert store2.calls("d")[-1].prompt_ids == (5, 6, 2, 3, 4, 11)
+    store.close()
+    store2.close()
+
+
+def test_messages_are_stored_once_per_session(db_url: str) -> None:
+    store = Store(db_url)
+    store.upgrade()
+    for turns in range(1, 21):
+        body = _bodies("chat", turns)
+        store.write_batch([call("m", request=body, request_text=json.dumps(body), received_at=float(turns))])
+    eng = create_engine(db_url)
+    with eng.connect() as c:
+        n_blobs = c.execute(select(func.count()).select_from(Blob)).scalar_one()
+        blob_bytes = c.execute(select(func.sum(func.length(Blob.data)))).scalar_one()
+        refs = c.execute(select(func.sum(func.length(Call.request_refs)))).scalar_one()
+        if store.dialect == "sqlite":
+            c.execute(text("select 1"))
+    eng.dispose()
+    final = json.dumps(_bodies("chat", 20))
+    assert n_blobs == 1 + 2 * 20 + 1  # system, each turn's two messages, the tool list
+    assert blob_bytes < 1.1 * len(final.encode())
+    assert refs < 20 * 100  # each call references its predecessor's list: a few new digests each
+    back = store.calls("m")
+    assert [r.request_text for r in back] == [json.dumps(_bodies("chat", t)) for t in range(1, 21)]
+    store.close()
+
+
+def test_calls_json_has_each_call_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    store = Store(url)
+    store.upgrade()
+    body = _bodies("messages", 2)
+    resp = {"type": "message", "content": [{"type": "text", "text": "hé"}]}
+    store.write_batch([call("w", request=body, request_text=json.dumps(body, indent=1), response=resp)])
+    store.close()
+    r = CliRunner().invoke(app, ["calls", "w", "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    [row] = json.loads(r.output)
+    assert row["request"] == body and row["response"] == resp
