@@ -317,12 +317,15 @@ def storage_run(stack: Stack, turns: int, conc: int, tag: str) -> dict[str, Any]
     }
 
 
-def cpu_run(stack: Stack, turns: int, tag: str) -> list[dict[str, Any]]:
-    """One session alone: proxy CPU per call, and added latency on sampled turns."""
+def cpu_run(stack: Stack, turns: int, tag: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One session alone, non-stream: proxy CPU per call (each call recorded before the next),
+    bytes of the session; then added latency on its first and its last context."""
     sid = f"{tag}-cpu-{turns}"
     client = stack.client(sid)
     s = Session(7)
+    before = _db_bytes(stack.db)
     rows = []
+    first: list[dict[str, Any]] = []
     for k in range(1, turns + 1):
         time.sleep(0.05)  # the previous call is recorded
         c0 = _cpu(stack.proxy.pid)
@@ -330,27 +333,39 @@ def cpu_run(stack: Stack, turns: int, tag: str) -> list[dict[str, Any]]:
         _turn(client, s, stream=False)
         lat = time.perf_counter() - t0
         time.sleep(0.05)
-        cpu = _cpu(stack.proxy.pid) - c0
-        row: dict[str, Any] = {"turn": k, "cpu_ms": cpu * 1000, "latency_ms": lat * 1000}
-        if k in (1, 2, 3, 4, 5) or k % 10 == 0:
-            # the same request (as the proxy sends it) straight to the upstream and through the
-            # proxy, alternately, three times each: the best of each
-            # (raw HTTP, no client-side parsing: the upstream's answer carries the ids and is larger)
-            body: dict[str, Any] = {"model": "m", "messages": s.messages[:-2], "tools": TOOLS}
-            plain = json.dumps(body).encode()
-            injected = json.dumps({**body, "return_token_ids": True, "logprobs": True}).encode()
-            d = p = float("inf")
-            for _ in range(3):
-                t1 = time.perf_counter()
-                _post(f"http://127.0.0.1:{stack.up_port}/v1/chat/completions", injected)
-                d = min(d, time.perf_counter() - t1)
-                t2 = time.perf_counter()
-                got = _post(f"http://127.0.0.1:{stack.port}/s/{sid}-probe/v1/chat/completions", plain)
-                p = min(p, time.perf_counter() - t2)
-            row["added_ms"] = (p - d) * 1000
-            row["tokens"] = json.loads(got)["usage"]["prompt_tokens"]
-        rows.append(row)
-    return rows
+        rows.append({"turn": k, "cpu_ms": (_cpu(stack.proxy.pid) - c0) * 1000, "latency_ms": lat * 1000})
+        if k == 1:
+            first = list(s.messages[:-2])
+    _recorded(stack.db, [sid], turns)
+    tokens, ncalls = _final(stack.db, sid)
+    convo = len(json.dumps({"messages": s.messages, "tools": TOOLS}, ensure_ascii=False).encode())
+    run = {
+        "turns": turns,
+        "sessions": 1,
+        "calls": ncalls,
+        "final_tokens": tokens,
+        "bytes_per_session": _db_bytes(stack.db) - before,
+        "lower_bound": tokens * 9 + convo,
+        "sids": [sid],
+    }
+    run["ratio"] = run["bytes_per_session"] / run["lower_bound"]
+    # added latency: the same request (as the proxy sends it) straight to the upstream and through
+    # the proxy, alternately, three times each, the best of each (raw HTTP: no client-side parsing)
+    for label, msgs in (("first", first), ("last", s.messages[:-2])):
+        body: dict[str, Any] = {"model": "m", "messages": msgs, "tools": TOOLS}
+        plain = json.dumps(body).encode()
+        injected = json.dumps({**body, "return_token_ids": True, "logprobs": True}).encode()
+        d = p = float("inf")
+        for _ in range(3):
+            t1 = time.perf_counter()
+            _post(f"http://127.0.0.1:{stack.up_port}/v1/chat/completions", injected)
+            d = min(d, time.perf_counter() - t1)
+            t2 = time.perf_counter()
+            got = _post(f"http://127.0.0.1:{stack.port}/s/{sid}-probe/v1/chat/completions", plain)
+            p = min(p, time.perf_counter() - t2)
+        run[f"added_ms_{label}"] = (p - d) * 1000
+        run[f"probe_tokens_{label}"] = json.loads(got)["usage"]["prompt_tokens"]
+    return rows, run
 
 
 def _post(url: str, data: bytes) -> bytes:
@@ -369,7 +384,11 @@ def main() -> None:
     ap.add_argument("--turns", default="50,100,200")
     ap.add_argument("--concurrency", type=int, default=3)
     ap.add_argument("--backends", default="sqlite,postgres")
-    ap.add_argument("--cpu-turns", type=int, default=200)
+    ap.add_argument(
+        "--single-longest",
+        action="store_true",
+        help="the longest length: one session alone, with proxy CPU per call (else concurrent, no CPU)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -388,12 +407,15 @@ def main() -> None:
         stack = Stack(db, tmp)
         try:
             runs = []
+            cpu: list[dict[str, Any]] = []
             for t in turns:
-                r = storage_run(stack, t, a.concurrency, backend)
+                if a.single_longest and t == max(turns):
+                    cpu, r = cpu_run(stack, t, backend)  # one session alone, CPU per call measured
+                else:
+                    r = storage_run(stack, t, a.concurrency, backend)
                 r["export_s"], r["export_rss_mb"] = _export(db, r["sids"][0], tmp)
                 print(json.dumps({k: v for k, v in r.items() if k != "sids"}), flush=True)
                 runs.append(r)
-            cpu = cpu_run(stack, a.cpu_turns, backend) if backend == "sqlite" else []
             results[backend] = {"runs": runs, "cpu": cpu}
         finally:
             stack.stop()
@@ -457,28 +479,33 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
             n = len(cpu)
             lines += [
                 "",
-                f"Proxy CPU and added latency per call by turn ({backend}, one session alone, non-stream, medians):",
+                f"Proxy CPU per call by turn ({backend}, the {n}-turn session alone, non-stream, medians):",
                 "",
-                "| turns | context (tokens, approx.) | proxy CPU ms / call | added latency ms |",
-                "|---|---|---|---|",
+                "| turns | proxy CPU ms / call | latency ms / call (incl. upstream) |",
+                "|---|---|---|",
             ]
             for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
-                c = _bucket(cpu, lo, hi, "cpu_ms")
-                added = _bucket(cpu, lo, hi, "added_ms")
-                tok = _bucket(cpu, lo, hi, "tokens")
-                lines.append(
-                    f"| {lo}-{hi} | {'-' if tok is None else f'{tok:,.0f}'} | {c:.1f} | "
-                    f"{'-' if added is None else f'{added:.1f}'} |"
-                )
+                c = _bucket(cpu, lo, hi, "cpu_ms") or 0.0
+                lat = _bucket(cpu, lo, hi, "latency_ms") or 0.0
+                lines.append(f"| {lo}-{hi} | {c:.1f} | {lat:.0f} |")
             early, late = _bucket(cpu, 1, 5, "cpu_ms"), _bucket(cpu, n - 9, n, "cpu_ms")
             if early and late:
                 verdicts.append(
-                    f"- Proxy CPU per call late <= 2x early ({backend}): {late:.1f} / {early:.1f} ms = {late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
+                    f"- Proxy CPU per call late <= 2x early ({backend}): {late:.1f} / {early:.1f} ms = "
+                    f"{late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
                 )
-            added = _bucket(cpu, n - 9, n, "added_ms")
-            if added is not None:
+            last = runs[max(runs)]
+            if "added_ms_last" in last:
+                lines += [
+                    "",
+                    f"Added latency (proxy minus direct, best of 3): {last['added_ms_first']:.1f} ms at "
+                    f"{last['probe_tokens_first']:,} tokens, {last['added_ms_last']:.1f} ms at "
+                    f"{last['probe_tokens_last']:,} tokens.",
+                ]
+                added = last["added_ms_last"]
                 verdicts.append(
-                    f"- Added latency late in the session <= 3 ms: {added:.1f} ms -> **{'met' if added <= 3 else 'not met'}**"
+                    f"- Added latency at {last['probe_tokens_last']:,} tokens <= 3 ms: {added:.1f} ms -> "
+                    f"**{'met' if added <= 3 else 'not met'}**"
                 )
     lines += ["", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)

@@ -31,18 +31,20 @@ one group's calls at a time (one query per group).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct import (
     CreditPolicy,
+    Generation,
     MismatchPolicy,
     Sample,
     TeacherData,
     credit_policy,
+    generation_of,
     numeric_reward,
-    reconstruct_session,
+    reconstruct,
 )
 from orchard_rec.records import Outcome
 from orchard_rec.selection import FilterChain, bar_select
@@ -150,8 +152,8 @@ def iter_samples(
     chain = FilterChain(list(filters or ()), seed=seed or 0) if filters else None
     stats = selection_stats if selection_stats is not None else SelectionStats()
     if group_by is None:
-        batches: Iterator[tuple[int | None, Iterator[tuple[SessionSummary, list[Any]]]]] = iter(
-            [(None, store.iter_sessions_calls(sessions, since=since, harness=harness))]
+        batches: Iterator[tuple[int | None, Iterator[tuple[SessionSummary, Any]]]] = iter(
+            [(None, store.iter_sessions_calls(sessions, since=since, harness=harness, lazy=True))]
         )
     else:
         groups: dict[str, list[SessionSummary]] = defaultdict(list)
@@ -170,18 +172,33 @@ def iter_samples(
                     continue
             kept.append(members)
         batches = (
-            (gi, store.iter_sessions_calls([m.id for m in members])) for gi, members in enumerate(kept)
+            (gi, store.iter_sessions_calls([m.id for m in members], lazy=True))
+            for gi, members in enumerate(kept)
         )
 
-    def samples_of(summary: SessionSummary, calls: list[Any]) -> list[Sample]:
+    def samples_of(summary: SessionSummary, calls: Iterable[Any]) -> list[Sample]:
+        # the calls stream in causal order, decoded one at a time from the storage deltas, and
+        # become generations as reconstruction takes them: memory O(one final sample)
         out = []
-        for s in reconstruct_session(
-            calls,
+        skipped: list[str] = []
+
+        def generations() -> Iterator[Generation]:
+            for c in calls:
+                if not c.dialect.is_generation:
+                    continue
+                g = generation_of(c, tokenizer)
+                if g is None:
+                    skipped.append(c.call_id)
+                else:
+                    yield g
+
+        for s in reconstruct(
+            generations(),
             on_mismatch=on_mismatch,
             credit=policy,
             outcome=summary.outcome,
             session_id=summary.id,
-            tokenizer=tokenizer,
+            skipped=skipped,
         ):
             if reward_key is not None:
                 s.reward = pick_reward(summary.outcome, reward_key)

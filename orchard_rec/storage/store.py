@@ -363,11 +363,26 @@ class Store:
         since: float | None = None,
         harness: str | None = None,
         batch: int = 2000,
-    ) -> Iterator[tuple[SessionSummary, list[CallRecord]]]:
-        """Each selected session with its calls (light records: no bodies or timings), one
-        session in memory at a time, from ONE streaming query ordered by session and sequence
-        that also carries each session's row (outcome) - memory does not grow with the number
-        of sessions."""
+        lazy: bool = False,
+    ) -> Iterator[tuple[SessionSummary, Any]]:
+        """Each selected session with its calls (light records: no bodies or timings), in causal
+        order (``received_at``, then ``seq``), one session at a time, from ONE streaming query
+        ordered by session that also carries each session's row (outcome) - memory does not
+        grow with the number of sessions.
+
+        ``lazy``: each session's calls come as an iterator that decodes one call at a time (ids
+        rebuilt from the deltas on the call just before): consume it before the next session.
+        Memory is then a few calls' ids, not the sum of a session's prompts.
+        """
+        if lazy:
+            yield from self._iter_sessions_lazy(ids, since=since, harness=harness, batch=batch)
+            return
+        for summary, calls in self._iter_sessions_lazy(ids, since=since, harness=harness, batch=batch):
+            yield summary, list(calls)
+
+    def _iter_sessions_lazy(
+        self, ids: Sequence[str] | None, *, since: float | None, harness: str | None, batch: int
+    ) -> Iterator[tuple[SessionSummary, Iterator[CallRecord]]]:
         t = Call.__table__
         st = Session.__table__
         cols = [t.c[name] for name in _LIGHT_COLUMNS] + [
@@ -381,21 +396,26 @@ class Store:
         if harness is not None:
             stmt = stmt.where(st.c.harness == harness)
         stmt = stmt.order_by(t.c.session_id, t.c.received_at, t.c.seq)
-        current: SessionSummary | None = None
-        calls: list[CallRecord] = []
         with self.engine.connect() as conn, self.engine.connect() as side:
-            reader = Reader(side)
-            for row in conn.execution_options(yield_per=batch).execute(stmt):
-                rec = _light_record(row, reader)
-                if rec.prompt_ids is None or rec.completion_ids is None:
-                    rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
-                if current is None or rec.session_id != current.id:
-                    if current is not None:
-                        yield current, calls
-                    current, calls = _summary_of_row(row), []
-                calls.append(rec)
-        if current is not None:
-            yield current, calls
+            reader = Reader(side, keep=2)
+            rows = iter(conn.execution_options(yield_per=batch).execute(stmt))
+            pending = next(rows, None)
+
+            def session_calls(sid: str) -> Iterator[CallRecord]:
+                nonlocal pending
+                while pending is not None and pending.session_id == sid:
+                    row, pending = pending, next(rows, None)
+                    rec = _light_record(row, reader)
+                    if rec.prompt_ids is None or rec.completion_ids is None:
+                        rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
+                    yield rec
+
+            while pending is not None:
+                sid = pending.session_id
+                calls = session_calls(sid)
+                yield _summary_of_row(pending), calls
+                for _ in calls:  # whatever the consumer left of this session
+                    pass
 
     def count_calls(self) -> int:
         with self._sessions() as db:

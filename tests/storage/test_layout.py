@@ -186,3 +186,36 @@ def test_calls_json_has_each_call_whole(tmp_path) -> None:  # type: ignore[no-un
     assert r.exit_code == 0, r.output
     [row] = json.loads(r.output)
     assert row["request"] == body and row["response"] == resp
+
+
+def test_lazy_session_reads_decode_one_call_at_a_time_and_match_the_lists(db_url: str) -> None:
+    store = Store(db_url)
+    store.upgrade()
+    for sid in ("la", "lb", "lc"):
+        ids: list[int] = list(range(50))
+        for k in range(6):
+            store.write_batch(
+                [
+                    call(
+                        sid,
+                        prompt_ids=ids,
+                        completion_ids=[k, k + 1],
+                        logprobs=[-0.5, -0.25],
+                        received_at=float(k),
+                    )
+                ]
+            )
+            ids = [*ids, k, k + 1, 7, 8] if k != 3 else [1, 2, 3]  # a break in the middle: a new base
+    eager = [
+        (s.id, [(c.call_id, c.prompt_ids, c.completion_ids) for c in calls])
+        for s, calls in store.iter_sessions_calls()
+    ]
+    lazy = []
+    for k, (s, calls) in enumerate(store.iter_sessions_calls(lazy=True)):
+        if k == 1:
+            next(calls)  # a consumer that leaves a session half read
+            continue
+        lazy.append((s.id, [(c.call_id, c.prompt_ids, c.completion_ids) for c in calls]))
+    assert [e for k, e in enumerate(eager) if k != 1] == lazy
+    assert [s for s, _ in eager] == ["la", "lb", "lc"]
+    store.close()
