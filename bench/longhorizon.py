@@ -42,7 +42,7 @@ from typing import Any
 import openai
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 CLI = [
     sys.executable,
@@ -201,6 +201,8 @@ class Stack:
 
     def stop(self) -> None:
         for p in (self.proxy, self.up):
+            if p.poll() is not None:
+                continue
             p.terminate()
             try:
                 p.wait(30)
@@ -391,7 +393,14 @@ def main() -> None:
     )
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--render", nargs="*", default=None, help="only write the report from these --json files")
     a = ap.parse_args()
+    if a.render is not None:
+        merged: dict[str, Any] = {}
+        for f in a.render:
+            merged.update(json.loads(Path(f).read_text()))
+        _write(report(merged, a), Path(a.out))
+        return
     turns = [int(t) for t in a.turns.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="orchard-longhorizon-"))
     results: dict[str, Any] = {}
@@ -413,10 +422,17 @@ def main() -> None:
                     cpu, r = cpu_run(stack, t, backend)  # one session alone, CPU per call measured
                 else:
                     r = storage_run(stack, t, a.concurrency, backend)
-                r["export_s"], r["export_rss_mb"] = _export(db, r["sids"][0], tmp)
                 print(json.dumps({k: v for k, v in r.items() if k != "sids"}), flush=True)
                 runs.append(r)
             results[backend] = {"runs": runs, "cpu": cpu}
+            stack.stop()  # exports read a finished database, no writer running
+            for r in runs:
+                r["export_s"], r["export_rss_mb"] = _export(db, r["sids"][0], tmp)
+                print(
+                    json.dumps(
+                        {"turns": r["turns"], "export_s": r["export_s"], "export_rss_mb": r["export_rss_mb"]}
+                    )
+                )
         finally:
             stack.stop()
             if cluster is not None:
@@ -426,7 +442,10 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(results, indent=1))
     section = report(results, a)
     print(section)
-    out = Path(a.out)
+    _write(section, Path(a.out))
+
+
+def _write(section: str, out: Path) -> None:
     text = out.read_text() if out.exists() else ""
     head = "## Long sessions (bench/longhorizon.py, issue 16)"
     if head in text:

@@ -417,17 +417,22 @@ def client_view(
             ]
     restore: list[Any] = []
     if isinstance(response, dict) and (prompt_ids is not None or completion_ids is not None):
-        pl = None if prompt_ids is None else list(prompt_ids)
-        cl = None if completion_ids is None else list(completion_ids)
+
+        def same(v: Any, ids: Sequence[int] | None) -> bool:  # without building a list unless it may match
+            return ids is not None and isinstance(v, list) and len(v) == len(ids) and v == list(ids)
+
         response = dict(response)
-        if pl is not None and response.get("prompt_token_ids") == pl:
+        if same(response.get("prompt_token_ids"), prompt_ids):
             response["prompt_token_ids"] = None
             restore.append([["prompt_token_ids"], "prompt"])
         choices = response.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             c0 = dict(choices[0])
-            for k, which, want in (("prompt_token_ids", "prompt", pl), ("token_ids", "completion", cl)):
-                if want is not None and c0.get(k) == want:
+            for k, which, want in (
+                ("prompt_token_ids", "prompt", prompt_ids),
+                ("token_ids", "completion", completion_ids),
+            ):
+                if same(c0.get(k), want):
                     c0[k] = None
                     restore.append([["choices", 0, k], which])
             response["choices"] = [c0, *choices[1:]]
