@@ -46,6 +46,7 @@ from orchard_rec.reconstruct import (
     numeric_reward,
     reconstruct,
 )
+from orchard_rec.reconstruct.merge import template_turn_end
 from orchard_rec.records import Outcome
 from orchard_rec.selection import FilterChain, bar_select
 from orchard_rec.storage.store import SessionSummary, Store
@@ -182,6 +183,8 @@ def iter_samples(
         out = []
         skipped: list[str] = []
 
+        turn_end = template_turn_end(tokenizer) if tokenizer is not None else None
+
         def generations() -> Iterator[Generation]:
             for c in calls:
                 if not c.dialect.is_generation:
@@ -199,6 +202,7 @@ def iter_samples(
             outcome=summary.outcome,
             session_id=summary.id,
             skipped=skipped,
+            turn_end=turn_end,
         ):
             if reward_key is not None:
                 s.reward = pick_reward(summary.outcome, reward_key)

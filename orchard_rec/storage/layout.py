@@ -148,8 +148,13 @@ class _Malformed(Exception):
 
 
 def _ws(t: str, i: int) -> int:
+    if t[i : i + 1] not in _SPACE:
+        return i
     m = _WS.match(t, i)
     return m.end() if m else i
+
+
+_SPACE = frozenset(" \t\n\r")
 
 
 def _skip(t: str, i: int) -> int:
