@@ -469,7 +469,8 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
         "| backend | turns | final context (tokens) | bytes / session | lower bound | ratio | export s | export peak RSS |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    verdicts = []
+    verdicts: list[str] = []
+    extra: list[str] = []
     for backend, res in results.items():
         runs = {r["turns"]: r for r in res["runs"]}
         for t, r in sorted(runs.items()):
@@ -496,7 +497,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
         cpu = res["cpu"]
         if cpu:
             n = len(cpu)
-            lines += [
+            extra += [
                 "",
                 f"Proxy CPU per call by turn ({backend}, the {n}-turn session alone, non-stream, medians):",
                 "",
@@ -506,7 +507,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
             for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
                 c = _bucket(cpu, lo, hi, "cpu_ms") or 0.0
                 lat = _bucket(cpu, lo, hi, "latency_ms") or 0.0
-                lines.append(f"| {lo}-{hi} | {c:.1f} | {lat:.0f} |")
+                extra.append(f"| {lo}-{hi} | {c:.1f} | {lat:.0f} |")
             early, late = _bucket(cpu, 1, 5, "cpu_ms"), _bucket(cpu, n - 9, n, "cpu_ms")
             if early and late:
                 verdicts.append(
@@ -515,7 +516,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
                 )
             last = runs[max(runs)]
             if "added_ms_last" in last:
-                lines += [
+                extra += [
                     "",
                     f"Added latency (proxy minus direct, best of 3): {last['added_ms_first']:.1f} ms at "
                     f"{last['probe_tokens_first']:,} tokens, {last['added_ms_last']:.1f} ms at "
@@ -526,7 +527,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
                     f"- Added latency at {last['probe_tokens_last']:,} tokens <= 3 ms: {added:.1f} ms -> "
                     f"**{'met' if added <= 3 else 'not met'}**"
                 )
-    lines += ["", "Targets of issue 16 measured here:", "", *verdicts, ""]
+    lines += [*extra, "", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)
 
 
