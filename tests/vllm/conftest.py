@@ -3,7 +3,8 @@
 The venv comes from ``tests/vllm/install.sh`` (``~/.cache/orchard-rec/vllm``, built on first
 use, reused after); the model is built offline here (``model.py``). Start-up takes 35-85 s,
 so every test of this folder shares one server (``vllm_server``) and is marked ``vllm`` and
-``slow``.
+``slow``. ``ORCHARD_VLLM_URL="http://HOST:PORT;MODEL_DIR"`` points the tests at a server
+already running (while developing), skipping the start-up.
 
 ``Tap``: a loopback relay between orchard-rec and vLLM that keeps every request body it
 forwarded and the exact bytes vLLM answered, so tests compare what was recorded and what
@@ -41,6 +42,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if Path(str(item.fspath)).parent == HERE:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.slow)
+            # the first test also waits for the server's start-up (35-85 s idle, minutes on a busy machine)
+            item.add_marker(pytest.mark.timeout(1200))
 
 
 def _free_port() -> int:

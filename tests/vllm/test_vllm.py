@@ -168,7 +168,7 @@ def test_token_mode_chat_is_vllms_answer_and_ids(tap: Tap, proxy_factory, sqlite
         assert list(call.completion_logprobs) == lps
         if stream:  # bug 9: vLLM's fingerprint arrives in the last chunk
             fps = [e.get("system_fingerprint") for e in ex.events() if e.get("system_fingerprint")]
-            assert call.response.get("system_fingerprint") == (fps[-1] if fps else None)
+            assert fps and call.response.get("system_fingerprint") == fps[-1]
 
 
 @pytest.mark.parametrize("stream", [False, True])
