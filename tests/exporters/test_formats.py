@@ -161,7 +161,7 @@ def test_sft_formats_flag_credited_assistant_turns(recorded, tmp_path) -> None: 
     ) + [1]
     export(recorded, "verl-sft", tmp_path / "vsft.parquet")
     t = pq.read_table(tmp_path / "vsft.parquet").to_pylist()
-    assert len(t) == len(ref) and json.loads(t[0]["messages"])[-1]["loss"] == 1
+    assert len(t) == len(ref) and t[0]["messages"][-1]["loss"] == 1
 
 
 def test_group_by_and_filters(recorded, tmp_path) -> None:  # type: ignore[no-untyped-def]
