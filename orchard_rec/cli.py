@@ -1184,6 +1184,11 @@ def export(
     seed: int | None = typer.Option(
         None, "--seed", help="Seed for --select tie order and the pass-rate filter."
     ),
+    require_teacher: bool = typer.Option(
+        False,
+        "--require-teacher",
+        help="Drop samples that have no stored teacher log-probs (orchard-rec teacher).",
+    ),
     list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
     auxiliary: bool | None = typer.Option(
         None,
@@ -1297,6 +1302,7 @@ def export(
             filters=filters,
             selection_stats=sel_stats,
             auxiliary=auxiliary,
+            require_teacher=require_teacher,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     if bar is not None or filters:
@@ -1796,6 +1802,123 @@ def reward(
     finally:
         store.close()
     typer.echo(f"stored {rules} process rewards for {len(results)} sessions", err=True)
+
+
+# -- teacher log-probs (on-policy distillation) ---------------------------------------------------------------------
+
+
+@app.command()
+def teacher(
+    url: str = typer.Option(
+        ..., "--url", help="Teacher server base URL (vLLM: http://HOST:PORT; SGLang: http://HOST:PORT)."
+    ),
+    kind: Literal["vllm", "sglang"] = typer.Option(
+        "vllm", "--kind", help="vllm (/v1/completions prompt_logprobs) or sglang (/generate)."
+    ),
+    top_k: int = typer.Option(
+        0, "--top-k", help="Also store the teacher's top-K log-probs per response token."
+    ),
+    max_len: int | None = typer.Option(None, "--max-len", help="Longest token sequence the teacher accepts."),
+    truncation: Literal["prefix", "suffix"] = typer.Option(
+        "prefix",
+        "--truncation",
+        help="Over --max-len: drop from the left (prompt first) or the right (response tail).",
+    ),
+    concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight."),
+    retries: int = typer.Option(2, "--retries", help="Retries per sample before it is stored as failed."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per request."),
+    shard: str | None = typer.Option(
+        None, "--shard", help="I/N: this worker's share of the samples (0 <= I < N)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Model name sent to vLLM (default: its first /v1/models entry)."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The teacher's name/version as stored (default: the model name)."
+    ),
+    session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
+    since: datetime | None = typer.Option(
+        None, "--since", help="Only sessions active since (ISO date/time, UTC)."
+    ),
+    harness: str | None = typer.Option(None, "--harness"),
+    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
+    db: str = DbOpt,
+) -> None:
+    """Teacher log-probs of every response token of every sample, stored per sample (resumable)."""
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from orchard_rec.pipeline import iter_samples
+    from orchard_rec.teacher import SampleRef, TeacherConfig, score_all
+    from orchard_rec.teacher.store import TeacherStore
+
+    url = _check_upstream(url, "--url")
+    if top_k < 0 or concurrency < 1 or retries < 0 or (max_len is not None and max_len < 2):
+        raise usage_error("--top-k >= 0, --concurrency >= 1, --retries >= 0 and --max-len >= 2")
+    part: tuple[int, int] | None = None
+    if shard is not None:
+        try:
+            i, n = (int(x) for x in shard.split("/"))
+            if not 0 <= i < n:
+                raise ValueError
+        except ValueError:
+            raise usage_error("--shard takes I/N with 0 <= I < N, e.g. 0/4") from None
+        part = (i, n)
+    since_ts = _since(since)
+    with _reading(db) as store:
+        total = len(store.sessions(session, since=since_ts, harness=harness))
+    if total == 0:
+        raise CliError(
+            "no session to score"
+            + (" matches the selection" if (session or since or harness) else f" in {db}")
+        )
+    store = open_write(db)
+    sink = TeacherStore(store.engine)
+    cfg = TeacherConfig(
+        url=url,
+        kind=kind,
+        top_k=top_k,
+        max_len=max_len,
+        truncation=truncation,
+        concurrency=concurrency,
+        retries=retries,
+        timeout_s=timeout,
+        model=model,
+        name=name,
+    )
+    progress = Progress(
+        TextColumn("teacher"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not err.is_terminal,
+        transient=True,
+    )
+    try:
+        refs = (
+            SampleRef(s.session_id, s.sample_key, list(s.tokens), s.response_length)
+            for s in iter_samples(
+                store, sessions=session, since=since_ts, harness=harness, on_mismatch=on_mismatch
+            )
+        )
+        with progress:
+            task = progress.add_task("teacher", total=None)
+            summary = asyncio.run(
+                score_all(refs, cfg, sink, shard=part, progress=lambda k: progress.advance(task, k))
+            )
+    finally:
+        store.close()
+    typer.echo(summary.line(), err=True)
+    for e in summary.errors[:5]:
+        _warn(e)
+    if summary.failed:
+        _warn(
+            f"{summary.failed} samples failed (stored with an all-zero valid mask); run the command again to retry them"
+        )
+        raise SystemExit(1)
 
 
 def main() -> NoReturn:

@@ -12,6 +12,7 @@ from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
+from orchard_rec.teacher.store import TeacherStore
 
 __all__ = ["attach_messages", "export", "select_samples"]
 
@@ -52,6 +53,9 @@ def export(
         auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
     store = Store(db_url, readonly=True)  # an export never writes the database
     try:
+        teachers = TeacherStore(store.engine)
+        if teachers.has_table() and "teacher" not in selection:
+            selection["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
         samples = select_samples(
             store,
             on_session=on_session,

@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Blob", "Call", "Session"]
+__all__ = ["Base", "Blob", "Call", "Session", "TeacherLogprobs"]
 
 Json = Annotated[Any, mapped_column(JSON(none_as_null=True), nullable=True)]
 Bytes = Annotated[bytes | None, mapped_column(LargeBinary, nullable=True)]
@@ -54,6 +54,10 @@ class Session(Base):
     """One agent session: the calls that share a session id, and their outcome."""
 
     __tablename__ = "sessions"
+    __table_args__ = (
+        Index("ix_sessions_created_at", "created_at"),
+        Index("ix_sessions_updated_at", "updated_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     created_at: Mapped[Timestamp]
@@ -135,3 +139,30 @@ class Blob(Base):
     digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
     """UTF-8 text."""
+
+
+class TeacherLogprobs(Base):
+    """A teacher's log-probs over one reconstructed sample (``orchard-rec teacher``).
+
+    Keyed by sample identity: the session and the sample's first call id, with a hash of its
+    token ids and response length; a re-run skips what matches and redoes what changed.
+    Arrays are little-endian packed bytes: ``log_probs`` float32 and ``valid_mask`` uint8
+    (len = response_length), ``topk_ids`` int32 and ``topk_logprobs`` float32
+    (response_length x top_k, row-major, padded with id -1 / 0.0 where fewer came back).
+    """
+
+    __tablename__ = "teacher_logprobs"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    sample_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(32))
+    teacher: Mapped[str] = mapped_column(Text)
+    """The teacher's model name (as its server reports it) or the name given with --name."""
+    response_length: Mapped[int] = mapped_column(BigInteger)
+    top_k: Mapped[int] = mapped_column(BigInteger)
+    failed: Mapped[bool]
+    log_probs: Mapped[bytes] = mapped_column(LargeBinary)
+    valid_mask: Mapped[bytes] = mapped_column(LargeBinary)
+    topk_ids: Mapped[Bytes]
+    topk_logprobs: Mapped[Bytes]
+    created_at: Mapped[Timestamp]
