@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from orchard_rec.exporters import ExportError
 from orchard_rec.exporters.pipeline import export
-
-pytestmark = pytest.mark.slow  # the session-scoped recorded_db fixture records through a real proxy
+from orchard_rec.exporters.verl import VerlSftExporter
 
 
 def convert_nested_value_to_list_recursive(data_item: Any) -> Any:
@@ -95,6 +95,7 @@ def _check(tok: Any, path: Path, want: list[dict[str, Any]], *, exact_tools: boo
             )
 
 
+@pytest.mark.slow  # the session-scoped recorded_db fixture records through a real proxy
 def test_verl_loader_gets_the_recorded_messages_and_tools(recorded_db, tmp_path, tokenizer, caplog) -> None:  # type: ignore[no-untyped-def]
     ref = _chat_view(recorded_db, tmp_path)
     sessions = pd.read_parquet(_export(recorded_db, tmp_path / "all.parquet", caplog, warns=True))[
@@ -112,6 +113,7 @@ def test_verl_loader_gets_the_recorded_messages_and_tools(recorded_db, tmp_path,
         _check(tokenizer, out, _chat_view(recorded_db, tmp_path, sessions=sel), exact_tools=True)
 
 
+@pytest.mark.slow
 def test_mixed_tool_shapes_get_null_fillers_and_a_warning(recorded_db, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     ref = _chat_view(recorded_db, tmp_path)
     _, tools = _verl_load(_export(recorded_db, tmp_path / "all.parquet", caplog, warns=True))
@@ -129,3 +131,15 @@ def _export(db: str, out: Path, caplog: Any, *, warns: bool, **sel: Any) -> Path
         export(db, "verl-sft", out, **sel)
     assert bool([r for r in caplog.records if "differ in shape" in r.getMessage()]) is warns
     return out
+
+
+def test_tool_schemas_without_a_common_parquet_type_are_a_clear_error() -> None:
+    def tool(name: str, default: Any) -> str:
+        params = {"type": "object", "properties": {"n": {"default": default}}}
+        return json.dumps([{"type": "function", "function": {"name": name, "parameters": params}}])
+
+    assert VerlSftExporter._tools_type([tool("a", 5), tool("b", 6)]) is not None
+    with pytest.raises(
+        ExportError, match=r"cannot share one parquet type.*export sessions with different tool sets"
+    ):
+        VerlSftExporter._tools_type([tool("a", 5), tool("b", "x")])
