@@ -310,6 +310,22 @@ def recorded(t: Target) -> int | None:
     return Store(t.db).count_calls()
 
 
+def _other_sections(path: Path, ours: list[str]) -> list[str]:
+    """The sections other benchmarks wrote into the report (viewer, durability, long sessions,
+    teacher...): kept as they are when this run rewrites its own."""
+    if not path.exists():
+        return []
+    produced = {ln.split("(")[0].strip() for ln in ours if ln.startswith("## ")}
+    kept: list[str] = []
+    keep = False
+    for ln in path.read_text().splitlines():
+        if ln.startswith("## "):
+            keep = ln.split("(")[0].strip() not in produced
+        if keep:
+            kept.append(ln)
+    return [""] + kept if kept else []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -575,6 +591,7 @@ def report(
     lines += ["", f"Versions: {_versions()}.", ""] + _verdicts(rows)
     if toolkit:
         lines += [""] + _toolkit_lines(toolkit)
+    lines += _other_sections(Path(args.out), lines)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     with open(Path(args.out).with_suffix(".json"), "w") as f:
