@@ -26,6 +26,7 @@ from orchard_rec.proxy.server import tune_interpreter
 from orchard_rec.proxy.token import plan_for
 from orchard_rec.records import Dialect
 from orchard_rec.storage import Store
+from orchard_rec.storage.delta import SessionState
 from orchard_rec.storage.store import _row
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there, benchmark"}]}
@@ -87,15 +88,21 @@ def main() -> None:
         store.close()
     store = Store(f"sqlite:///{work / 'raw.db'}")
     store.upgrade()
+    t = time.process_time()
+    stored = [store.encoder.encode(r, SessionState())[0] for r in recs]
+    print(f"delta encoding (Encoder.encode)        {1e6 * (time.process_time() - t) / n:7.1f} us/call")
     with store._sessions.begin() as db:  # compiles the statement once
-        store._insert_calls(db, [_row(recs[0], None)])
-    sql, conv = store._insert_sql, store._insert_conv
+        store._insert_calls(db, [_row(recs[0], None, stored[0])])
+    sql, get, fix = store._insert_sql, store._insert_get, store._insert_fix
     store.close()
     t = time.process_time()
-    params = [
-        tuple(v if (v := row[name]) is None or f is None else f(v) for name, f in conv)
-        for row in (_row(r, None) for r in recs[1:])
-    ]
+    params = []
+    for row in (_row(r, None, s) for r, s in zip(recs[1:], stored[1:])):
+        vals = list(get(row))
+        for i, f in fix:
+            if (v := vals[i]) is not None:
+                vals[i] = f(v)
+        params.append(tuple(vals))
     print(f"row values (orjson text, timestamps)  {1e6 * (time.process_time() - t) / n:7.1f} us/call")
     con = sqlite3.connect(str(work / "raw.db"))
     con.execute("PRAGMA journal_mode=WAL")
