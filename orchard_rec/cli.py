@@ -1836,6 +1836,16 @@ def teacher(
     name: str | None = typer.Option(
         None, "--name", help="The teacher's name/version as stored (default: the model name)."
     ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="The student's tokenizer (path or 'demo'); needed with --retokenize-teacher.",
+    ),
+    retokenize_teacher: str | None = typer.Option(
+        None,
+        "--retokenize-teacher",
+        help="The teacher's tokenizer when its vocabulary differs: positions are mapped by text, unaligned ones invalid.",
+    ),
     session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
     since: datetime | None = typer.Option(
         None, "--since", help="Only sessions active since (ISO date/time, UTC)."
@@ -1875,7 +1885,16 @@ def teacher(
         )
     store = open_write(db)
     sink = TeacherStore(store.engine)
+    pair = None
+    if retokenize_teacher is not None or tokenizer is not None:
+        if retokenize_teacher is None or tokenizer is None:
+            raise usage_error(
+                "--retokenize-teacher TEACHER_TOKENIZER and --tokenizer STUDENT_TOKENIZER go together",
+                "give both when the teacher's tokenizer differs; neither when it is the student's",
+            )
+        pair = (_load_tokenizer(tokenizer, hf=False), _load_tokenizer(retokenize_teacher, hf=False))
     cfg = TeacherConfig(
+        retokenize=pair,
         url=url,
         kind=kind,
         top_k=top_k,

@@ -74,6 +74,9 @@ class TeacherConfig:
     timeout_s: float = 300.0
     model: str | None = None
     """The model name sent to vLLM (its ``/v1/models`` first entry when None)."""
+    retokenize: tuple[Any, Any] | None = None
+    """``(student tokenizer, teacher tokenizer)`` when the teacher's vocabulary differs: the
+    response is mapped by text (``teacher.align``) and unaligned positions are invalid."""
     name: str | None = None
     """The teacher's recorded name/version (default: the model name the server reports)."""
 
@@ -120,6 +123,15 @@ async def _model_of(session: aiohttp.ClientSession, cfg: TeacherConfig) -> str |
 async def _score_one(
     session: aiohttp.ClientSession, cfg: TeacherConfig, ref: SampleRef, model: str | None
 ) -> TeacherResult:
+    if cfg.retokenize is not None:
+        from orchard_rec.teacher.align import align, map_back
+
+        a = align(cfg.retokenize[0], cfg.retokenize[1], ref.tokens, ref.response_length)
+        inner = SampleRef(
+            ref.session_id, ref.sample_key, a.teacher_ids, len(a.teacher_ids) - a.teacher_prompt_length
+        )
+        plain = TeacherConfig(**{**cfg.__dict__, "retokenize": None})
+        return map_back(a, await _score_one(session, plain, inner, model))
     w = window(len(ref.tokens), len(ref.tokens) - ref.response_length, cfg.max_len, cfg.truncation)
     path, body = request_for(cfg.kind, ref.tokens, w, cfg.top_k, model)
     last: Exception | None = None

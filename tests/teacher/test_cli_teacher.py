@@ -118,3 +118,38 @@ def test_usage_errors(recorded_db: str) -> None:
     ]:
         r = runner.invoke(app, ["teacher", "--db", recorded_db, *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+def test_retokenize_teacher_through_the_cli(recorded_db: str, tmp_path: Path) -> None:
+    from .test_retokenize import teacher_tokenizer
+
+    db = _copy(recorded_db, tmp_path)
+    path = tmp_path / "teacher-tokenizer.json"
+    teacher_tokenizer().save(str(path))
+    r = runner.invoke(
+        app, ["teacher", "--db", db, "--url", "http://127.0.0.1:1", "--retokenize-teacher", str(path)]
+    )
+    assert r.exit_code == 2 and "go together" in r.output
+    with BackgroundServer(DemoUpstream().app()) as teacher:
+        r = runner.invoke(
+            app,
+            [
+                "teacher",
+                "--db",
+                db,
+                "--url",
+                teacher.url,
+                "--session",
+                "sess-0",
+                "--tokenizer",
+                "demo",
+                "--retokenize-teacher",
+                str(path),
+            ],
+        )
+        assert r.exit_code == 0, r.output
+    out = tmp_path / "s.jsonl"
+    runner.invoke(app, ["export", "--db", db, "--out", str(out), "--session", "sess-0"])
+    for s in read_jsonl(out):
+        assert s.teacher is not None and len(s.teacher.valid_mask) == s.response_length
+        assert 0 < sum(s.teacher.valid_mask) <= s.response_length  # aligned positions only
