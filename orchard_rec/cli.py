@@ -1855,15 +1855,17 @@ def teacher(
     db: str = DbOpt,
 ) -> None:
     """Teacher log-probs of every response token of every sample, stored per sample (resumable)."""
-    import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from orchard_rec.pipeline import iter_samples
     from orchard_rec.teacher import SampleRef, TeacherConfig, score_all
+    from orchard_rec.teacher.run import run_coroutine
     from orchard_rec.teacher.store import TeacherStore
 
-    url = _check_upstream(url, "--url")
+    url = _check_upstream(
+        url, "--url", openai_style=False
+    )  # the server root: /v1/completions or /generate is added
     if top_k < 0 or concurrency < 1 or retries < 0 or (max_len is not None and max_len < 2):
         raise usage_error("--top-k >= 0, --concurrency >= 1, --retries >= 0 and --max-len >= 2")
     part: tuple[int, int] | None = None
@@ -1925,7 +1927,7 @@ def teacher(
         )
         with progress:
             task = progress.add_task("teacher", total=None)
-            summary = asyncio.run(
+            summary = run_coroutine(
                 score_all(refs, cfg, sink, shard=part, progress=lambda k: progress.advance(task, k))
             )
     finally:

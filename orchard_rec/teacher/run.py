@@ -14,9 +14,9 @@ import concurrent.futures
 import hashlib
 import logging
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
@@ -29,10 +29,12 @@ __all__ = [
     "TeacherSummary",
     "content_hash",
     "in_shard",
+    "run_coroutine",
     "score_all",
 ]
 
 log = logging.getLogger("orchard_rec.teacher")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,17 @@ async def score_all(
     return summary
 
 
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code: ``asyncio.run`` here, or in a
+    thread of its own when this thread already runs an event loop (a trainer, a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 class MemorySink:
     """Results kept in memory (live scoring inside a trainer; nothing is ever skipped)."""
 
@@ -229,16 +242,7 @@ def score_live(samples: list[Any], cfg: TeacherConfig) -> TeacherSummary:
     sink = MemorySink()
     refs = [SampleRef(s.session_id, s.sample_key, list(s.tokens), s.response_length) for s in samples]
 
-    def run() -> TeacherSummary:
-        return asyncio.run(score_all(refs, cfg, sink))
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        summary = run()
-    else:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            summary = pool.submit(run).result()
+    summary = run_coroutine(score_all(refs, cfg, sink))
     for s in samples:
         got = sink.results.get((s.session_id, s.sample_key))
         if got is not None:
