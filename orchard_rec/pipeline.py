@@ -43,6 +43,7 @@ from orchard_rec.reconstruct import (
     TeacherData,
     credit_policy,
     generation_of,
+    image_token_id,
     numeric_reward,
     reconstruct,
 )
@@ -143,9 +144,14 @@ def iter_samples(
     teacher: Callable[[Sample], TeacherData | None] | None = None,
     require_teacher: bool = False,
     auxiliary: bool = True,
+    image_token: int | None = None,
 ) -> Iterator[Sample]:
-    """``auxiliary=False`` leaves out the samples of harnesses' side conversations (``metadata.auxiliary``)."""
+    """``auxiliary=False`` leaves out the samples of harnesses' side conversations (``metadata.auxiliary``).
+    ``image_token``: a VLM's image placeholder id (default: the tokenizer's, ``image_token_id``);
+    samples with images then carry ``metadata.image_spans``."""
     policy = credit_policy(credit) if isinstance(credit, str) else credit
+    if image_token is None:
+        image_token = image_token_id(tokenizer)
     if pass_rate is not None and group_by is None:
         raise UsageError("--pass-rate needs --group-by (a pass rate is a property of a group)")
     if (select is not None or filters) and group_by is None:
@@ -203,6 +209,7 @@ def iter_samples(
             session_id=summary.id,
             skipped=skipped,
             turn_end=turn_end,
+            image_token=image_token,
         ):
             if reward_key is not None:
                 s.reward = pick_reward(summary.outcome, reward_key)

@@ -25,6 +25,7 @@ from orchard_rec.reconstruct.generation import Generation, generation_of, genera
 from orchard_rec.reconstruct.merge import MismatchPolicy, reconstruct, reconstruct_session
 from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import (
+    ImageRef,
     Sample,
     SampleBuilder,
     SampleStatus,
@@ -34,12 +35,14 @@ from orchard_rec.reconstruct.sample import (
     Turn,
     numeric_reward,
 )
+from orchard_rec.reconstruct.vision import image_runs, image_token_id
 
 __all__ = [
     "CREDIT_POLICIES",
     "AssistantCredit",
     "CreditPolicy",
     "Generation",
+    "ImageRef",
     "LastTurnCredit",
     "MismatchPolicy",
     "Sample",
@@ -54,6 +57,8 @@ __all__ = [
     "credit_policy",
     "generation_of",
     "generations_of",
+    "image_runs",
+    "image_token_id",
     "numeric_reward",
     "reconstruct",
     "reconstruct_session",

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from orchard_rec.protocol.images import ImageRef, images_of
 from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import TokenSource
 from orchard_rec.records import CallOutcome, CallRecord
@@ -39,6 +40,8 @@ class Generation:
     auxiliary: str | None = None
     """The kind of side conversation (``title`` ...) when a harness held it for itself
     (``calls.metadata.auxiliary``, set by its plug-in); None for the agent's own."""
+    images: tuple[ImageRef, ...] = ()
+    """The images of the prompt, in the order the chat template placed them (``images_of``)."""
 
     def __post_init__(self) -> None:
         logprobs = self.completion_logprobs
@@ -69,6 +72,7 @@ def generation_of(call: CallRecord, tokenizer: Any = None) -> Generation | None:
         finish_reason=call.finish_reason,
         source=source,
         auxiliary=str((call.metadata or {}).get("auxiliary") or "") or None,
+        images=tuple(images_of(call.dialect, call.request)),
     )
 
 

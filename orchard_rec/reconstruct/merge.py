@@ -50,6 +50,7 @@ from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.generation import Generation, generations_of
 from orchard_rec.reconstruct.sample import Sample, SampleBuilder, SampleStatus, SplitReason, TokenSource
+from orchard_rec.reconstruct.vision import image_runs, image_token_id
 from orchard_rec.records import CallRecord, Outcome
 
 __all__ = ["MismatchPolicy", "reconstruct", "reconstruct_session"]
@@ -165,13 +166,17 @@ def reconstruct(
     outcome: Outcome | None = None,
     skipped: Sequence[str] = (),
     turn_end: int | None = None,
+    image_token: int | None = None,
 ) -> list[Sample]:
     """Samples of one session's ``generations`` (in causal order), in order of their first call.
 
     ``skipped`` lists calls that could not take part (``metadata.skipped_calls`` of the first
     sample); ``outcome`` gives reward and status, ``credit`` the loss mask policy.
     ``turn_end``: the chat template's end-of-turn token (``template_turn_end``), which
-    ``realign`` needs when every turn of a sample was cut.
+    ``realign`` needs when every turn of a sample was cut. ``image_token``: the VLM's image
+    placeholder id (``vision.image_token_id``); with it, samples with images get
+    ``metadata.image_spans`` (one ``[start, end)`` run per image, in token coordinates), and
+    ``metadata.image_spans_mismatch`` when the runs and the request's images differ in number.
     """
     policy_mismatch = MismatchPolicy.of(on_mismatch)
     builders: list[SampleBuilder] = []
@@ -188,6 +193,7 @@ def reconstruct(
             target.append_observation(prompt[len(target.tokens) :])
             target.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
             target.sources.add(g.source)
+            target.images = list(g.images)
             continue
         if policy_mismatch is MismatchPolicy.REALIGN:
             found = _realign_target(kin, prompt, turn_end)
@@ -197,17 +203,24 @@ def reconstruct(
                 b.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
                 b.metadata.setdefault("realigned", []).append(g.call_id)
                 b.sources.add(g.source)
+                b.images = list(g.images)
                 continue
         nb = SampleBuilder(session_id, prompt)
         parent, reason = _divergence(kin, prompt)
         if parent is not None and reason is not None:
             nb.metadata["split_from"] = builders.index(kin[parent])
             nb.metadata["reason"] = reason.value
+            dropped = _dropped_images(kin[parent].images, g.images)
+            if dropped:
+                # the harness keeps only its last screenshots: the prefix breaks at the oldest
+                # image, so every later turn is a sample of its own (Orchard-GUI's per-turn samples)
+                nb.metadata["images_dropped"] = dropped
         if g.auxiliary is not None:
             nb.metadata["auxiliary"] = True
             nb.metadata["auxiliary_kind"] = g.auxiliary
         nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
         nb.sources.add(g.source)
+        nb.images = list(g.images)
         builders.append(nb)
     policy = credit or AssistantCredit()
     samples: list[Sample] = []
@@ -222,6 +235,11 @@ def reconstruct(
         s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
         if b.missing_logprobs:
             s.metadata["missing_logprobs"] = True
+        if image_token is not None and (s.images or image_token in s.tokens):
+            spans = image_runs(s.tokens, image_token)
+            s.metadata["image_spans"] = spans
+            if len(spans) != len(s.images):
+                s.metadata["image_spans_mismatch"] = True
         if outcome is not None:
             s.reward = dict(outcome.reward) if isinstance(outcome.reward, Mapping) else outcome.reward
             if outcome.status is not None and s.status is SampleStatus.COMPLETED:
@@ -259,7 +277,14 @@ def reconstruct_session(
         outcome=outcome,
         skipped=skipped,
         turn_end=template_turn_end(tokenizer) if tokenizer is not None else None,
+        image_token=image_token_id(tokenizer),
     )
+
+
+def _dropped_images(before: Sequence[Any], after: Sequence[Any]) -> int:
+    """How many of a sample's images a new prompt no longer shows (0 when it keeps them all)."""
+    kept = {im.digest for im in after}
+    return sum(1 for im in before if im.digest not in kept)
 
 
 def _divergence(

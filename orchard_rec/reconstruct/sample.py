@@ -19,7 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchard_rec.protocol.images import ImageRef
+
 __all__ = [
+    "ImageRef",
     "Sample",
     "SampleBuilder",
     "SampleStatus",
@@ -145,6 +148,9 @@ class Sample:
     tools: list[dict[str, Any]] | None = None
     teacher: TeacherData | None = None
     """Teacher log-probs over the response, attached at export when stored; None = no teacher data."""
+    images: list[ImageRef] = field(default_factory=list)
+    """The images the sample's tokens show, in order (the last merged call's prompt images): one
+    per image run of the prompt/observations (``metadata.image_spans`` when the image token is known)."""
 
     @property
     def sample_key(self) -> str:
@@ -193,6 +199,8 @@ class Sample:
         }
         if self.token_weights is not None:
             d["token_weights"] = self.token_weights
+        if self.images:
+            d["images"] = [im.to_dict() for im in self.images]
         if self.teacher is not None:
             d.update(self.teacher.to_dict())
         return d
@@ -215,6 +223,7 @@ class Sample:
             token_weights=d.get("token_weights"),
             metadata=meta,
             teacher=TeacherData.from_dict(d),
+            images=[ImageRef.from_dict(i) for i in d.get("images") or ()],
         )
 
 
@@ -223,6 +232,7 @@ class SampleBuilder:
 
     __slots__ = (
         "call_ids",
+        "images",
         "last_finish",
         "log_probs",
         "loss_mask",
@@ -251,6 +261,8 @@ class SampleBuilder:
         self.missing_logprobs = False
         self.sources: set[TokenSource] = set()
         """Where the ids came from: ``server`` and/or ``retokenized``."""
+        self.images: list[ImageRef] = []
+        """The images of the last merged prompt (it contains every earlier one's)."""
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -297,4 +309,5 @@ class SampleBuilder:
             rollout_log_probs=list(self.log_probs),
             turns=list(self.turns),
             metadata=dict(self.metadata),
+            images=list(self.images),
         )
