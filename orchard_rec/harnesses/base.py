@@ -161,6 +161,10 @@ class Harness:
     """GET paths (after any ``/s/{id}``) it sends to learn what the server is: relayed, not recorded."""
     probe_agents: tuple[str, ...] = ()
     """Lower-case ``User-Agent`` prefixes its probes come with (empty: any)."""
+    command: str = ""
+    """Its executable's name on PATH (empty: not looked up on PATH)."""
+    cache_bin: str = ""
+    """Its executable under the install cache (``default_cache()``), as ``harness install`` lays it out."""
     history: str = ""
     """How it resends history, and the policy that keeps a run one exact sample (docs, ``harness config``)."""
 
@@ -248,10 +252,12 @@ class Harness:
         raise FileNotFoundError(f"{self.name} is not installed: orchard-rec harness install {self.name}")
 
     def cached_binary(self) -> str | None:
-        return None
+        """Where ``orchard-rec harness install`` puts its executable (None: it does not install one)."""
+        return str(default_cache() / self.cache_bin) if self.cache_bin else None
 
     def path_binary(self) -> str | None:
-        return None
+        """Its executable found on PATH, if any."""
+        return which(self.command) if self.command else None
 
 
 def _base_env(home: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["CLAUDE_CODE"]
 
@@ -78,15 +78,11 @@ class _ClaudeCode(Harness):
         ]
         return Launch(argv, env, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "claude" / "node_modules" / ".bin" / "claude")
-
-    def path_binary(self) -> str | None:
-        return which("claude")
-
 
 CLAUDE_CODE = _ClaudeCode(
     name="claude-code",
+    command="claude",
+    cache_bin="claude/node_modules/.bin/claude",
     npm=("@anthropic-ai/claude-code@2.1.332",),
     dialect="messages",
     version="2.1.332",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["CODEX"]
 
@@ -62,15 +62,11 @@ class _Codex(Harness):
         ]
         return Launch(argv, {"CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-orchard"}, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "codex" / "node_modules" / ".bin" / "codex")
-
-    def path_binary(self) -> str | None:
-        return which("codex")
-
 
 CODEX = _Codex(
     name="codex",
+    command="codex",
+    cache_bin="codex/node_modules/.bin/codex",
     npm=("@openai/codex@0.171.0",),
     dialect="responses",
     version="0.171.0",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["HERMES"]
 
@@ -65,15 +65,11 @@ class _Hermes(Harness):
         argv = [self.binary(binary), "-z", *args]
         return Launch(argv, {"HERMES_HOME": str(hh)}, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "hermes" / "bin" / "hermes")
-
-    def path_binary(self) -> str | None:
-        return which("hermes")
-
 
 HERMES = _Hermes(
     name="hermes",
+    command="hermes",
+    cache_bin="hermes/bin/hermes",
     version="0.19.0",
     npm=(),
     pypi=("hermes-agent==0.19.0",),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["KIMI"]
 
@@ -71,15 +71,11 @@ class _Kimi(Harness):
         ]
         return Launch(argv, {"KIMI_SHARE_DIR": str(share), "KIMI_DISABLE_TELEMETRY": "1"}, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "kimi" / "bin" / "kimi")
-
-    def path_binary(self) -> str | None:
-        return which("kimi")
-
 
 KIMI = _Kimi(
     name="kimi",
+    command="kimi",
+    cache_bin="kimi/bin/kimi",
     version="1.50.0",
     npm=(),
     pypi=("kimi-cli==1.50.0",),

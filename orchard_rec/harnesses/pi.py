@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.harnesses.base import Harness, Launch, default_cache, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["PI"]
 
@@ -75,15 +75,11 @@ class _Pi(Harness):
         env = {"PI_CODING_AGENT_DIR": str(agent), "PI_OFFLINE": "1", "ORCHARD_PROXY_KEY": "sk-orchard"}
         return Launch(argv, env, workdir)
 
-    def cached_binary(self) -> str | None:
-        return str(default_cache() / "pi" / "node_modules" / ".bin" / "pi")
-
-    def path_binary(self) -> str | None:
-        return which("pi")
-
 
 PI = _Pi(
     name="pi",
+    command="pi",
+    cache_bin="pi/node_modules/.bin/pi",
     version="0.73.1",
     npm=("@mariozechner/pi-coding-agent@0.73.1",),
     dialect="chat",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard_rec.harnesses.base import Harness, Launch, which
+from orchard_rec.harnesses.base import Harness, Launch
 
 __all__ = ["ZEROCLAW"]
 
@@ -51,12 +51,10 @@ class _ZeroClaw(Harness):
         argv = [self.binary(binary), "--config-dir", str(cfg), "agent", "-m", *args]
         return Launch(argv, {"ZEROCLAW_CONFIG_DIR": str(cfg)}, workdir)
 
-    def path_binary(self) -> str | None:
-        return which("zeroclaw")
-
 
 ZEROCLAW = _ZeroClaw(
     name="zeroclaw",
+    command="zeroclaw",
     npm=(),
     dialect="chat",
     session_headers=(),
