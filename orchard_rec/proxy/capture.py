@@ -16,6 +16,7 @@ import orjson
 
 from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
+from orchard_rec.proxy.idcut import MIN_BYTES, IdParser
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 
 __all__ = ["Capture"]
@@ -98,14 +99,21 @@ class Capture:
         self.outcome = outcome
         self.error = error
 
-    def to_record(self) -> CallRecord:
+    def to_record(self, ids: IdParser | None = None) -> CallRecord:
+        """The record (writer thread). ``ids`` parses large answers' token-id arrays (only the ids
+        new to the session, when it has seen the session's previous prompt)."""
         events: list[Any] | None = None
         upstream_obj: Any = None
+        known: list[tuple[list[Any], tuple[int, ...]]] = []
         if self.stream:
             parsed = []
             for name, data in parse_sse(self.chunks):
                 try:
-                    obj: Any = orjson.loads(data) if data and data != "[DONE]" else data
+                    if ids is not None and len(data) >= MIN_BYTES:
+                        obj, more = ids.load(data.encode(), self.session_id)
+                        known += more
+                    else:
+                        obj = orjson.loads(data) if data and data != "[DONE]" else data
                 except orjson.JSONDecodeError:
                     obj = data
                 parsed.append((name, obj))
@@ -113,7 +121,10 @@ class Capture:
             upstream_obj = assemble(self.upstream_dialect, parsed)
         elif self.body is not None:
             try:
-                upstream_obj = orjson.loads(self.body) if self.body else None
+                if ids is not None and self.body:
+                    upstream_obj, known = ids.load(self.body, self.session_id)
+                else:
+                    upstream_obj = orjson.loads(self.body) if self.body else None
             except orjson.JSONDecodeError:
                 upstream_obj = self.body.decode("utf-8", errors="replace")
         prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(
@@ -158,8 +169,8 @@ class Capture:
             events=events,
             error=self.error,
             usage=usage if isinstance(usage, dict) else None,
-            prompt_ids=_ints(prompt_ids),
-            completion_ids=_ints(completion_ids),
+            prompt_ids=_ints(prompt_ids, known),
+            completion_ids=_ints(completion_ids, known),
             completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
@@ -177,9 +188,15 @@ def _text(raw: bytes | None) -> str | None:
         return None
 
 
-def _ints(v: Any) -> tuple[int, ...] | None:
+def _ints(v: Any, known: list[tuple[list[Any], tuple[int, ...]]] | None = None) -> tuple[int, ...] | None:
+    """``v`` as a tuple of ints; ``known``: lists ``IdParser`` parsed as ints only, with their
+    tuples (no conversion needed). A stream's reassembly copies the list: compared then, at
+    pointer speed (the same int objects)."""
     if not isinstance(v, list):
         return None
+    for lst, t in known or ():
+        if v is lst or (len(v) == len(lst) and v == lst):
+            return t
     try:
         return tuple(map(int, v))
     except (TypeError, ValueError):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.spool import Spool
 from orchard_rec.storage.store import Store
@@ -117,6 +118,9 @@ class Recorder:
         loop (and the model server, the harness) first and the writer in the gaps; the bounded
         queue absorbs the delay. 0 leaves it at the process's priority. Under wal only the
         database thread is niced: the spool thread's fsync is what clients wait for."""
+        self.ids = IdParser(int(float(os.environ.get("ORCHARD_IDS_CACHE_MB", "128")) * (1 << 20)))
+        """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
+        ids (``ORCHARD_IDS_CACHE_MB``, default 128) so a call parses only the ids new to it."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
 
@@ -244,7 +248,7 @@ class Recorder:
                     continue
                 nbytes += size
                 try:
-                    batch.append(it.to_record() if isinstance(it, Capture) else it)
+                    batch.append(it.to_record(self.ids) if isinstance(it, Capture) else it)
                 except Exception:  # a record we cannot build must not take the writer down
                     log.exception("could not build record for call %s", getattr(it, "call_id", "?"))
                 if ack is not None:

@@ -23,6 +23,7 @@ from orchard_rec.protocol import anthropic, responses, to_chat
 from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
 from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
 from orchard_rec.protocol.sse import DONE_FRAME, SSEParser, encode
+from orchard_rec.proxy import idcut
 from orchard_rec.records import Dialect
 
 __all__ = ["Plan", "StreamFilter", "plan_for"]
@@ -61,7 +62,23 @@ class Plan:
     # -- non-stream ---------------------------------------------------------------------------
 
     def client_body_bytes(self, data: bytes, status: int) -> tuple[bytes, Any]:
-        """The body the client gets for the upstream's ``data``, and its parsed form (translated calls)."""
+        """The body the client gets for the upstream's ``data``, and its parsed form (translated calls).
+
+        A large answer whose injected id arrays can be cut at byte level (``idcut.cut``) is
+        handled without parsing them: the client gets the upstream's bytes with each array
+        replaced by ``null`` (re-encoded from the small remainder only when logprobs are removed too)."""
+        c = idcut.cut(data) if self.inject_ids and status < 400 else None
+        if c is not None:
+            rest, obj, _ = c
+            if self.client is Dialect.RESPONSES:
+                out = chat_to_responses(obj, self.client_body)
+                return orjson.dumps(out), out
+            if self.client is Dialect.MESSAGES:
+                out = chat_to_messages(obj, self.client_body)
+                return orjson.dumps(out), out
+            if self._strip(obj):
+                return orjson.dumps(obj), None
+            return rest, None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -149,10 +166,25 @@ class StreamFilter:
             if self.translator is None:
                 return DONE_FRAME
             return self._finish_translation()
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            obj = None
+        obj = None
+        if len(data) >= idcut.MIN_BYTES and self.plan.inject_ids:  # the first chunk: the prompt's ids
+            raw = data.encode()
+            c = idcut.cut(raw)
+            if c is not None:
+                rest, obj, spans = c
+                if self.translator is None:
+                    data = orjson.dumps(obj).decode() if self.plan._strip(obj) else rest.decode()
+                    head = f"event: {name}\n" if name else ""
+                    return (head + "data: " + data + "\n\n").encode()
+                for path, s, e in spans:  # the translator reads only how many prompt ids there are
+                    if path == ("prompt_token_ids",):
+                        flat = e - s > 16 or raw[s + 1 : e - 1].strip()
+                        obj["prompt_token_ids"] = [0] * (raw.count(b",", s, e) + 1 if flat else 0)
+        if obj is None:
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                obj = None
         if self.translator is None:
             if isinstance(obj, dict) and self.plan._strip(obj):
                 data = orjson.dumps(obj).decode()

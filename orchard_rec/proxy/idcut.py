@@ -1,0 +1,201 @@
+"""Token-id arrays in a JSON answer, handled at byte level: O(what is new), not O(context).
+
+A vLLM-style answer in token mode carries the whole prompt's ids (``prompt_token_ids``: 150k
+integers at a 150k-token context, most of a 0.5 MB body) although only the completion is new.
+Parsing and re-encoding that on every call made the proxy's cost per call grow with the context.
+Here:
+
+- ``cut(data)`` finds every ``"prompt_token_ids":`` / ``"token_ids":`` key in the raw bytes
+  (a C-speed search), checks each value is ``null`` or a flat array (no string, object or nested
+  array before its first ``]``), and parses the body with those arrays replaced by ``null`` (what
+  remains is small). It is used only when the keys found are exactly the keys at the places
+  vLLM writes them (root ``prompt_token_ids``, ``choices[i].token_ids`` /
+  ``choices[i].prompt_token_ids``), in the same order: a key anywhere else (or a duplicate, or
+  whitespace before a colon) makes it answer None and the caller parses the whole body as before.
+  In valid JSON the pattern ``"name":`` can only start a key (a quote inside a string is escaped),
+  so the search cannot hit message text.
+- ``IdParser`` (the writer thread) parses the arrays themselves, reusing the previous call's ids
+  of the same session when this call's prompt array starts with the same bytes (an agent's next
+  prompt is its last prompt plus what came since): only the new ids are parsed, and the result's
+  ids are the same int objects, so storage's prefix comparison runs at pointer speed too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+__all__ = ["Cut", "IdParser", "cut", "id_paths"]
+
+_KEYS = ((b'"prompt_token_ids":', "prompt_token_ids"), (b'"token_ids":', "token_ids"))
+_WS = frozenset(b" \t\r\n")
+_INT_CHARS = b"0123456789,- \t\r\n[]"
+MIN_BYTES = 16 * 1024
+"""Bodies smaller than this are parsed whole: nothing to gain."""
+
+Path = tuple[Any, ...]
+Span = tuple[Path, int, int]
+Cut = tuple[bytes, Any, list[Span]]
+"""``(rest, parsed rest, spans)``: the body with each id array replaced by ``null``, its parsed
+object, and ``(path in the object, start, end)`` of each array in the original bytes."""
+
+
+def _find(data: bytes) -> list[tuple[int, str, int, int]] | None:
+    """Every id key in ``data`` in byte order: ``(key position, name, value start, value end)``;
+    a ``null`` value has start == end. None when a value is neither null nor a flat array."""
+    hits: list[tuple[int, str, int]] = []
+    for pat, name in _KEYS:
+        i = data.find(pat)
+        while i >= 0:
+            hits.append((i, name, i + len(pat)))
+            i = data.find(pat, i + len(pat))
+    hits.sort()
+    out = []
+    n = len(data)
+    for i, name, s in hits:
+        while s < n and data[s] in _WS:
+            s += 1
+        if data.startswith(b"null", s):
+            out.append((i, name, s, s))
+            continue
+        if not data.startswith(b"[", s):
+            return None
+        e = data.find(b"]", s)
+        if (
+            e < 0
+            or data.find(b'"', s, e) >= 0
+            or data.find(b"{", s, e) >= 0
+            or data.find(b"[", s + 1, e) >= 0
+        ):
+            return None
+        out.append((i, name, s, e + 1))
+    return out
+
+
+def id_paths(obj: Any) -> list[tuple[Path, str]]:
+    """The id keys at the places vLLM writes them, in document (parse) order."""
+    out: list[tuple[Path, str]] = []
+    if not isinstance(obj, dict):
+        return out
+    for k, v in obj.items():
+        if k == "prompt_token_ids":
+            out.append(((k,), k))
+        elif k == "choices" and isinstance(v, list):
+            for i, c in enumerate(v):
+                if isinstance(c, dict):
+                    for ck in c:
+                        if ck == "token_ids" or ck == "prompt_token_ids":
+                            out.append((("choices", i, ck), ck))
+    return out
+
+
+def cut(data: bytes) -> Cut | None:
+    """The body without its id arrays, parsed, and where they were; None when ``data`` has no
+    array to cut, is small, or anything about it is not as expected (then parse it whole)."""
+    if len(data) < MIN_BYTES:
+        return None
+    found = _find(data)
+    if not found or all(s == e for _, _, s, e in found):
+        return None
+    parts: list[bytes] = []
+    pos = 0
+    for _, _, s, e in found:
+        if s != e:
+            parts.append(data[pos:s])
+            parts.append(b"null")
+            pos = e
+    parts.append(data[pos:])
+    rest = b"".join(parts)
+    try:
+        obj = orjson.loads(rest)
+    except orjson.JSONDecodeError:
+        return None
+    paths = id_paths(obj)
+    if [name for _, name in paths] != [name for _, name, _, _ in found]:
+        return None  # a key somewhere else, or a duplicate: not the shape this is for
+    spans = [(path, s, e) for (path, _), (_, _, s, e) in zip(paths, found, strict=True) if s != e]
+    return rest, obj, spans
+
+
+def _only_ints(b: bytes) -> bool:
+    return not b.translate(None, _INT_CHARS)
+
+
+class IdParser:
+    """Parses id arrays for the writer thread, with the last prompt's ids of each session kept
+    (least recently used first out, bounded in bytes) so that the next call parses only its new ids.
+
+    One thread uses it (the recorder's writer)."""
+
+    def __init__(self, max_bytes: int = 128 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._cache: OrderedDict[str, tuple[bytes, tuple[int, ...], int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def load(self, data: bytes, session: str | None) -> tuple[Any, list[tuple[list[Any], tuple[int, ...]]]]:
+        """``orjson.loads(data)``, and the id arrays it parsed as integers only, each with the same
+        ids as a tuple (no conversion needed). Raises ``orjson.JSONDecodeError`` as loads does."""
+        c = cut(data) if len(data) >= MIN_BYTES else None
+        if c is None:
+            return orjson.loads(data), []
+        _, obj, spans = c
+        ints: list[tuple[list[Any], tuple[int, ...]]] = []
+        for path, s, e in spans:
+            node = obj
+            for step in path[:-1]:
+                node = node[step]
+            key = session if path[-1] == "prompt_token_ids" else None
+            ids, exact = self._array(data, s, e, key)
+            lst = list(ids)
+            node[path[-1]] = lst
+            if exact:
+                ints.append((lst, ids))
+        return obj, ints
+
+    def _array(self, data: bytes, s: int, e: int, session: str | None) -> tuple[tuple[Any, ...], bool]:
+        """The array ``data[s:e]`` as a tuple, and whether every element is an int."""
+        hit = self._cache.get(session) if session is not None else None
+        if hit is not None and session is not None:
+            prefix, old, _ = hit
+            k = len(prefix)
+            # the same bytes up to just before the old closing bracket, then a separator: the old
+            # ids are the first ones, parse the rest
+            if e - s > k and data.startswith(prefix, s) and data[s + k] == 0x2C:  # ","
+                tail = data[s + k + 1 : e]
+                if _only_ints(tail):
+                    new = orjson.loads(b"[" + tail)
+                    self.hits += 1
+                    ids = old + tuple(new)
+                    self._remember(session, data, s, e, ids)
+                    return ids, True
+            elif e - s == k + 1 and data.startswith(prefix, s):  # the same array again
+                self.hits += 1
+                self._cache.move_to_end(session)
+                return old, True
+        if session is not None:
+            self.misses += 1
+        span = data[s:e]
+        ids = tuple(orjson.loads(span))
+        if not _only_ints(span):
+            return ids, False
+        if session is not None:
+            self._remember(session, data, s, e, ids)
+        return ids, True
+
+    def _remember(self, session: str, data: bytes, s: int, e: int, ids: tuple[int, ...]) -> None:
+        prefix = data[s : e - 1]
+        size = len(prefix) + 40 * len(ids)  # bytes, the tuple, its int objects
+        old = self._cache.pop(session, None)
+        if old is not None:
+            self._bytes -= old[2]
+        if size > self.max_bytes:
+            return
+        self._cache[session] = (prefix, ids, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, _, n) = self._cache.popitem(last=False)
+            self._bytes -= n

@@ -1,0 +1,186 @@
+"""Token-id arrays cut at byte level (proxy/idcut.py): the same answer as parsing the whole body."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+import pytest
+
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, cut
+from orchard_rec.proxy.token import plan_for
+from orchard_rec.records import Dialect
+
+PROMPT = list(range(1000, 1000 + MIN_BYTES // 4))  # large enough to be cut
+
+
+def answer(prompt: list[int] = PROMPT, content: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": {"content": [{"token": "]", "logprob": -0.5, "bytes": [93], "top_logprobs": []}]},
+                "finish_reason": "stop",
+                "token_ids": [7, 8],
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 2, "total_tokens": len(prompt) + 2},
+        "prompt_token_ids": prompt,
+        **extra,
+    }
+
+
+def whole_strip(data: bytes, logprobs: bool = True) -> bytes:
+    """The reference: parse everything, null what was injected, re-encode."""
+    obj = orjson.loads(data)
+    obj["prompt_token_ids"] = None
+    for c in obj["choices"]:
+        c["token_ids"] = None
+        if logprobs:
+            c["logprobs"] = None
+    return orjson.dumps(obj)
+
+
+def test_cut_finds_vllm_arrays_and_nothing_else() -> None:
+    trap = 'the model wrote "prompt_token_ids": [1, 2] and "token_ids":[3] here'
+    data = orjson.dumps(answer(content=trap))
+    c = cut(data)
+    assert c is not None
+    rest, obj, spans = c
+    assert obj["choices"][0]["message"]["content"] == trap
+    assert obj["prompt_token_ids"] is None and obj["choices"][0]["token_ids"] is None
+    assert [p for p, _, _ in spans] == [("choices", 0, "token_ids"), ("prompt_token_ids",)]
+    for path, s, e in spans:
+        assert orjson.loads(data[s:e]) == ([7, 8] if path[0] == "choices" else PROMPT)
+    assert orjson.loads(rest) == obj
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        orjson.dumps(answer(usage2={"token_ids": [1]})),  # the key somewhere else
+        orjson.dumps(answer(PROMPT[:10])),  # small: parsed whole
+        orjson.dumps(answer()).replace(b'"prompt_token_ids":[', b'"prompt_token_ids":["x",'),  # not flat
+        orjson.dumps(answer())[:-1] + b',"prompt_token_ids":[1]}',  # a duplicate key
+        orjson.dumps(answer())[:-5],  # torn
+    ],
+)
+def test_cut_declines_what_it_is_not_for(data: bytes) -> None:
+    assert cut(data) is None
+
+
+def test_whitespace_and_pretty_printing() -> None:
+    import json
+
+    data = json.dumps(answer(), indent=2).encode()
+    c = cut(data)
+    assert c is not None
+    assert c[1]["prompt_token_ids"] is None and c[1]["choices"][0]["message"]["content"] == "hi"
+
+
+@pytest.mark.parametrize("client_logprobs", [False, True])
+def test_client_bytes_equal_the_whole_parse(client_logprobs: bool) -> None:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    if client_logprobs:
+        body["logprobs"] = True
+    plan = plan_for("token", Dialect.CHAT, body)
+    assert plan is not None
+    data = orjson.dumps(answer())
+    out, _ = plan.client_body_bytes(data, 200)
+    assert out == whole_strip(data, logprobs=not client_logprobs)
+    if client_logprobs:  # nothing re-encoded: the upstream's bytes, less the arrays
+        assert len(out) == len(data) - len(orjson.dumps(PROMPT)) - len(b"[7,8]") + 8
+
+
+def test_stream_first_chunk_is_cut() -> None:
+    plan = plan_for("token", Dialect.CHAT, {"model": "m", "messages": [], "stream": True})
+    assert plan is not None
+    first = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    first["prompt_token_ids"] = PROMPT
+    f = plan.stream_filter()
+    out = f.feed(b"data: " + orjson.dumps(first) + b"\n\n")
+    assert out == b"data: " + orjson.dumps({**first, "prompt_token_ids": None}) + b"\n\n"
+
+
+def record(data: bytes, ids: IdParser | None, session: str = "s") -> Any:
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", session)
+    cap.status_code, cap.body = 200, data
+    return cap.to_record(ids)
+
+
+def test_parser_reuses_the_sessions_prefix_and_gives_the_same_record() -> None:
+    ids = IdParser()
+    grown = [*PROMPT, 7, 8, 42, 43]
+    forked = [*PROMPT[:100], 5, 6, *PROMPT[200:]]
+    for prompt in (PROMPT, grown, grown, forked, [*forked, 1]):
+        data = orjson.dumps(answer(prompt))
+        got, want = record(data, ids), record(data, None)
+        assert got.prompt_ids == want.prompt_ids == tuple(prompt)
+        assert got.completion_ids == want.completion_ids == (7, 8)
+        assert got.response == want.response
+    assert ids.hits == 3 and ids.misses == 2  # grown, grown again, forked + 1 reuse; first and fork parse
+
+
+def test_parser_boundary_is_a_whole_id() -> None:
+    ids = IdParser()
+    record(orjson.dumps(answer(PROMPT)), ids)
+    longer_last = [*PROMPT[:-1], PROMPT[-1] * 10 + 1]  # the same bytes, then a digit: not the old last id
+    assert record(orjson.dumps(answer(longer_last)), ids).prompt_ids == tuple(longer_last)
+
+
+def test_parser_non_int_ids_are_converted_as_before() -> None:
+    data = orjson.dumps(answer([float(i) for i in PROMPT]))
+    assert record(data, IdParser()).prompt_ids == tuple(PROMPT)
+
+
+def test_parser_cache_is_bounded() -> None:
+    ids = IdParser(max_bytes=3 * 40 * len(PROMPT))
+    for s in "abcd":
+        record(orjson.dumps(answer()), ids, session=s)
+    assert ids._bytes <= ids.max_bytes and len(ids._cache) < 4
+
+
+@pytest.mark.parametrize("dialect", [Dialect.RESPONSES, Dialect.MESSAGES])
+@pytest.mark.parametrize("stream", [False, True])
+def test_translated_answers_equal_the_whole_parse(
+    dialect: Dialect, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if dialect is Dialect.RESPONSES:
+        body: dict[str, Any] = {"model": "m", "input": "x", "stream": stream}
+    else:
+        body = {
+            "model": "m",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": stream,
+        }
+    first = {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    chunks = [
+        {**first, "prompt_token_ids": PROMPT},
+        {**first, "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [7]}]},
+        {**first, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "token_ids": [8]}]},
+        {**first, "choices": [], "usage": {"prompt_tokens": len(PROMPT), "completion_tokens": 2}},
+    ]
+    sse = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+    def run() -> bytes:
+        plan = plan_for("token", dialect, body)
+        assert plan is not None
+        if not stream:
+            return plan.client_body_bytes(orjson.dumps({**answer(), "created": 1}), 200)[0]
+        f = plan.stream_filter()
+        return b"".join(f.feed(sse[i : i + 1000]) for i in range(0, len(sse), 1000)) + f.finish()
+
+    def generated(b: bytes) -> bytes:  # ids and times the translation makes up
+        b = re.sub(rb'"(resp|msg|rs|fc|call|toolu)_[A-Za-z0-9]+"', b'"ID"', b)
+        return re.sub(rb'"created_at":[0-9.]+', b'"created_at":0', b)
+
+    got = run()
+    monkeypatch.setattr("orchard_rec.proxy.idcut.MIN_BYTES", 1 << 40)  # everything parsed whole
+    assert generated(got) == generated(run())
+    assert b"input_tokens" not in got or f'"input_tokens":{len(PROMPT)}'.encode() in got
