@@ -4,7 +4,8 @@ recording core every front door shares.
 Owns: ``core`` (the sans-io ``Call``/``StreamRelay``: identity, body, WebSocket refusal, token-mode
 plan, what the client receives, end of stream, errors in the caller's dialect), ``capture`` (what a
 call collects; ``to_record`` on the writer thread), ``request`` and ``identity`` (caller, session
-ids, stored headers), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tito`` (token-in/token-out
+ids, stored headers), ``token`` (token-mode ``Plan``/``StreamFilter``), ``idcut`` (token-id
+arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
 sessions), ``recorder`` (the writer thread), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 
