@@ -212,6 +212,14 @@ ProxyMode = Literal["token", "passthrough", "tito"]
 OnMismatch = Literal["split", "realign"]
 Credit = Literal["assistant", "last-turn", "turn-weights", "value"]
 
+# the session selection every command that reads samples shares (export, teacher, reward ...)
+SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
+SinceOpt = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC).")
+HarnessOpt = typer.Option(None, "--harness", help="Only sessions of this harness.")
+OnMismatchOpt = typer.Option(
+    "split", "--on-mismatch", help="A prompt that extends no sample: split (a linked sample) or realign."
+)
+
 
 # -- the database ------------------------------------------------------------------------------------
 
@@ -1137,12 +1145,10 @@ def export(
         None, "--out", "-o", help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf)."
     ),
     db: str = DbOpt,
-    session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
-    since: datetime | None = typer.Option(
-        None, "--since", help="Only sessions active since (ISO date/time, UTC)."
-    ),
-    harness: str | None = typer.Option(None, "--harness"),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
+    session: list[str] | None = SessionsOpt,
+    since: datetime | None = SinceOpt,
+    harness: str | None = HarnessOpt,
+    on_mismatch: OnMismatch = OnMismatchOpt,
     credit: Credit = typer.Option("assistant", "--credit"),
     tokenizer: str | None = typer.Option(
         None,
@@ -1742,7 +1748,7 @@ def reward(
     rules: str = typer.Option(
         "swe", "--rules", help="Rule set (built in: swe, Orchard-SWE's process_shaped)."
     ),
-    session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
+    session: list[str] | None = SessionsOpt,
     weights: str | None = typer.Option(
         None, "--weights", help='Override term weights, e.g. \'{"f2p": 0.6, "error_rate": 0}\'.'
     ),
@@ -1846,12 +1852,10 @@ def teacher(
         "--retokenize-teacher",
         help="The teacher's tokenizer when its vocabulary differs: positions are mapped by text, unaligned ones invalid.",
     ),
-    session: list[str] | None = typer.Option(None, "--session", help="Only these sessions (repeatable)."),
-    since: datetime | None = typer.Option(
-        None, "--since", help="Only sessions active since (ISO date/time, UTC)."
-    ),
-    harness: str | None = typer.Option(None, "--harness"),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
+    session: list[str] | None = SessionsOpt,
+    since: datetime | None = SinceOpt,
+    harness: str | None = HarnessOpt,
+    on_mismatch: OnMismatch = OnMismatchOpt,
     db: str = DbOpt,
 ) -> None:
     """Teacher log-probs of every response token of every sample, stored per sample (resumable)."""
