@@ -8,12 +8,19 @@ slime: field names, defaults and ``Status`` values of ``slime/utils/types.py`` i
 Orchard's fork (MSR-Orchard/slime ``slime/utils/types.py``: ``teacher_log_probs`` as its
 on-policy distillation sets it, ``teacher_valid_mask`` 1 where the log-prob is valid;
 upstream slime keeps an unknown key as an attribute). ``remove_sample`` is set for
-samples a ``positive-only`` filter kept only for the group baseline. slime's ``Sample.to_dict`` is
+samples a ``positive-only`` filter kept only for the group baseline. ``group_id`` is Orchard's
+fork's id of the rollout a sample belongs to (its loss aggregates siblings of one run: per-turn
+samples, compaction, sub-agents); every sample of a session gets the same one (the export index
+of the session's first sample). Images: ``multimodal_inputs = {"images": [PIL.Image, ...]}``
+(RGB, in prompt order), as Orchard's GUI generator (``examples/orchard_gui/generate_browser.py``)
+and slime's own VLM rollout build it; ``multimodal_train_inputs`` (``pixel_values``,
+``image_grid_thw``) is the model processor's output, which orchard-rec does not run: it stays
+None, for the trainer to compute with its processor. slime's ``Sample.to_dict`` is
 ``self.__dict__`` with ``status`` as its value and the two info objects as dicts;
 ``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds that dict from an
 orchard sample, every other field at slime's default, no key slime does not know
-(``from_dict`` would set unknown keys as stray attributes), and only plain Python values (a
-``.pt`` file must load where orchard-rec is not installed). ``SlimeSample`` is a
+(``from_dict`` would set unknown keys as stray attributes), and only plain Python values and
+PIL images (a ``.pt`` file must load where orchard-rec is not installed). ``SlimeSample`` is a
 field-compatible stand-in for when slime is not importable; ``slime_sample_class()`` gives
 slime's own class when it is.
 
@@ -22,18 +29,22 @@ verl: ``AgentLoopOutput`` of ``verl/experimental/agent_loop/agent_loop.py``: ``p
 and credited, 0 observation), ``response_logprobs``, ``reward_score``, ``num_turns`` (user +
 assistant + tool turns), ``metrics`` (``AgentLoopMetrics``: ``generate_sequences``,
 ``tool_calls``) and ``extra_fields`` (free-form; ours: session, index, group, status, call
-ids, token source, the reward as JSON). ``agent_loop_fields`` is the one builder of that row,
+ids, token source, the reward as JSON), and ``multi_modal_data = {"images": [PIL.Image, ...]}``
+for a sample with images (verl's agent loop hands those to its processor,
+``AgentLoopWorker._compute_multi_modal_inputs``), else None. ``agent_loop_fields`` is the one builder of that row,
 for the ``verl`` export and ``trainers.verl`` alike.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from orchard_rec.exporters.images import pil_images
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = [
@@ -42,6 +53,7 @@ __all__ = [
     "SLIME_STATUSES",
     "SlimeSample",
     "agent_loop_fields",
+    "slime_runs",
     "slime_sample_class",
     "to_slime_dict",
 ]
@@ -55,6 +67,7 @@ def _slime_defaults() -> dict[str, Any]:
     return {
         "group_index": None,
         "index": None,
+        "group_id": None,
         "prompt": "",
         "tokens": [],
         "multimodal_inputs": None,
@@ -90,8 +103,10 @@ def _slime_defaults() -> dict[str, Any]:
 SLIME_FIELDS = tuple(_slime_defaults())
 
 
-def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[str, Any]:
-    """The dict slime's ``Sample.from_dict`` takes, for one orchard sample."""
+def to_slime_dict(
+    s: Sample, *, prompt: Any = "", response: str = "", group_id: int | None = None
+) -> dict[str, Any]:
+    """The dict slime's ``Sample.from_dict`` takes, for one orchard sample (``group_id``: its run's id)."""
     d = _slime_defaults()
     meta = s.to_dict()["metadata"]
     status = str(s.status)
@@ -108,7 +123,10 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
         status=status if status in SLIME_STATUSES else "failed",
         metadata=meta,
         session_id=s.session_id,
+        group_id=group_id,
     )
+    if s.images:
+        d["multimodal_inputs"] = {"images": pil_images(s)}
     d["prefix_cache_info"]["total_prompt_tokens"] = s.prompt_length
     if s.token_weights is not None:
         d["train_metadata"] = {"token_weights": list(s.token_weights)}
@@ -118,6 +136,42 @@ def to_slime_dict(s: Sample, *, prompt: Any = "", response: str = "") -> dict[st
         d["teacher_log_probs"] = list(s.teacher.log_probs)
         d["teacher_valid_mask"] = list(s.teacher.valid_mask)
     return d
+
+
+def slime_runs(samples: Iterable[Sample]) -> Iterator[tuple[Sample, int]]:
+    """Each sample with its run's ``group_id`` (the index of its session's first sample), in order.
+
+    A session whose first sample shows images is held until its last sample: when reconstruction
+    split it per turn after dropped screenshots (``metadata.images_dropped``), its samples get
+    Orchard-GUI's turn-level metadata, ``turn_index`` (0, 1, ... within the session),
+    ``is_last_turn`` and ``num_turns_in_trajectory``.
+    """
+    session: str | None = None
+    run = 0
+    held: list[Sample] = []
+    for s in samples:
+        if s.session_id != session:
+            yield from _turns(held, run)
+            held = []
+            session, run = s.session_id, s.index
+            if s.images:
+                held.append(s)
+                continue
+        if held:
+            held.append(s)
+        else:
+            yield s, run
+    yield from _turns(held, run)
+
+
+def _turns(held: list[Sample], run: int) -> Iterator[tuple[Sample, int]]:
+    if any(s.metadata.get("images_dropped") for s in held):
+        for k, s in enumerate(held):
+            s.metadata["turn_index"] = k
+            s.metadata["is_last_turn"] = k == len(held) - 1
+            s.metadata["num_turns_in_trajectory"] = len(held)
+    for s in held:
+        yield s, run
 
 
 @dataclass
@@ -133,6 +187,7 @@ class SlimeSample:
 
     group_index: int | None = None
     index: int | None = None
+    group_id: int | None = None
     prompt: Any = ""
     tokens: list[int] = field(default_factory=list)
     multimodal_inputs: dict[str, Any] | None = None
@@ -195,12 +250,14 @@ AGENT_LOOP_FIELDS = (
     "num_turns",
     "metrics",
     "extra_fields",
+    "multi_modal_data",
 )
-"""The ``AgentLoopOutput`` fields we fill (``routed_experts``, ``multi_modal_data`` stay at verl's None)."""
+"""The ``AgentLoopOutput`` fields we fill (``routed_experts`` stays at verl's None)."""
 
 
-def agent_loop_fields(s: Sample) -> dict[str, Any]:
-    """``AgentLoopOutput(**agent_loop_fields(s))`` validates; also the ``verl`` export's row."""
+def agent_loop_fields(s: Sample, *, multi_modal: bool = True) -> dict[str, Any]:
+    """``AgentLoopOutput(**agent_loop_fields(s))`` validates; also the ``verl`` export's row
+    (which writes the images as its ``images`` column: ``multi_modal=False``)."""
     return {
         "prompt_ids": s.prompt_ids,
         "response_ids": s.response_ids,
@@ -218,4 +275,5 @@ def agent_loop_fields(s: Sample) -> dict[str, Any]:
             "token_source": s.metadata.get("token_source"),
             "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
         },
+        "multi_modal_data": {"images": pil_images(s)} if multi_modal and s.images else None,
     }

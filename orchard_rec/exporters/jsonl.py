@@ -5,10 +5,19 @@ response_length, over ``tokens[-response_length:]``), ``rollout_log_probs`` (sam
 0.0 where mask 0), ``reward, status, metadata`` (call ids, ``token_source``, mismatch
 decisions, turn spans as ``[call_id, start, end]`` in response coordinates), and
 ``token_weights`` when the credit policy set them.
+
+Images: a sample that shows images has ``images``, its image references in order
+(``digest`` = SHA-256 of the bytes, ``mime``, ``width``, ``height``; ``url`` for a remote image),
+each with ``path``: the image file relative to the jsonl's folder, in the sidecar folder
+``<out>.images/`` (``samples.jsonl`` -> ``samples.jsonl.images/<digest>.png``), one file per
+distinct image, written once. ``metadata.image_spans`` (when the image token was known) gives
+each image's ``[start, end)`` run in ``tokens``. Written to stdout (``-``) there is no folder:
+rows keep the references without ``path`` (a warning says so).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +25,12 @@ from typing import Any
 import orjson
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.images import ImageSidecar, sidecar_folder
 from orchard_rec.reconstruct import Sample
 
 __all__ = ["JsonlExporter", "read_jsonl", "write_jsonl_rows"]
+
+log = logging.getLogger(__name__)
 
 
 def write_jsonl_rows(
@@ -40,7 +52,32 @@ class JsonlExporter:
     """Side-conversation samples are kept (flagged ``metadata.auxiliary``) unless ``--no-auxiliary``."""
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_jsonl_rows(samples, out, Sample.to_dict)
+        out = Path(out)
+        if str(out) == "-" or (out.exists() and not out.is_file()):
+            warned: list[bool] = []
+
+            def row(s: Sample) -> dict[str, Any]:
+                if s.images and not warned:
+                    warned.append(True)
+                    log.warning("jsonl to %s: images are written as references only (no sidecar folder)", out)
+                return s.to_dict()
+
+            return write_jsonl_rows(samples, out, row)
+        resolved = out.resolve()
+        sidecar = ImageSidecar(sidecar_folder(resolved), resolved.parent)
+
+        def with_paths(s: Sample) -> dict[str, Any]:
+            d = s.to_dict()
+            for ref, entry in zip(s.images, d.get("images") or ()):
+                path = sidecar.path_of(ref)
+                if path is not None:
+                    entry["path"] = path
+            return d
+
+        stats = write_jsonl_rows(samples, out, with_paths)
+        if sidecar.folder.exists():
+            stats.files.append(sidecar.folder)
+        return stats
 
 
 def read_jsonl(path: Path) -> Iterator[Sample]:

@@ -8,6 +8,10 @@ OpenRLHF 0.11 (openrlhf/utils/agent.py ``AgentExecutorBase.execute``) hands
 the experience maker shifts it by one), ``reward``, ``scores``, ``truncated``, ``prompt``,
 ``label`` and ``extra_logs``. Action ranges are the credited runs of each generation, so a
 credit policy that drops a turn drops its range.
+
+Images are not carried: OpenRLHF's agent executor output has no field for them (its VLM
+path re-renders prompts with the processor); a warning says so. Use ``jsonl`` for image
+references with their files.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.exporters.base import ExportStats
+from orchard_rec.exporters.images import warn_images_dropped
 from orchard_rec.exporters.jsonl import write_jsonl_rows
 from orchard_rec.reconstruct import Sample, numeric_reward
 
@@ -53,4 +58,10 @@ class OpenRLHFExporter:
     name = "openrlhf"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_jsonl_rows(samples, out, openrlhf_row)
+        warned: list[bool] = []
+
+        def row(s: Sample) -> dict[str, Any]:
+            warn_images_dropped(self.name, s, warned)
+            return openrlhf_row(s)
+
+        return write_jsonl_rows(samples, out, row)

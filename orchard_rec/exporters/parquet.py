@@ -20,6 +20,7 @@ Schema (zstd, row groups of 512 samples):
 | teacher_valid_mask | list<int8>, null | 1 where the teacher scored the token |
 | teacher_topk_ids / teacher_topk_logprobs | list<list<...>>, null | the teacher's top-k per response token |
 | teacher | string, null | the teacher's model name |
+| images | list<struct<bytes, path>> | only when the export has images: the sample's images in order, a ``datasets`` ``List(Image())`` feature (``columnar``); ``load_dataset`` gives PIL images |
 """
 
 from __future__ import annotations
@@ -82,4 +83,4 @@ class ParquetExporter:
     """Side-conversation samples are kept (flagged ``metadata.auxiliary``) unless ``--no-auxiliary``."""
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, SCHEMA, _row)
+        return write_parquet(samples, out, SCHEMA, _row, images=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
 from orchard_rec.teacher.store import TeacherStore
 
-__all__ = ["attach_messages", "export", "select_samples"]
+__all__ = ["attach_messages", "export", "fill_images", "select_samples"]
 
 
 def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
@@ -34,6 +35,23 @@ def attach_messages(store: Store, s: Sample) -> None:
     if last is None:
         return
     s.messages, s.tools = conversation_of(last)
+
+
+def fill_images(store: Store, samples: Iterable[Sample]) -> Iterator[Sample]:
+    """Samples whose image refs lack bytes (not from a remote URL) get them from the store's image
+    table (``Store.image(digest)``, when the store has one); refs it does not hold stay as they are."""
+    lookup = getattr(store, "image", None)
+    for s in samples:
+        if lookup is not None and any(r.data is None and r.url is None for r in s.images):
+            filled = []
+            for r in s.images:
+                found = lookup(r.digest) if r.data is None and r.url is None else None
+                if found is not None:
+                    mime, data = found
+                    r = dataclasses.replace(r, mime=r.mime or mime, data=data)
+                filled.append(r)
+            s.images = filled
+        yield s
 
 
 def export(
@@ -63,6 +81,6 @@ def export(
             auxiliary=auxiliary,
             **selection,
         )
-        return exporter.write(samples, out)
+        return exporter.write(fill_images(store, samples), out)
     finally:
         store.close()

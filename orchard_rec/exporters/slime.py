@@ -8,7 +8,21 @@ passed to ``Sample.from_dict`` (slime/ray/rollout.py ``_get_rollout_data``). The
 ``rollout_size`` the samples are split into files of that many samples, rollout ids
 0, 1, ... (``out_0.pt, out_1.pt`` when ``--out`` has no template). torch is needed only
 here, at write time (the ``train`` extra). Samples are pickled one at a time as they come
-(without ``rollout_size`` too): memory holds one sample and the file's pickled bytes.
+(without ``rollout_size`` too): memory holds one sample (one session when it has images, see
+below) and the file's pickled bytes.
+
+Runs and images, as Orchard's GUI recipe lays them out (MSR-Orchard/slime
+``examples/orchard_gui/generate_browser.py``): every sample of a session carries the same
+``group_id`` (the fork's rollout id; the export index of the session's first sample), and a
+sample with images carries ``multimodal_inputs = {"images": [PIL.Image RGB, ...]}`` in prompt
+order (``contracts``). When a harness dropped old screenshots, reconstruction split the session
+into per-turn samples (``metadata.images_dropped``); their metadata then gets Orchard's
+turn-level keys: ``turn_index`` (0, 1, ... within the session), ``is_last_turn`` and
+``num_turns_in_trajectory`` (for ``--turn-level-loss-equal-turn-weight``), so a session
+whose first sample has images is held in memory until its last sample.
+``multimodal_train_inputs`` (``pixel_values``, ``image_grid_thw``) needs the model's processor:
+it stays None, as in every sample that does not come from slime's own rollout, for the
+trainer to compute.
 
 ``slime-sft``: jsonl rows ``{"messages": [...], "tools": [...]}`` for slime's SFT path,
 each message with ``step_loss_mask`` (1 on assistant turns the credit policy trains on,
@@ -25,7 +39,7 @@ from typing import Any
 
 from orchard_rec.errors import ExportError
 from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.exporters.contracts import to_slime_dict
+from orchard_rec.exporters.contracts import slime_runs, to_slime_dict
 from orchard_rec.exporters.conversation import turn_flagged_messages
 from orchard_rec.exporters.jsonl import write_jsonl_rows
 from orchard_rec.reconstruct import Sample
@@ -53,9 +67,11 @@ class SlimeExporter:
 
         out = Path(out)
         stats = ExportStats()
-        it = iter(samples)
+        it = slime_runs(samples)
         size = self.rollout_size
-        chunks: Iterator[Iterable[Sample]] = iter(lambda: list(islice(it, size)), []) if size else iter([it])
+        chunks: Iterator[Iterable[tuple[Sample, int]]] = (
+            iter(lambda: list(islice(it, size)), []) if size else iter([it])
+        )
         many = size is not None
         for k, chunk in enumerate(chunks):
             rollout_id = self.first_rollout_id + k
@@ -72,12 +88,12 @@ class SlimeExporter:
         return stats
 
 
-def _slime_dicts(samples: Iterable[Sample], stats: ExportStats) -> Iterator[dict[str, Any]]:
+def _slime_dicts(samples: Iterable[tuple[Sample, int]], stats: ExportStats) -> Iterator[dict[str, Any]]:
     import torch
 
-    for s in samples:
+    for s, run in samples:
         stats.add(s)
-        row = to_slime_dict(s, prompt=s.messages_prompt(), response="")
+        row = to_slime_dict(s, prompt=s.messages_prompt(), response="", group_id=run)
         if row.get("teacher_log_probs") is not None:  # Orchard's fork holds them as a float32 tensor
             row["teacher_log_probs"] = torch.tensor(row["teacher_log_probs"], dtype=torch.float32)
         yield row

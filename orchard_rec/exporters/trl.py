@@ -94,11 +94,11 @@ class TrlExporter:
     name = "trl"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, TRL_SCHEMA, _sft_row)
+        return write_parquet(samples, out, TRL_SCHEMA, _sft_row, images=True)
 
 
 class TrlGrpoExporter:
     name = "trl-grpo"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, GRPO_SCHEMA, _grpo_row)
+        return write_parquet(samples, out, GRPO_SCHEMA, _grpo_row, images=True)

@@ -19,6 +19,9 @@ Schema (zstd parquet, ``datasets.load_dataset("parquet", data_files=...)`` reads
 | reward | float64, null | the session's numeric reward |
 | reward_json | string, null | the reward as JSON (named rewards) |
 | status | string | completed, truncated, aborted, failed |
+
+Images are not carried (a prefix's image runs stay in ``prefix_ids``; a warning says so):
+export ``parquet`` alongside for the pixels.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.images import warn_images_dropped
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = ["SCHEMA", "ValueExporter", "value_rows"]
@@ -88,9 +92,11 @@ class ValueExporter:
             writer = pq.ParquetWriter(f, SCHEMA, compression="zstd")
             rows: list[dict[str, Any]] = []
             held = 0
+            warned: list[bool] = []
             try:
                 for s in samples:
                     stats.add(s)
+                    warn_images_dropped(self.name, s, warned)
                     for row in value_rows(s):
                         rows.append(row)
                         held += len(row["prefix_ids"])

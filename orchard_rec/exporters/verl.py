@@ -7,6 +7,16 @@
 ``verl-sft``: parquet rows ``messages`` + ``tools`` (nested values, not JSON text) for verl's
 multi-turn SFT dataset, assistant messages flagged with ``loss`` by the credit policy; the
 column design and its limits are described on ``VerlSftExporter``.
+
+Images: ``verl`` rows of samples with images carry them in an ``images`` column (a ``datasets``
+``List(Image())`` feature, ``columnar``; present when the export has images): verl's
+``RLHFDataset`` reads ``image_key = "images"`` entries that are PIL images or dicts with
+``bytes`` (``vision_utils.process_image``), and ``AgentLoopOutput.multi_modal_data`` is
+``{"images": row["images"]}`` once loaded (``contracts.agent_loop_fields`` builds it in process).
+``verl-sft``: each image part of a message becomes the ``<image>`` placeholder in its text, in
+order, and the row's ``images`` column holds the images, as ``MultiTurnSFTDataset._build_messages``
+pairs them (present only when the export has images: verl asserts a processor for any row of a
+file with an ``images`` column).
 """
 
 from __future__ import annotations
@@ -23,14 +33,22 @@ import pyarrow.parquet as pq
 
 from orchard_rec.errors import ExportError
 from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.exporters.columnar import write_parquet
+from orchard_rec.exporters.columnar import with_images, write_parquet
 from orchard_rec.exporters.contracts import agent_loop_fields
 from orchard_rec.exporters.conversation import turn_flagged_messages
 from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
 from orchard_rec.protocol.content import template_text
 from orchard_rec.reconstruct import Sample, numeric_reward
 
-__all__ = ["SFT_MESSAGE", "VERL_SCHEMA", "VerlExporter", "VerlSftExporter", "sft_message"]
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "SFT_MESSAGE",
+    "VERL_SCHEMA",
+    "VerlExporter",
+    "VerlSftExporter",
+    "sft_message",
+    "sft_text",
+]
 
 VERL_SCHEMA = pa.schema(
     [
@@ -61,14 +79,14 @@ VERL_SCHEMA = pa.schema(
 
 
 def _verl_row(s: Sample) -> dict[str, Any]:
-    return {**agent_loop_fields(s), **teacher_columns(s)}
+    return {**agent_loop_fields(s, multi_modal=False), **teacher_columns(s)}
 
 
 class VerlExporter:
     name = "verl"
 
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
-        return write_parquet(samples, out, VERL_SCHEMA, _verl_row)
+        return write_parquet(samples, out, VERL_SCHEMA, _verl_row, images=True)
 
 
 _TOOL_CALL = pa.struct(
@@ -100,9 +118,30 @@ _PASS1_SCHEMA = pa.schema([("messages", pa.list_(SFT_MESSAGE)), ("tools_json", p
 log = logging.getLogger(__name__)
 
 
+IMAGE_PLACEHOLDER = "<image>"
+"""Where an image sits in a message's text, for verl's datasets (``re.split("(<image>|<video>)")``)."""
+
+_IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def sft_text(content: Any) -> str | None:
+    """Message content as text: text parts joined (as templates get it), each image part as
+    ``<image>``; the text alone (``template_text``) when there is no image part."""
+    if isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in content
+    ):
+        return "".join(
+            IMAGE_PLACEHOLDER if p.get("type") in _IMAGE_PARTS else (template_text([p]) or "")
+            for p in content
+            if isinstance(p, dict)
+        )
+    return template_text(content)
+
+
 def sft_message(m: dict[str, Any]) -> dict[str, Any]:
     """A chat message in the fixed ``SFT_MESSAGE`` shape: content as text (parts joined, as
-    templates get it), tool-call arguments as the JSON text OpenAI sends; other keys dropped."""
+    templates get it, images as ``<image>``), tool-call arguments as the JSON text OpenAI sends;
+    other keys dropped."""
     calls = None
     if m.get("tool_calls"):
         calls = []
@@ -123,7 +162,7 @@ def sft_message(m: dict[str, Any]) -> dict[str, Any]:
             )
     return {
         "role": m.get("role"),
-        "content": template_text(m.get("content")),
+        "content": sft_text(m.get("content")),
         "reasoning_content": m.get("reasoning_content"),
         "tool_calls": calls,
         "tool_call_id": m.get("tool_call_id"),
@@ -175,8 +214,16 @@ class VerlSftExporter:
                 raise ExportError(f"sample {s.index} of session {s.session_id} has no messages to export")
             tools = orjson.dumps(s.tools or []).decode()
             distinct.setdefault(tools)
+            messages = [sft_message(m) for m in turn_flagged_messages(s, "loss")]
+            shown = sum((m["content"] or "").count(IMAGE_PLACEHOLDER) for m in messages)
+            if shown != len(s.images):
+                raise ExportError(
+                    f"verl-sft: sample {s.index} of session {s.session_id} has {len(s.images)} images but its "
+                    f"messages place {shown} {IMAGE_PLACEHOLDER} (an image inside a tool result the chat "
+                    "view flattens, or the literal text); export it with jsonl, parquet or verl"
+                )
             return {
-                "messages": [sft_message(m) for m in turn_flagged_messages(s, "loss")],
+                "messages": messages,
                 "tools_json": tools,
                 "session_id": s.session_id,
                 "index": s.index,
@@ -185,17 +232,22 @@ class VerlSftExporter:
 
         with tempfile.TemporaryDirectory(prefix="orchard-verl-sft-") as tmp:
             first = Path(tmp) / "pass1.parquet"
-            stats = write_parquet(samples, first, _PASS1_SCHEMA, row)
+            stats = write_parquet(samples, first, _PASS1_SCHEMA, row, images=True)
             tools_type = self._tools_type(list(distinct))
             schema = pa.schema([("messages", pa.list_(SFT_MESSAGE)), ("tools", tools_type), *_SFT_COLUMNS])
+            images = "images" in pq.read_schema(first).names
+            if images:
+                schema = with_images(schema)
             with atomic_output(Path(out)) as f:
                 writer = pq.ParquetWriter(f, schema, compression="zstd")
                 try:
-                    for batch in pq.ParquetFile(first).iter_batches(batch_size=512):
+                    for batch in pq.ParquetFile(first).iter_batches(batch_size=32 if images else 512):
                         tools = pa.array(
                             [orjson.loads(t) for t in batch.column("tools_json").to_pylist()], tools_type
                         )
                         cols = [batch.column("messages"), tools, *(batch.column(n) for n, _ in _SFT_COLUMNS)]
+                        if images:
+                            cols.append(batch.column("images"))
                         writer.write_table(pa.Table.from_arrays(cols, schema=schema))
                     if stats.samples == 0:
                         writer.write_table(schema.empty_table())

@@ -31,7 +31,7 @@ import threading
 import uuid
 from typing import Any
 
-from orchard_rec.exporters.contracts import slime_sample_class, to_slime_dict
+from orchard_rec.exporters.contracts import slime_runs, slime_sample_class, to_slime_dict
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
@@ -43,8 +43,8 @@ def _opt(args: Any, name: str, default: Any = None) -> Any:
     return getattr(args, name, None) if getattr(args, name, None) is not None else default
 
 
-def to_slime_sample(s: Sample) -> Any:
-    return slime_sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt()))
+def to_slime_sample(s: Sample, group_id: int | None = None) -> Any:
+    return slime_sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt(), group_id=group_id))
 
 
 def generate_rollout(
@@ -61,14 +61,16 @@ def generate_rollout(
             on_mismatch=_opt(args, "orchard_on_mismatch", "split"),
             credit=_opt(args, "orchard_credit", "assistant"),
         )
-        groups = (list(g) for _, g in itertools.groupby(samples, key=lambda s: s.group_index))
+        groups = (
+            list(g) for _, g in itertools.groupby(slime_runs(samples), key=lambda sr: sr[0].group_index)
+        )
         wanted = list(itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch))
         teacher_url = _opt(args, "orchard_teacher_url")
         if teacher_url:
             from orchard_rec.teacher import TeacherConfig, score_live
 
             score_live(
-                [s for group in wanted for s in group],
+                [s for group in wanted for s, _ in group],
                 TeacherConfig(
                     url=teacher_url,
                     kind=_opt(args, "orchard_teacher_kind", "sglang"),
@@ -77,7 +79,7 @@ def generate_rollout(
                     truncation=_opt(args, "orchard_teacher_truncation", "prefix"),
                 ),
             )
-        return [[to_slime_sample(s) for s in group] for group in wanted]
+        return [[to_slime_sample(s, run) for s, run in group] for group in wanted]
     finally:
         store.close()
 
