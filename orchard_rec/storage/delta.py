@@ -6,32 +6,58 @@ it already has in memory and stores only the difference: no database read per ca
 session it has not seen, e.g. after a restart, is loaded once). The cache is updated only
 after the batch commits, so a base is always a committed call.
 
+Blobs: ``Encoder.encode`` returns the new blobs' whole texts; ``Encoder.blob_rows`` turns
+them into what is stored (``parts``): a growing value as its new text on the previous
+call's piece (``base``, ``base_len``), images cut out into the shared ``images`` table
+(``images``: holes). ``Encoder(parts=False)`` writes whole texts only (the 0004 schema).
+
 ``Reader`` decodes rows of one database connection: delta chains are followed through the
 bases (usually the call just decoded, kept in a small cache), blobs are fetched per
-session once.
+session once, each with its base and images.
 """
 
 from __future__ import annotations
 
 import threading
+from base64 import b64encode
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
 from sqlalchemy import select
 
+from orchard_rec.protocol.images import ImageRef, image_ref
 from orchard_rec.records import CallRecord
 from orchard_rec.storage import layout
-from orchard_rec.storage.models import Blob, Call
+from orchard_rec.storage.models import Blob, Call, Image
 
-__all__ = ["Encoder", "Reader", "SessionState"]
+__all__ = ["BlobRow", "Encoder", "Reader", "SessionState"]
+
+BlobRow = tuple[bytes, bytes, bytes | None, int | None, bytes | None]
+"""``(digest, data, base, base_len, images)`` of a ``blobs`` row (without the session)."""
+
+_IMAGE_CACHE = 8
+"""Images (base64 text + digest) a session's writer state remembers, most recent first."""
 
 
 class SessionState:
     """What the writer remembers of one session: enough to encode its next call as a delta."""
 
-    __slots__ = ("known", "refs", "refs_id", "size", "split", "tokens", "tokens_id", "up_refs", "up_refs_id")
+    __slots__ = (
+        "bases",
+        "images",
+        "known",
+        "refs",
+        "refs_id",
+        "size",
+        "split",
+        "tokens",
+        "tokens_id",
+        "up_refs",
+        "up_refs_id",
+        "up_texts",
+    )
 
     def __init__(self) -> None:
         self.tokens: tuple[int, ...] = ()
@@ -42,20 +68,29 @@ class SessionState:
         self.split: layout.Split | None = None
         self.up_refs: list[bytes] = []
         self.up_refs_id: str | None = None
+        self.up_texts: list[str] = []
+        """The texts of ``up_refs``: the next call's translated messages are compared with them."""
         self.known: set[bytes] = set()
         """Blob digests the database holds for the session."""
+        self.bases: dict[bytes, tuple[bytes, int]] = {}
+        """The last ``encode``'s new blobs that continue an earlier piece (``layout.Split.bases``)."""
+        self.images: OrderedDict[tuple[int, str, str], tuple[str, bytes]] = OrderedDict()
+        """Images the session's recent blobs held: (length, head, tail) -> (base64 text, SHA-256)."""
         self.size = 0
 
     def copy(self) -> SessionState:
         s = SessionState()
         s.tokens, s.tokens_id = self.tokens, self.tokens_id
         s.refs, s.refs_id, s.split = self.refs, self.refs_id, self.split
-        s.up_refs, s.up_refs_id = self.up_refs, self.up_refs_id
+        s.up_refs, s.up_refs_id, s.up_texts = self.up_refs, self.up_refs_id, self.up_texts
         s.known = set(self.known)
+        s.images = OrderedDict(self.images)
         return s
 
     def measure(self) -> int:
         n = 64 * len(self.tokens) + 64 * len(self.known) + 32 * (len(self.refs) + len(self.up_refs))
+        n += sum(len(t) + 80 for t in self.up_texts)
+        n += sum(len(t) + 120 for t, _ in self.images.values())
         if self.split is not None:
             n += sum(len(p) + 80 for pieces in self.split.pieces.values() for p, _ in pieces)
         self.size = n
@@ -69,8 +104,11 @@ def _key(session_id: str | None) -> str:
 class Encoder:
     """Turns records into rows + new blobs; holds the per-session cache (bounded in bytes)."""
 
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_bytes: int = 256 << 20, *, parts: bool = True) -> None:
+        """``parts``: growing values as deltas and images cut out (``blob_rows``); False writes
+        whole blob texts only, as the 0004 schema stores them."""
         self.max_bytes = max_bytes
+        self.parts = parts
         self._states: OrderedDict[str, SessionState] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -100,6 +138,7 @@ class Encoder:
     def encode(self, r: CallRecord, st: SessionState) -> tuple[dict[str, Any], dict[bytes, str]]:
         """The stored fields of ``r`` (updating ``st`` to include it) and the blobs it adds."""
         new_blobs: dict[bytes, str] = {}
+        st.bases = {}
         # token ids: a prefix of the previous call's prompt + completion, then the new ids
         prompt = r.prompt_ids
         prompt_col = None
@@ -114,10 +153,13 @@ class Encoder:
             text = orjson.dumps(r.request).decode()
         skel = refs_col = None
         if text is not None:
-            split = layout.split_request(text, st.split)
+            split = layout.split_request(text, st.split, deltas=self.parts)
             for h, piece in split.blobs.items():
                 if h not in st.known:
                     new_blobs[h] = piece
+                    base = split.bases.get(h)
+                    if base is not None and base[0] in st.known:
+                        st.bases[h] = base
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
             skel = layout.compress(split.literals)
@@ -128,14 +170,18 @@ class Encoder:
         up_refs_col = None
         if msgs is not None:
             digests = []
-            for m in msgs:
-                h = layout.digest(m.encode())
+            was, was_refs = st.up_texts, st.up_refs
+            for j, m in enumerate(msgs):
+                if j < len(was) and was[j] == m:  # the previous call's message: compared, not hashed
+                    h = was_refs[j]
+                else:
+                    h = layout.digest(m.encode())
                 digests.append(h)
                 if h not in st.known:
                     new_blobs[h] = m
             n = layout.common_prefix(digests, st.up_refs) if st.up_refs_id else 0
             up_refs_col = layout.pack_delta(st.up_refs_id if n else None, n, b"".join(digests[n:]))
-            st.up_refs, st.up_refs_id = digests, r.call_id
+            st.up_refs, st.up_refs_id, st.up_texts = digests, r.call_id, msgs
         st.known.update(new_blobs)
         response, events, restore = layout.client_view(
             r.dialect.value, r.response, r.events, r.request, r.upstream_request, prompt, r.completion_ids
@@ -156,13 +202,59 @@ class Encoder:
         }
         return fields, new_blobs
 
+    def blob_rows(
+        self, st: SessionState, new_blobs: dict[bytes, str]
+    ) -> tuple[list[BlobRow], dict[str, ImageRef]]:
+        """The stored form of the blobs ``encode`` just returned, and the images they hold.
+
+        Images are decoded and hashed only when the session's recent images do not hold the same
+        base64 text (compared, not hashed). The images returned may already be stored (by
+        another session): ``Store`` inserts them if absent.
+        """
+        rows: list[BlobRow] = []
+        images: dict[str, ImageRef] = {}
+        for h, text in new_blobs.items():
+            base, n = st.bases.get(h, (None, 0))
+            own = text[n:] if base is not None else text
+            spans: list[tuple[int, int, bytes]] = []
+            for start, end, mime in layout.image_spans(text) if base is None or "base64" in own else ():
+                if start < n:
+                    continue  # in the base's text
+                payload = text[start:end]
+                key = (len(payload), payload[:64], payload[-64:])
+                hit = st.images.get(key)
+                if hit is not None and hit[0] == payload:
+                    st.images.move_to_end(key)
+                    sha = hit[1]
+                else:
+                    data = layout.b64_exact(payload)
+                    if data is None:
+                        continue  # stays literal
+                    ref = image_ref(data, mime)
+                    sha = bytes.fromhex(ref.digest)
+                    images[ref.digest] = ref
+                    st.images[key] = (payload, sha)
+                    while len(st.images) > _IMAGE_CACHE:
+                        st.images.popitem(last=False)
+                spans.append((start - n, end - n, sha))
+            holes = None
+            if spans:
+                own, where = layout.cut(own, spans)
+                holes = layout.pack_holes(where)
+            rows.append((h, own.encode(), base, n if base is not None else None, holes))
+        return rows, images
+
 
 class Reader:
     """Decodes stored calls over one connection; follows delta chains, caches the session's blobs."""
 
-    def __init__(self, conn: Any, keep: int = 4) -> None:
+    def __init__(self, conn: Any, keep: int = 4, *, parts: bool = True) -> None:
+        """``parts``: blobs have ``base``/``images`` columns (False: the 0004 schema)."""
         self.conn = conn
         self.keep = keep
+        self.parts = parts
+        self._b64: dict[bytes, str] = {}
+        """The session's images as base64 text, by SHA-256."""
         self._tokens: OrderedDict[str, tuple[tuple[int, ...], tuple[int, ...]]] = OrderedDict()
         """call id -> (prompt, completion), the last few decoded."""
         self._refs: dict[str, OrderedDict[str, list[bytes]]] = {
@@ -238,19 +330,70 @@ class Reader:
         return out
 
     def blobs(self, session_id: str | None, digests: Sequence[bytes]) -> dict[bytes, str]:
+        """The whole texts of ``digests`` (and of every blob read so far for the session)."""
         key = _key(session_id)
         if key != self._blob_session:
-            self._blobs, self._blob_session = {}, key
+            self._blobs, self._b64, self._blob_session = {}, {}, key
         missing = list({h for h in digests if h not in self._blobs})
-        for i in range(0, len(missing), 500):
-            rows = self.conn.execute(
-                select(Blob.digest, Blob.data).where(
-                    Blob.session_id == key, Blob.digest.in_(missing[i : i + 500])
+        if not self.parts:
+            for h, data, *_ in self._fetch(key, missing):
+                self._blobs[h] = bytes(data).decode("utf-8")
+            return self._blobs
+        rows: dict[bytes, tuple[str, bytes | None, int, list[tuple[int, bytes]]]] = {}
+        while missing:  # the blobs, then the bases they continue that are not read yet
+            for h, data, base, n, holes in self._fetch(key, missing):
+                rows[h] = (
+                    bytes(data).decode("utf-8"),
+                    None if base is None else bytes(base),
+                    n or 0,
+                    [] if holes is None else layout.unpack_holes(bytes(holes)),
                 )
+            missing = list(
+                {
+                    b
+                    for h in missing
+                    if h in rows and (b := rows[h][1]) is not None and b not in self._blobs and b not in rows
+                }
             )
-            for h, data in rows:
-                self._blobs[bytes(h)] = bytes(data).decode("utf-8")
+        self._images([sha for r in rows.values() for _, sha in r[3]])
+        for h in rows:
+            stack = [h]
+            while stack:
+                top = stack[-1]
+                if top in self._blobs:
+                    stack.pop()
+                    continue
+                if top not in rows:
+                    raise LookupError(f"blob {top.hex()} of session {key!r} is missing")
+                own, base, n, holes = rows[top]
+                if base is not None and base not in self._blobs:
+                    stack.append(base)
+                    continue
+                text = layout.paste(own, holes, self._b64) if holes else own
+                self._blobs[top] = text if base is None else self._blobs[base][:n] + text
+                stack.pop()
         return self._blobs
+
+    def _fetch(self, key: str, digests: list[bytes]) -> Iterator[tuple[Any, ...]]:
+        cols: list[Any] = [Blob.digest, Blob.data]
+        if self.parts:
+            cols += [Blob.base, Blob.base_len, Blob.images]
+        for i in range(0, len(digests), 500):
+            for row in self.conn.execute(
+                select(*cols).where(Blob.session_id == key, Blob.digest.in_(digests[i : i + 500]))
+            ):
+                yield (bytes(row[0]), *row[1:])
+
+    def _images(self, shas: Sequence[bytes]) -> None:
+        missing = list({s.hex() for s in shas if s not in self._b64})
+        for i in range(0, len(missing), 100):
+            for d, data in self.conn.execute(
+                select(Image.digest, Image.data).where(Image.digest.in_(missing[i : i + 100]))
+            ):
+                self._b64[bytes.fromhex(d)] = b64encode(bytes(data)).decode("ascii")
+        for s in shas:
+            if s not in self._b64:
+                raise LookupError(f"image {s.hex()} is missing")
 
     # -- a whole call ----------------------------------------------------------------------------
 

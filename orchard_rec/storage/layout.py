@@ -14,6 +14,15 @@ Pure functions, no SQL. Four pieces:
   order, whitespace and escapes included. With the previous call's split at hand, the
   pieces it already had are recognised by comparing text (no re-hashing, no re-scanning),
   so the work is proportional to what is new.
+- **Growing values** (``Split.bases``): a large top-level value that is not a message list
+  (a ``/v1/completions`` ``prompt``: the whole context as one string or id list) is stored
+  as "the first ``n`` characters of the same key's piece in the previous call" + its new
+  text, so a session of growing prompts stores each prompt's new text once.
+- **Images** (``image_spans``, ``cut``, ``paste``): the base64 of each image in a piece
+  (chat ``image_url`` / Responses ``input_image`` data URLs, Anthropic ``image`` sources,
+  also inside tool results) is cut out of the stored text and kept once, as bytes, in the
+  ``images`` table; the piece keeps (offset, SHA-256) holes. Only base64 that re-encodes to
+  the identical text is cut, so the text comes back byte for byte.
 - **Upstream request derivation** (``derive_upstream`` / ``upstream_of``): what the proxy
   sent upstream, as "the request's value" per key, the prompt-ids marker, or a literal;
   translated message lists go to blobs like the request's.
@@ -24,6 +33,8 @@ Pure functions, no SQL. Four pieces:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import struct
 from array import array
@@ -35,20 +46,27 @@ import orjson
 import zstandard
 
 __all__ = [
+    "IMAGE_MIN",
     "Split",
+    "b64_exact",
     "client_view",
     "compress",
+    "cut",
     "decompress",
     "derive_upstream",
     "digest",
+    "image_spans",
     "join_request",
     "pack_delta",
     "pack_floats",
+    "pack_holes",
     "pack_ints",
+    "paste",
     "restore_ids",
     "split_request",
     "unpack_delta",
     "unpack_floats",
+    "unpack_holes",
     "unpack_ints",
     "upstream_of",
 ]
@@ -58,6 +76,10 @@ ARRAY_KEYS = frozenset({"messages", "input"})
 """Top-level keys whose array elements are stored one blob each (the conversation)."""
 BLOB_MIN = 256
 """Other top-level values at least this long (characters) are stored as one blob."""
+DELTA_MIN = 256
+"""A growing value is stored on the previous call's piece when they share at least this many characters."""
+IMAGE_MIN = 64
+"""Base64 payloads shorter than this (characters) stay literal text."""
 
 
 def digest(data: bytes) -> bytes:
@@ -191,7 +213,7 @@ def _skip(t: str, i: int) -> int:
 class Split:
     """One request text cut into literal text and blob references."""
 
-    __slots__ = ("blobs", "literals", "pieces", "refs")
+    __slots__ = ("bases", "blobs", "literals", "pieces", "refs")
 
     def __init__(self) -> None:
         self.literals: list[str] = []
@@ -202,24 +224,28 @@ class Split:
         """Blobs this split hashed itself (the ones the previous split did not have)."""
         self.pieces: dict[str, list[tuple[str, bytes]]] = {}
         """Per top-level key, its blob pieces (text, digest): what the next call's split compares against."""
+        self.bases: dict[bytes, tuple[bytes, int]] = {}
+        """New blobs that continue the previous split's piece of the same key: digest -> (that piece's
+        digest, characters they share)."""
 
 
-def split_request(text: str, prev: Split | None = None) -> Split:
+def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) -> Split:
     """Cut ``text`` (a JSON object) at its conversation elements and large values.
 
     ``prev``: the previous call's split of the session; pieces it already had (compared as
-    text, at the same position of the same key) are not hashed again.
+    text, at the same position of the same key) are not hashed again. ``deltas``: a large
+    value that continues ``prev``'s value of the same key is noted in ``bases``.
     """
     out = Split()
     try:
-        _split(text, prev, out)
+        _split(text, prev, out, deltas)
     except (_Malformed, IndexError):
         out = Split()
         out.literals = [text]
     return out
 
 
-def _split(t: str, prev: Split | None, out: Split) -> None:
+def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
     i = _ws(t, 0)
     if t[i] != "{":
         raise _Malformed
@@ -283,6 +309,10 @@ def _split(t: str, prev: Split | None, out: Split) -> None:
                 end = _skip(t, i)
                 if end - i >= BLOB_MIN:
                     blob(key, i, end, 0, None)
+                    if deltas and was:
+                        n = common_prefix(was[0][0], t[i:end])
+                        if n >= DELTA_MIN:
+                            out.bases[out.refs[-1]] = (was[0][1], n)
                 i = end
         i = _ws(t, i)
         if t[i] == ",":
@@ -299,6 +329,112 @@ def join_request(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[byt
     for k, h in enumerate(refs):
         parts.append(blobs[h])
         parts.append(literals[k + 1])
+    return "".join(parts)
+
+
+# -- images --------------------------------------------------------------------------------------
+
+
+def _image_payloads(v: Any, out: list[tuple[str, str | None]]) -> None:
+    """Base64 image payloads (with media type) in a parsed JSON value, in document order."""
+    if isinstance(v, dict):
+        t = v.get("type")
+        if t == "image_url" or t == "input_image":
+            u = v.get("image_url")
+            if isinstance(u, dict):
+                u = u.get("url")
+            if isinstance(u, str) and u.startswith("data:"):
+                head, sep, payload = u.partition(",")
+                if sep and head.endswith(";base64"):
+                    out.append((payload, head[5:].split(";", 1)[0] or None))
+        elif t == "image":
+            src = v.get("source")
+            if isinstance(src, dict) and src.get("type") == "base64" and isinstance(src.get("data"), str):
+                mt = src.get("media_type")
+                out.append((src["data"], mt if isinstance(mt, str) else None))
+        for x in v.values():
+            if isinstance(x, (dict, list)):
+                _image_payloads(x, out)
+    elif isinstance(v, list):
+        for x in v:
+            if isinstance(x, (dict, list)):
+                _image_payloads(x, out)
+
+
+def image_spans(piece: str) -> list[tuple[int, int, str | None]]:
+    """``(start, end, media type)`` of each image's base64 in ``piece`` (the text of one JSON value).
+
+    Only where the JSON string holds the base64 verbatim (no escapes) and it is at least
+    ``IMAGE_MIN`` characters; whether it re-encodes exactly is checked by ``b64_exact``.
+    """
+    if "base64" not in piece:
+        return []
+    try:
+        value = orjson.loads(piece)
+    except orjson.JSONDecodeError:
+        return []
+    found: list[tuple[str, str | None]] = []
+    _image_payloads(value, found)
+    spans: list[tuple[int, int, str | None]] = []
+    pos = 0
+    for payload, mime in found:
+        if len(payload) < IMAGE_MIN:
+            continue
+        at = piece.find(payload, pos)
+        if at < 0:
+            continue
+        end = at + len(payload)
+        if piece[at - 1 : at] not in (",", '"') or piece[end : end + 1] != '"':
+            continue
+        spans.append((at, end, mime))
+        pos = end
+    return spans
+
+
+def b64_exact(payload: str) -> bytes | None:
+    """The bytes of ``payload`` when standard base64 of them is exactly ``payload``; else None."""
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return data if base64.b64encode(data) == payload.encode("ascii") else None
+
+
+_HOLE = struct.Struct("<I32s")
+
+
+def pack_holes(holes: Sequence[tuple[int, bytes]]) -> bytes:
+    """``(offset in the cut text, SHA-256)`` per image, 36 bytes each."""
+    return b"".join(_HOLE.pack(o, h) for o, h in holes)
+
+
+def unpack_holes(data: bytes) -> list[tuple[int, bytes]]:
+    return [_HOLE.unpack_from(data, i) for i in range(0, len(data), _HOLE.size)]
+
+
+def cut(text: str, spans: Sequence[tuple[int, int, bytes]]) -> tuple[str, list[tuple[int, bytes]]]:
+    """``text`` without the ``(start, end, sha256)`` spans (in order), and where each was."""
+    parts: list[str] = []
+    holes: list[tuple[int, bytes]] = []
+    cur = size = 0
+    for start, end, h in spans:
+        parts.append(text[cur:start])
+        size += start - cur
+        holes.append((size, h))
+        cur = end
+    parts.append(text[cur:])
+    return "".join(parts), holes
+
+
+def paste(text: str, holes: Sequence[tuple[int, bytes]], b64: dict[bytes, str]) -> str:
+    """``cut`` undone: each hole filled with its image's base64 text."""
+    parts: list[str] = []
+    cur = 0
+    for off, h in holes:
+        parts.append(text[cur:off])
+        parts.append(b64[h])
+        cur = off
+    parts.append(text[cur:])
     return "".join(parts)
 
 

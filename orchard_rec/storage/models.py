@@ -9,6 +9,8 @@ A call stores only what is new relative to what its session already holds
 (``orchard_rec.storage.layout``): token ids as int32 deltas on an earlier call's ids, the
 request as literal text around references to ``blobs`` (messages and tool lists, stored
 once per session by content digest), the upstream request as a recipe on the request.
+Images in requests are cut out of the blobs and stored once in ``images``, shared by every
+session, by the SHA-256 of their bytes.
 ``Store`` reads hide this: records come back whole.
 """
 
@@ -31,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Blob", "Call", "Session", "TeacherLogprobs"]
+__all__ = ["Base", "Blob", "Call", "Image", "Session", "TeacherLogprobs"]
 
 Json = Annotated[Any, mapped_column(JSON(none_as_null=True), nullable=True)]
 Bytes = Annotated[bytes | None, mapped_column(LargeBinary, nullable=True)]
@@ -138,7 +140,29 @@ class Blob(Base):
     """The session's id; ``""`` for calls without one."""
     digest: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
-    """UTF-8 text."""
+    """UTF-8 text: the whole piece, or (with ``base``) what follows the base's first ``base_len``
+    characters; without the images ``images`` lists."""
+    base: Mapped[Bytes]
+    """Digest of the session's blob this one continues (a growing completions prompt), or None."""
+    base_len: Mapped[int | None] = mapped_column(BigInteger)
+    """Characters of ``base``'s text that come first."""
+    images: Mapped[Bytes]
+    """Where images were cut out of ``data``: (u32 character offset, 32-byte SHA-256) each
+    (``layout.pack_holes``); their base64 text goes back there."""
+
+
+class Image(Base):
+    """An image of a request (its bytes, not base64), stored once for every session by SHA-256."""
+
+    __tablename__ = "images"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """SHA-256 (hex) of ``data``: ``protocol.images.ImageRef.digest``."""
+    mime: Mapped[str | None] = mapped_column(String(128))
+    width: Mapped[int | None]
+    height: Mapped[int | None]
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class TeacherLogprobs(Base):

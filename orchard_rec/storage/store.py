@@ -15,7 +15,10 @@ follows another's answer was received after it.
 
 Each call is stored as what is new relative to its session (``storage.delta``,
 ``storage.layout``); every read returns whole records: the request exactly as the client
-sent it, the response as the client received it, the ids, the upstream request.
+sent it, the response as the client received it, the ids, the upstream request. Images in
+requests are stored once in ``images`` (shared by all sessions; ``image`` reads one back):
+a new image is inserted only if absent (``ON CONFLICT DO NOTHING``, in digest order, so
+concurrent writers on PostgreSQL neither fail nor deadlock on the same screenshot).
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from sqlalchemy import JSON, DateTime, create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
+from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
-from orchard_rec.storage.models import Call, Session
+from orchard_rec.storage.models import Call, Image, Session
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
 
@@ -198,12 +202,24 @@ class Store:
                 order.extend(group)
             order.extend(r for r in fresh.values() if r.session_id is None)
             rows: list[dict[str, Any]] = []
-            blobs: list[tuple[str, bytes, bytes]] = []
+            blobs: list[tuple[Any, ...]] = []
+            images: dict[str, ImageRef] = {}
+            parts = self.encoder.parts
             for r in order:
-                st = states.setdefault(r.session_id or "", SessionState())
+                sid = r.session_id or ""
+                st = states.setdefault(sid, SessionState())
                 fields, new = self.encoder.encode(r, st)
                 rows.append(_row(r, seqs.get(r.call_id), fields))
-                blobs.extend((r.session_id or "", h, piece.encode()) for h, piece in new.items())
+                if not new:
+                    continue
+                if parts:
+                    stored, found = self.encoder.blob_rows(st, new)
+                    blobs.extend((sid, *b) for b in stored)
+                    images.update(found)
+                else:
+                    blobs.extend((sid, h, piece.encode()) for h, piece in new.items())
+            if images:
+                self._insert_images(db, images)
             if blobs:
                 self._insert_blobs(db, blobs)
             self._insert_calls(db, rows)
@@ -237,16 +253,50 @@ class Store:
                 setattr(st, attr, refs)
                 setattr(st, attr + "_id", row.id)
                 st.known.update(refs)
+        if st.up_refs:  # the texts the next call's translated messages are compared with
+            texts = reader.blobs(sid, st.up_refs)
+            st.up_texts = [texts[h] for h in st.up_refs]
+        if st.refs_id is not None:  # the last request's split: its pieces are recognised, not re-hashed
+            skel = conn.execute(select(t.c.request_skel).where(t.c.id == st.refs_id)).scalar()
+            if skel is not None:
+                texts = reader.blobs(sid, st.refs)
+                text = layout.join_request(layout.decompress(bytes(skel)), st.refs, texts)
+                split = layout.split_request(text, deltas=False)
+                if split.refs == st.refs:
+                    st.split = split
         return st
 
-    def _insert_blobs(self, db: Any, blobs: list[tuple[str, bytes, bytes]]) -> None:
-        sqlite = self.dialect == "sqlite"
-        mark = "?" if sqlite else "%s"
-        sql = (
-            f"INSERT INTO blobs (session_id, digest, data) VALUES ({mark}, {mark}, {mark}) "
-            "ON CONFLICT (session_id, digest) DO NOTHING"
-        )
+    def _insert_blobs(self, db: Any, blobs: list[tuple[Any, ...]]) -> None:
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        cols = "session_id, digest, data"
+        if self.encoder.parts:
+            cols += ", base, base_len, images"
+        marks = ", ".join([mark] * (cols.count(",") + 1))
+        sql = f"INSERT INTO blobs ({cols}) VALUES ({marks}) ON CONFLICT (session_id, digest) DO NOTHING"
         db.connection().exec_driver_sql(sql, blobs)
+
+    def _insert_images(self, db: Any, images: dict[str, ImageRef]) -> None:
+        """Those not stored yet (the bytes of an image another call stored never travel again)."""
+        conn = db.connection()
+        wanted = sorted(images)
+        have: set[str] = set()
+        for i in range(0, len(wanted), 500):
+            have.update(
+                conn.execute(select(Image.digest).where(Image.digest.in_(wanted[i : i + 500]))).scalars()
+            )
+        new = [
+            (d, ref.mime, ref.width, ref.height, len(ref.data or b""), ref.data)
+            for d in wanted
+            if d not in have and (ref := images[d]).data is not None
+        ]
+        if not new:
+            return
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        sql = (
+            "INSERT INTO images (digest, mime, width, height, size, data) "
+            f"VALUES ({', '.join([mark] * 6)}) ON CONFLICT (digest) DO NOTHING"
+        )
+        conn.exec_driver_sql(sql, new)
 
     def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> None:
         """One ``executemany`` of pre-serialized values, straight to the driver.
@@ -425,6 +475,28 @@ class Store:
                 yield _summary_of_row(pending), calls
                 for _ in calls:  # whatever the consumer left of this session
                     pass
+
+    def image(self, digest: str) -> tuple[str | None, bytes] | None:
+        """``(media type, bytes)`` of a stored image by its SHA-256 (hex, ``ImageRef.digest``); None if absent."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Image.mime, Image.data).where(Image.digest == digest.lower())).first()
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def image_info(self, digest: str) -> ImageRef | None:
+        """The stored image's reference (digest, media type, dimensions) without its bytes."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(Image.digest, Image.mime, Image.width, Image.height).where(
+                    Image.digest == digest.lower()
+                )
+            ).first()
+        return None if row is None else ImageRef(row[0], row[1], row[2], row[3])
+
+    def image_stats(self) -> dict[str, int]:
+        """``{"images": how many, "bytes": their bytes}`` over the whole database."""
+        with self.engine.connect() as conn:
+            n, size = conn.execute(select(func.count(), func.coalesce(func.sum(Image.size), 0))).one()
+        return {"images": int(n), "bytes": int(size)}
 
     def count_calls(self) -> int:
         with self._sessions() as db:

@@ -72,7 +72,7 @@ def upgrade() -> None:
         sa.column("digest", sa.LargeBinary()),
         sa.column("data", sa.LargeBinary()),
     )
-    encoder = Encoder()
+    encoder = Encoder(parts=False)  # the 0004 schema: whole blob texts
     ids = [r.id for r in conn.execute(sa.select(old.c.id).order_by(old.c.session_id, old.c.seq, old.c.id))]
     state: SessionState | None = None
     current: object = object()
@@ -142,7 +142,7 @@ def downgrade() -> None:
         sa.column("response_ids", _JSON),
     )
     target = _calls(sa.column("response", _JSON), *(sa.column(n + "_old", _JSON) for n in _OLD))
-    reader = Reader(conn)
+    reader = Reader(conn, parts=False)  # the 0004 schema: whole blob texts
     ids = [
         r.id
         for r in conn.execute(sa.select(stored.c.id).order_by(stored.c.session_id, stored.c.seq, stored.c.id))
