@@ -33,6 +33,7 @@ from orchard_rec.ui.data import (
     session_view,
     sessions_stats,
 )
+from orchard_rec.ui.thumbs import thumbnails
 
 __all__ = ["UI_STORE", "build_ui_app", "render_session_html"]
 
@@ -87,7 +88,9 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=_when, dur=_dur, reward=_reward, num=_num, json_script=_json_script)
+    env.filters.update(
+        when=_when, dur=_dur, reward=_reward, num=_num, json_script=_json_script, thumbs=thumbnails
+    )
     env.globals["urlencode"] = urlencode
     return env
 
