@@ -82,7 +82,12 @@ def decode_data_url(url: str) -> tuple[str, bytes] | None:
         return None
 
 
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
 def _dims(data: bytes) -> tuple[int | None, int | None]:
+    if data[:8] == _PNG and data[12:16] == b"IHDR" and len(data) >= 24:  # the header, without Pillow
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:

@@ -33,7 +33,6 @@ Pure functions, no SQL. Four pieces:
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 import struct
@@ -394,10 +393,11 @@ def image_spans(piece: str) -> list[tuple[int, int, str | None]]:
 def b64_exact(payload: str) -> bytes | None:
     """The bytes of ``payload`` when standard base64 of them is exactly ``payload``; else None."""
     try:
-        data = base64.b64decode(payload, validate=True)
+        raw = payload.encode("ascii")
+        data = binascii.a2b_base64(raw)  # lenient; the re-encoding below is the strict check
     except (binascii.Error, ValueError):
         return None
-    return data if base64.b64encode(data) == payload.encode("ascii") else None
+    return data if binascii.b2a_base64(data, newline=False) == raw else None
 
 
 _HOLE = struct.Struct("<I32s")
