@@ -40,7 +40,7 @@ from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
-from orchard_rec.storage.models import Call, Image, Session
+from orchard_rec.storage.models import Blob, Call, Image, Session
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
 
@@ -424,7 +424,8 @@ class Store:
         batch: int = 2000,
         lazy: bool = False,
     ) -> Iterator[tuple[SessionSummary, Any]]:
-        """Each selected session with its calls (light records: no bodies or timings), in causal
+        """Each selected session with its calls (light records: no bodies or timings; full records
+        for a session whose requests hold stored images, which reconstruction needs), in causal
         order (``received_at``, then ``seq``), one session at a time, from ONE streaming query
         ordered by session that also carries each session's row (outcome) - memory does not
         grow with the number of sessions.
@@ -460,18 +461,26 @@ class Store:
             rows = iter(conn.execution_options(yield_per=batch).execute(stmt))
             pending = next(rows, None)
 
-            def session_calls(sid: str) -> Iterator[CallRecord]:
+            def shows_images(sid: str) -> bool:
+                b = Blob.__table__
+                found = side.execute(
+                    select(b.c.digest).where(b.c.session_id == sid, b.c.images.is_not(None)).limit(1)
+                ).first()
+                return found is not None
+
+            def session_calls(sid: str, full: bool) -> Iterator[CallRecord]:
                 nonlocal pending
                 while pending is not None and pending.session_id == sid:
                     row, pending = pending, next(rows, None)
                     rec = _light_record(row, reader)
-                    if rec.prompt_ids is None or rec.completion_ids is None:
-                        rec = self.get_call(rec.call_id) or rec  # bodies are needed to retokenize this one
+                    if full or rec.prompt_ids is None or rec.completion_ids is None:
+                        # bodies are needed to retokenize this one, or for the images its prompt shows
+                        rec = self.get_call(rec.call_id) or rec
                     yield rec
 
             while pending is not None:
                 sid = pending.session_id
-                calls = session_calls(sid)
+                calls = session_calls(sid, shows_images(sid))
                 yield _summary_of_row(pending), calls
                 for _ in calls:  # whatever the consumer left of this session
                     pass

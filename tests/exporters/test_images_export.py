@@ -376,3 +376,33 @@ def test_images_column_added_after_text_row_groups(tmp_path) -> None:  # type: i
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
     (tmp_path / "stdout.parquet").write_bytes(out)
     assert "images" in pq.read_schema(tmp_path / "stdout.parquet").names
+
+
+def test_exports_from_the_database_carry_the_recorded_screenshots(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through ``Store.write_batch`` (images stored once) and ``export``: the same samples, images
+    and per-turn runs as reconstructing the call records directly."""
+    import torch
+
+    from orchard_rec.exporters.pipeline import export
+    from orchard_rec.storage import Store
+
+    url = db_url
+    store = Store(url)
+    store.upgrade()
+    store.write_batch(_text_calls("a-text", 1000.0) + _gui_calls("b-gui", 2000.0))
+    store.close()
+    want = _samples()
+    export(url, "jsonl", tmp_path / "db.jsonl", image_token=PAD)
+    rows = [json.loads(line) for line in (tmp_path / "db.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [s.tokens for s in want]
+    for row, s in zip(rows, want):
+        assert [i["digest"] for i in row.get("images", [])] == [im.digest for im in s.images]
+        assert row["metadata"].get("images_dropped") == s.metadata.get("images_dropped")
+        got = []
+        for entry in row.get("images", []):
+            with Image.open(tmp_path / entry["path"]) as im:
+                got.append(im.convert("RGB"))
+        assert all(_same(a, b) for a, b in zip(got, (_pixels(im.data) for im in s.images)))
+    export(url, "slime", tmp_path / "db.pt", image_token=PAD)
+    gui = [d for d in torch.load(tmp_path / "db.pt", weights_only=False)["samples"] if d["multimodal_inputs"]]
+    assert [d["metadata"]["turn_index"] for d in gui] == [0, 1, 2] and len({d["group_id"] for d in gui}) == 1
