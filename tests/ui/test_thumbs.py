@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-import orchard_rec.ui.data as ui_data
-from orchard_rec.reconstruct import reconstruct
-from orchard_rec.reconstruct.generation import generations_of
+from orchard_rec.pipeline import iter_samples
 from orchard_rec.storage import Store
 from orchard_rec.ui import render_session_html
 from orchard_rec.ui.thumbs import THUMB_SIDE, thumbnails
@@ -21,26 +19,22 @@ from tests.exporters.test_images_export import PAD, SHOTS, _gui_calls, _shots
 
 
 @pytest.fixture
-def gui_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[Any]]:
+def gui_page(tmp_path: Path) -> tuple[str, list[Any]]:
     """The session page of a GUI session (4 turns, last two screenshots kept: 3 samples)."""
     url = f"sqlite:///{tmp_path / 'gui.db'}"
     store = Store(url)
     store.upgrade()
     store.write_batch(_gui_calls("gui", 2000.0))
     full = sorted(store.calls("gui"), key=lambda c: c.seq or 0)
-    samples = reconstruct(generations_of(full)[0], session_id="gui", image_token=PAD)
-
-    # the page's samples, with their images: reconstructed from the full call records (the
-    # pipeline's light records carry no request bodies, so its samples have no images yet)
-    def with_images(_store: Any, **_kw: Any) -> Any:
-        return iter(samples)
-
-    monkeypatch.setattr(ui_data, "iter_samples", with_images)
     try:
-        html = render_session_html(store, "gui")
+        html = render_session_html(store, "gui")  # no tokenizer: image token unknown, no spans
+        samples = list(iter_samples(store, sessions=["gui"]))
+        with_spans = list(iter_samples(store, sessions=["gui"], image_token=PAD))
     finally:
         store.close()
     shots = {c.call_id: _shots(c) for c in full}
+    for s in with_spans:  # with the image token known, each thumbnail names its token run
+        assert [t["span"] for t in thumbnails(s)] == s.metadata["image_spans"]
     return html, [(s, shots[s.turns[-1].call_id]) for s in samples]
 
 
@@ -60,8 +54,6 @@ def test_each_sample_shows_thumbnails_of_its_images_in_order(gui_page) -> None: 
             ):
                 assert max(thumb.size) <= THUMB_SIDE
                 assert abs(thumb.size[0] / thumb.size[1] - orig.size[0] / orig.size[1]) < 0.05
-        spans = re.findall(r'data-span="(\d+)-(\d+)"', block)
-        assert [[int(a), int(b)] for a, b in spans] == s.metadata["image_spans"]
 
 
 def test_remote_images_are_named_not_fetched() -> None:
