@@ -261,21 +261,47 @@ def _final(db: str, sid: str) -> tuple[int, int]:
         store.close()
 
 
+_PEAK = """
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
 def _export(db: str, sid: str, tmp: Path) -> tuple[float, float]:
-    """(seconds, peak RSS MB) of ``orchard-rec export --format jsonl`` of one session, in a child process."""
+    """(seconds, peak RSS MB) of ``orchard-rec export --format jsonl`` of one session, in a child process.
+
+    The export is started by a small wrapper process, whose ``RUSAGE_CHILDREN`` peak is the export's:
+    a child forked straight from this (large) script would report this script's RSS instead (Linux
+    keeps the pre-exec address space's high-water mark in ``ru_maxrss``), which is what made the
+    first runs read 401 MB for every export."""
     out = tmp / f"{sid}.jsonl"
     t0 = time.perf_counter()
-    p = subprocess.Popen(
-        [*CLI, "export", "--format", "jsonl", "--session", sid, "--out", str(out), "--db", db],
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PEAK,
+            *CLI,
+            "export",
+            "--format",
+            "jsonl",
+            "--session",
+            sid,
+            "--out",
+            str(out),
+            "--db",
+            db,
+        ],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"export of {sid} failed ({p.returncode})")
-    return time.perf_counter() - t0, usage.ru_maxrss / 1024
+    rc, kb = got.stdout.split()
+    if rc != "0":
+        raise RuntimeError(f"export of {sid} failed ({rc})")
+    return time.perf_counter() - t0, int(kb) / 1024
 
 
 def storage_run(stack: Stack, turns: int, conc: int, tag: str) -> dict[str, Any]:
@@ -381,6 +407,500 @@ def _bucket(rows: list[dict[str, Any]], lo: int, hi: int, key: str) -> float | N
     return statistics.median(vals) if vals else None
 
 
+# -- the proxy's own cost: a fast vLLM-like upstream -------------------------------------------
+
+TOKENS_PER_BYTE = 1 / 1.83
+"""The fake's prompt length for a request: about what the demo tokenizer gives for these bodies."""
+
+
+def fake_upstream(port: int) -> None:
+    """A vLLM-shaped chat server that answers at once (``--fake-upstream PORT``): the prompt's ids are
+    the first ``len(body) / 1.83`` of a fixed pseudo-random sequence (so a session's growing prompts
+    share their prefix, as a real server's do), the completion 200 tokens with logprobs and ids.
+    No orchard-rec code: it writes vLLM's wire format itself."""
+    import asyncio
+
+    import orjson
+    from aiohttp import web
+
+    rng = random.Random(1)
+    cap = 600_000
+    seq = [rng.randrange(1000, 150_000) for _ in range(cap)]
+    text = ",".join(map(str, seq)).encode()
+    ends = [0]  # ends[k]: bytes of the first k ids joined by commas
+    pos = -1
+    for x in seq:
+        pos += len(str(x)) + 1
+        ends.append(pos)
+    comp = list(range(300, 500))
+    lps = {"content": [{"token": "ab", "logprob": -0.5, "bytes": [97, 98], "top_logprobs": []} for _ in comp]}
+    words = " ".join("ab" for _ in comp)
+
+    def prompt(body: bytes) -> tuple[bytes, int]:
+        n = max(1, min(cap, int(len(body) * TOKENS_PER_BYTE)))
+        return b"[" + text[: ends[n]] + b"]", n
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        ids, n = prompt(body)
+        usage = {"prompt_tokens": n, "completion_tokens": len(comp), "total_tokens": n + len(comp)}
+        base = {"id": "chatcmpl-fake", "created": 1, "model": "m"}
+        if b'"stream":true' not in body and b'"stream": true' not in body:
+            obj = {
+                **base,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": words, "tool_calls": []},
+                        "logprobs": lps,
+                        "finish_reason": "stop",
+                        "stop_reason": None,
+                        "token_ids": comp,
+                    }
+                ],
+                "usage": usage,
+                "prompt_logprobs": None,
+            }
+            head = orjson.dumps(obj)[:-1]
+            return web.Response(
+                body=head + b',"prompt_token_ids":' + ids + b',"kv_transfer_params":null}',
+                content_type="application/json",
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {**base, "object": "chat.completion.chunk"}
+        first = orjson.dumps(
+            {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        )[:-1]
+        out = [b"data: " + first + b',"prompt_token_ids":' + ids + b"}\n\n"]
+        for k in range(0, len(comp), 20):
+            c = {
+                "index": 0,
+                "delta": {"content": "ab " * 20},
+                "logprobs": {"content": lps["content"][k : k + 20]},
+            }
+            c["token_ids"] = comp[k : k + 20]
+            if k + 20 >= len(comp):
+                c["finish_reason"] = "stop"
+            out.append(b"data: " + orjson.dumps({**chunk, "choices": [c]}) + b"\n\n")
+        out.append(b"data: " + orjson.dumps({**chunk, "choices": [], "usage": usage}) + b"\n\n")
+        out.append(b"data: [DONE]\n\n")
+        await resp.write(b"".join(out))
+        await resp.write_eof()
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+
+    async def run() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+def _bodies(turns: int, seed: int = 7) -> list[bytes]:
+    """Request bodies of one SWE-like session, turn 1..turns (the answers written here: a tool call
+    repeating the command, as the demo model does)."""
+    s = Session(seed)
+    head = b'{"model":"m","tools":' + json.dumps(TOOLS).encode() + b',"messages":['
+    done: list[bytes] = [json.dumps(s.messages[0]).encode()]
+    out = []
+    for k in range(turns):
+        s.add_command()
+        done.append(json.dumps(s.messages[-1]).encode())
+        out.append(head + b",".join(done) + b"]}")
+        cmd = s.messages[-1]["content"][5:-1]
+        call = {
+            "id": f"call_{k}",
+            "type": "function",
+            "function": {"name": "exec_command", "arguments": json.dumps({"cmd": cmd})},
+        }
+        s.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        done.append(json.dumps(s.messages[-1]).encode())
+        s.add_result(type("C", (), {"id": f"call_{k}"})())
+        done.append(json.dumps(s.messages[-1]).encode())
+    return out
+
+
+class Http:
+    """One keep-alive connection (http.client: little client CPU on the shared cores)."""
+
+    def __init__(self, port: int) -> None:
+        import http.client
+
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+
+    def post(self, path: str, body: bytes) -> bytes:
+        self.c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = self.c.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{path}: {r.status} {data[:300]!r}")
+        return data
+
+    def get(self, path: str) -> bytes:
+        self.c.request("GET", path)
+        return self.c.getresponse().read()
+
+
+def _threads_cpu(pid: int) -> tuple[float, float]:
+    """(main thread, other threads) CPU seconds of a process: the event loop runs in the main thread."""
+    main = rest = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            v = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+        if task.name == str(pid):
+            main += v
+        else:
+            rest += v
+    return main / 1e9, rest / 1e9
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _load() -> str:
+    return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+class FastStack:
+    """The fake upstream and a proxy (``--durability``) on a fresh SQLite database."""
+
+    def __init__(self, tmp: Path, durability: str) -> None:
+        self.up_port, self.port = _free_port(), _free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.up = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--fake-upstream", str(self.up_port)], env=env
+        )
+        _wait(f"http://127.0.0.1:{self.up_port}/v1/models")
+        self.db = f"sqlite:///{tmp / f'fast-{durability}.db'}"
+        self.proxy = subprocess.Popen(
+            [
+                *CLI,
+                "serve",
+                "--mode",
+                "token",
+                "--durability",
+                durability,
+                "--upstream",
+                f"http://127.0.0.1:{self.up_port}/v1",
+                "--db",
+                self.db,
+                "--port",
+                str(self.port),
+                "--spool",
+                str(tmp / f"spool-fast-{durability}"),
+            ],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait(f"http://127.0.0.1:{self.port}/healthz")
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=30) as r:
+            return dict(json.loads(r.read()))
+
+    def settle(self, written: int, timeout: float = 120) -> None:
+        """Until the database holds ``written`` calls (read from the file: no proxy CPU spent)."""
+        import sqlite3
+
+        end = time.time() + timeout
+        con = sqlite3.connect(self.db.removeprefix("sqlite:///"), timeout=30)
+        try:
+            while time.time() < end:
+                if con.execute("SELECT count(*) FROM calls").fetchone()[0] >= written:
+                    return
+                time.sleep(0.005)
+        finally:
+            con.close()
+        raise RuntimeError("the proxy did not record in time")
+
+    def written(self) -> int:
+        import sqlite3
+
+        con = sqlite3.connect(self.db.removeprefix("sqlite:///"), timeout=30)
+        try:
+            return int(con.execute("SELECT count(*) FROM calls").fetchone()[0])
+        finally:
+            con.close()
+
+    def stop(self) -> None:
+        for p in (self.proxy, self.up):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def fast_run(tmp: Path, durability: str, turns: int, conc: int, seconds: float) -> dict[str, Any]:
+    """Proxy CPU by turn, added latency, writer throughput and /healthz under 150k-token calls."""
+    bodies = _bodies(turns + 60)
+    st = FastStack(tmp, durability)
+    res: dict[str, Any] = {"durability": durability, "load_start": _load()}
+    try:
+        # 1. one session alone: proxy CPU per call by turn (each call recorded before the next)
+        h = Http(st.port)
+        rows = []
+        written = st.written()
+        for k in range(1, turns + 1):
+            m0, o0 = _threads_cpu(st.proxy.pid)
+            t0 = time.perf_counter()
+            h.post("/s/cpu/v1/chat/completions", bodies[k - 1])
+            lat = time.perf_counter() - t0
+            written += 1
+            st.settle(written)
+            m1, o1 = _threads_cpu(st.proxy.pid)
+            rows.append(
+                {
+                    "turn": k,
+                    "cpu_ms": (m1 - m0 + o1 - o0) * 1e3,
+                    "loop_ms": (m1 - m0) * 1e3,
+                    "other_ms": (o1 - o0) * 1e3,
+                    "latency_ms": lat * 1e3,
+                }
+            )
+        res["cpu"] = rows
+        res["tokens_first"] = int(len(bodies[0]) * TOKENS_PER_BYTE)
+        res["tokens_last"] = int(len(bodies[turns - 1]) * TOKENS_PER_BYTE)
+        # 2. added latency: the injected body straight to the fake, the plain one through the proxy
+        # (the session's next call: the same prompt again), alternately, best of 7
+        direct = Http(st.up_port)
+        for label, body in (("first", bodies[0]), ("last", bodies[turns - 1])):
+            injected = body[:-1] + b',"return_token_ids":true,"logprobs":true}'
+            d = p = float("inf")
+            for _ in range(7):
+                t1 = time.perf_counter()
+                direct.post("/v1/chat/completions", injected)
+                d = min(d, time.perf_counter() - t1)
+                t2 = time.perf_counter()
+                h.post("/s/cpu/v1/chat/completions", body)
+                p = min(p, time.perf_counter() - t2)
+                time.sleep(0.05)
+            res[f"added_ms_{label}"] = (p - d) * 1e3
+            res[f"direct_ms_{label}"] = d * 1e3
+        res["load_cpu"] = _load()
+        # 3. back-to-back 150k-token calls from `conc` sessions, each growing a turn per call;
+        # /healthz polled meanwhile (and before, idle)
+        time.sleep(1.0)
+        idle = _poll_health(st.port, 3.0)
+        stop = threading.Event()
+        done = [0] * conc
+        t_start = time.perf_counter()
+        base = max(1, turns - 20)
+
+        def drive(i: int) -> None:
+            c = Http(st.port)
+            k = base + i * 3
+            while not stop.is_set() and k < len(bodies):
+                c.post(f"/s/load-{i}/v1/chat/completions", bodies[k])
+                done[i] += 1
+                k += 1
+
+        series: list[dict[str, float]] = []
+        w0 = st.written()
+
+        def watch() -> None:
+            while not stop.is_set():
+                t = time.perf_counter()
+                j = st.health()
+                series.append(
+                    {
+                        "t": t - t_start,
+                        "depth": j["queue_depth"],
+                        "bytes": j["queued_bytes"],
+                        "written": j["written"],
+                        "rss": _rss_mb(st.proxy.pid),
+                        "accepted": sum(done),
+                    }
+                )
+                stop.wait(0.5)
+
+        threads = [threading.Thread(target=drive, args=(i,)) for i in range(conc)]
+        wt = threading.Thread(target=watch)
+        wt.start()
+        for t in threads:
+            t.start()
+        c0 = _threads_cpu(st.proxy.pid)
+        time.sleep(min(1.0, seconds / 4))  # the calls are flowing
+        health_lat = _poll_health(st.port, seconds - min(1.0, seconds / 4))
+        stop.set()
+        for t in threads:
+            t.join()
+        window = time.perf_counter() - t_start
+        c1 = _threads_cpu(st.proxy.pid)
+        wt.join()
+        accepted = sum(done)
+        w_end_window = st.written() - w0
+        t_drain = time.perf_counter()
+        st.settle(w0 + accepted, timeout=600)
+        drain = time.perf_counter() - t_drain
+        res.update(
+            {
+                "load_tp": _load(),
+                "tp_calls": accepted,
+                "tp_sessions": conc,
+                "tp_window_s": window,
+                "accepted_per_s": accepted / window,
+                "recorded_per_s": w_end_window / window,
+                "drain_s": drain,
+                "tp_tokens": int(len(bodies[base]) * TOKENS_PER_BYTE),
+                "tp_cpu_ms_per_call": ((c1[0] - c0[0]) + (c1[1] - c0[1])) * 1e3 / max(1, accepted),
+                "max_depth": max((x["depth"] for x in series), default=0),
+                "max_queued_mb": max((x["bytes"] for x in series), default=0) / 1e6,
+                "max_rss_mb": max((x["rss"] for x in series), default=0),
+                "series": series,
+                "healthz_idle": _pcts(idle),
+                "healthz_load": _pcts(health_lat),
+            }
+        )
+    finally:
+        st.stop()
+    return res
+
+
+_POLLER = """
+import http.client, json, sys, time
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+out, end = [], time.perf_counter() + float(sys.argv[2])
+while time.perf_counter() < end:
+    t = time.perf_counter()
+    c.request("GET", "/healthz")
+    c.getresponse().read()
+    out.append((time.perf_counter() - t) * 1e3)
+    time.sleep(0.02)
+print(json.dumps(out))
+"""
+
+
+def _poll_health(port: int, seconds: float) -> list[float]:
+    """``/healthz`` latencies (ms), one request every 20 ms, from a process of its own (so this
+    script's threads do not delay it)."""
+    got = subprocess.run(
+        [sys.executable, "-c", _POLLER, str(port), str(seconds)], capture_output=True, check=True, text=True
+    )
+    return list(json.loads(got.stdout))
+
+
+def _pcts(v: list[float]) -> dict[str, float]:
+    if not v:
+        return {}
+    v = sorted(v)
+    return {"n": len(v), "p50": v[len(v) // 2], "p99": v[min(len(v) - 1, int(len(v) * 0.99))], "max": v[-1]}
+
+
+def inproc_run(tmp: Path, turns: int) -> dict[str, Any]:
+    """Per-call CPU of each part of the proxy's work, in this process (``time.thread_time``: CPU
+    only, so other load on the box moves it little), over one session's growing calls: the event
+    loop's parts (read the body, the upstream body, the client's answer) and the writer's
+    (``Capture.to_record``, ``Store.write_batch``). The answers are the fake upstream's bytes."""
+    from orchard_rec.proxy.core import Call
+    from orchard_rec.proxy.server import tune_interpreter
+    from orchard_rec.records import Dialect
+    from orchard_rec.storage import Store
+
+    tune_interpreter()
+    port = _free_port()
+    up = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--fake-upstream", str(port)])
+    try:
+        _wait(f"http://127.0.0.1:{port}/v1/models")
+        direct = Http(port)
+        bodies = _bodies(turns)
+        answers = [
+            direct.post("/v1/chat/completions", b[:-1] + b',"return_token_ids":true,"logprobs":true}')
+            for b in bodies
+        ]
+    finally:
+        up.terminate()
+        up.wait()
+    store = Store(f"sqlite:///{tmp / 'inproc.db'}")
+    store.upgrade()
+    try:
+        from orchard_rec.proxy.idcut import IdParser
+
+        ids: Any = IdParser()
+    except ImportError:  # a tree from before proxy/idcut.py (for before/after runs)
+        ids = None
+    headers = {"content-type": "application/json", "user-agent": "OpenAI/Python 1.0"}
+    rows = []
+    clock = time.thread_time
+    try:
+        for k, (body, ans) in enumerate(zip(bodies, answers, strict=True), 1):
+            t0 = clock()
+            call = Call(Dialect.CHAT, "POST", "/s/x/v1/chat/completions", headers)
+            call.name_session("inproc")
+            call.identify(headers)
+            call.read(body, "application/json", "token")
+            t1 = clock()
+            call.upstream_target("chat/completions", "")
+            t2 = clock()
+            call.response(200, "application/json")
+            call.body(ans, 200)
+            t3 = clock()
+            rec = call.cap.to_record(ids) if ids is not None else call.cap.to_record()
+            t4 = clock()
+            store.write_batch([rec], known_new=True)
+            t5 = clock()
+            rows.append(
+                {
+                    "turn": k,
+                    "read_ms": (t1 - t0) * 1e3,
+                    "upstream_body_ms": (t2 - t1) * 1e3,
+                    "client_answer_ms": (t3 - t2) * 1e3,
+                    "to_record_ms": (t4 - t3) * 1e3,
+                    "write_batch_ms": (t5 - t4) * 1e3,
+                    "tokens": len(rec.prompt_ids or ()),
+                }
+            )
+    finally:
+        store.close()
+    hits = (ids.hits, ids.misses) if ids is not None else (0, 0)
+    return {"rows": rows, "load": _load(), "id_cache_hits": hits[0], "id_cache_misses": hits[1]}
+
+
+def _inproc_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
+    rows = r["rows"]
+    n = len(rows)
+    parts = ("read_ms", "upstream_body_ms", "client_answer_ms", "to_record_ms", "write_batch_ms")
+    out = [
+        "",
+        f"Per-call CPU by part, in process (`time.thread_time`, medians; one session, the fake upstream's"
+        f" answers; {r['load']}; id cache {r['id_cache_hits']} hits / {r['id_cache_misses']} misses):",
+        "",
+        "| turns | prompt tokens | read body (loop) | upstream body (loop) | client answer (loop) |"
+        " `to_record` (writer) | `write_batch` (writer) | all |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    first = last = 0.0
+    for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
+        vals = [_bucket(rows, lo, hi, k) or 0.0 for k in parts]
+        toks = int(_bucket(rows, lo, hi, "tokens") or 0)
+        total = sum(vals)
+        first = first or total
+        last = total
+        out.append(f"| {lo}-{hi} | {toks:,} | " + " | ".join(f"{v:.3f}" for v in vals) + f" | {total:.2f} |")
+    verdicts.append(
+        f"- Recording CPU per call late <= 2x early (in process, loop + writer): {last:.2f} / {first:.2f} ms ="
+        f" {last / first:.1f}x -> **{'met' if last <= 2 * first else 'not met'}**"
+    )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", default="50,100,200")
@@ -394,7 +914,21 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--render", nargs="*", default=None, help="only write the report from these --json files")
+    ap.add_argument(
+        "--fast",
+        default="async,wal",
+        help="durability modes of the fast-upstream part (proxy CPU by turn, added latency, writer"
+        " throughput, /healthz under load); '' skips it",
+    )
+    ap.add_argument("--fast-turns", type=int, default=200)
+    ap.add_argument("--fast-concurrency", type=int, default=4)
+    ap.add_argument("--fast-seconds", type=float, default=15.0)
+    ap.add_argument("--inproc-turns", type=int, default=200, help="in-process per-part CPU (0 skips it)")
+    ap.add_argument("--fake-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.fake_upstream is not None:
+        fake_upstream(a.fake_upstream)
+        return
     if a.render is not None:
         merged: dict[str, Any] = {}
         for f in a.render:
@@ -404,7 +938,7 @@ def main() -> None:
     turns = [int(t) for t in a.turns.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="orchard-longhorizon-"))
     results: dict[str, Any] = {}
-    for backend in a.backends.split(","):
+    for backend in [b for b in a.backends.split(",") if b]:
         cluster = None
         if backend == "sqlite":
             db = f"sqlite:///{tmp / 'lh.db'}"
@@ -438,6 +972,16 @@ def main() -> None:
             if cluster is not None:
                 cluster.stop()
                 cluster.cleanup()
+    if a.inproc_turns:
+        results["inproc"] = inproc_run(tmp, a.inproc_turns)
+        print(json.dumps({k: v for k, v in results["inproc"].items() if k != "rows"}), flush=True)
+    fast = []
+    for d in [d for d in a.fast.split(",") if d]:
+        r = fast_run(tmp, d, a.fast_turns, a.fast_concurrency, a.fast_seconds)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("cpu", "series")}), flush=True)
+        fast.append(r)
+    if fast:
+        results["fast"] = fast
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     section = report(results, a)
@@ -472,6 +1016,8 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
     verdicts: list[str] = []
     extra: list[str] = []
     for backend, res in results.items():
+        if backend in ("fast", "inproc"):
+            continue
         runs = {r["turns"]: r for r in res["runs"]}
         for t, r in sorted(runs.items()):
             lines.append(
@@ -527,8 +1073,67 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
                     f"- Added latency at {last['probe_tokens_last']:,} tokens <= 3 ms: {added:.1f} ms -> "
                     f"**{'met' if added <= 3 else 'not met'}**"
                 )
+    if "inproc" in results:
+        extra += _inproc_report(results["inproc"], verdicts)
+    for r in results.get("fast", []):
+        extra += _fast_report(r, verdicts)
     lines += [*extra, "", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)
+
+
+def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
+    cpu, d = r["cpu"], r["durability"]
+    n = len(cpu)
+    out = [
+        "",
+        f"Fast upstream (`--fake-upstream`: answers at once, vLLM's wire format), `serve --mode token --durability {d}`,"
+        f" SQLite. One session alone, non-stream, each call recorded before the next ({r['load_start']} at the start):",
+        "",
+        "| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | other threads (writer) | latency ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
+        vals = [_bucket(cpu, lo, hi, k) or 0.0 for k in ("cpu_ms", "loop_ms", "other_ms", "latency_ms")]
+        toks = int(r["tokens_last"] * hi / n)
+        out.append(
+            f"| {lo}-{hi} | ~{toks:,} | {vals[0]:.2f} | {vals[1]:.2f} | {vals[2]:.2f} | {vals[3]:.1f} |"
+        )
+    early, late = _bucket(cpu, 1, 5, "cpu_ms"), _bucket(cpu, n - 9, n, "cpu_ms")
+    out += [
+        "",
+        f"Added latency (through the proxy minus straight to the fake, best of 7; {r['load_cpu']}):"
+        f" {r['added_ms_first']:.2f} ms at {r['tokens_first']:,} tokens (direct {r['direct_ms_first']:.2f} ms),"
+        f" {r['added_ms_last']:.2f} ms at {r['tokens_last']:,} tokens (direct {r['direct_ms_last']:.2f} ms).",
+        "",
+        f"Back-to-back calls at ~{r['tp_tokens']:,} tokens, {r['tp_sessions']} "
+        f"sessions growing a turn per call, {r['tp_window_s']:.1f} s ({r['load_tp']}): accepted"
+        f" {r['accepted_per_s']:.1f} calls/s, recorded {r['recorded_per_s']:.1f} calls/s in the same window"
+        f" (the rest {r['drain_s']:.2f} s after), queue at most {r['max_depth']} calls / {r['max_queued_mb']:.1f} MB,"
+        f" proxy RSS at most {r['max_rss_mb']:.0f} MB, proxy CPU {r['tp_cpu_ms_per_call']:.2f} ms per call.",
+        f" `/healthz` latency idle p50 {r['healthz_idle'].get('p50', 0):.2f} / p99 {r['healthz_idle'].get('p99', 0):.2f} ms,"
+        f" during the calls p50 {r['healthz_load'].get('p50', 0):.2f} / p99 {r['healthz_load'].get('p99', 0):.2f} /"
+        f" max {r['healthz_load'].get('max', 0):.2f} ms ({r['healthz_load'].get('n', 0)} requests).",
+    ]
+    if early and late:
+        verdicts.append(
+            f"- Proxy CPU per call late <= 2x early (fast upstream, {d}): {late:.2f} / {early:.2f} ms = "
+            f"{late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
+        )
+    verdicts.append(
+        f"- Added latency at {r['tokens_last']:,} tokens <= 3 ms (fast upstream, {d}): {r['added_ms_last']:.2f} ms -> "
+        f"**{'met' if r['added_ms_last'] <= 3 else 'not met'}**"
+    )
+    ok = r["recorded_per_s"] >= 0.95 * r["accepted_per_s"] and r["drain_s"] < 1.0
+    verdicts.append(
+        f"- Recorded >= accepted calls/s at ~{r['tp_tokens']:,} tokens, queue flat ({d}): {r['recorded_per_s']:.1f} vs"
+        f" {r['accepted_per_s']:.1f}/s, max queue {r['max_depth']} -> **{'met' if ok else 'not met'}**"
+    )
+    p99 = r["healthz_load"].get("p99", 0)
+    verdicts.append(
+        f"- `/healthz` p99 <= 5 ms while ~{r['tp_tokens']:,}-token calls flow ({d}): {p99:.2f} ms -> "
+        f"**{'met' if p99 <= 5 else 'not met'}**"
+    )
+    return out
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from orchard_rec import protocol
 from orchard_rec.errors import OrchardError, UpgradeRequired
 from orchard_rec.proxy.capture import Capture
@@ -115,7 +113,7 @@ class Call:
         if plan is None:
             return tail + ("?" + query if query else ""), None
         path = plan.upstream_path + ("?" + query if query and not plan.translated else "")
-        return path, orjson.dumps(plan.body)
+        return path, plan.upstream_bytes(self.cap.request_raw)
 
     def reject(self, exc: OrchardError) -> tuple[int, bytes]:
         """Record a refusal (``rejected`` unless already failed otherwise) and the error to answer."""

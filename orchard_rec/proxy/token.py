@@ -50,6 +50,21 @@ class Plan:
         self.client_body = client_body
         self.inject_ids = inject_ids
         self.inject_logprobs = inject_logprobs
+        self.suffix: bytes | None = None
+        """Native calls whose client set neither injected key: the keys as JSON text, to append to
+        the client's own bytes (``{..., "return_token_ids": true, ...}``) instead of re-encoding."""
+        if client is upstream and client_body and not ({"return_token_ids", "logprobs"} & client_body.keys()):
+            extra = {k: body[k] for k in ("return_token_ids", "logprobs")}
+            self.suffix = b"," + orjson.dumps(extra)[1:]
+
+    def upstream_bytes(self, raw: bytes | None) -> bytes:
+        """The body to send upstream: the client's ``raw`` bytes with the injected keys appended
+        when that is possible (O(1) beyond a copy, and the client's formatting kept), else ``body`` encoded."""
+        if self.suffix is not None and raw is not None:
+            end = len(raw.rstrip())
+            if end and raw[end - 1] == 0x7D:  # "}": the object ``client_body`` was parsed from
+                return raw[: end - 1] + self.suffix
+        return orjson.dumps(self.body)
 
     @property
     def translated(self) -> bool:

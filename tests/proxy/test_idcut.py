@@ -184,3 +184,25 @@ def test_translated_answers_equal_the_whole_parse(
     monkeypatch.setattr("orchard_rec.proxy.idcut.MIN_BYTES", 1 << 40)  # everything parsed whole
     assert generated(got) == generated(run())
     assert b"input_tokens" not in got or f'"input_tokens":{len(PROMPT)}'.encode() in got
+
+
+@pytest.mark.parametrize(
+    ("dialect", "body", "spliced"),
+    [
+        (Dialect.CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, True),
+        (
+            Dialect.CHAT,
+            {"model": "m", "messages": [], "logprobs": False},
+            False,
+        ),  # the client's key: re-encoded
+        (Dialect.COMPLETIONS, {"model": "m", "prompt": "x"}, True),
+        (Dialect.RESPONSES, {"model": "m", "input": "x"}, False),  # translated
+    ],
+)
+def test_upstream_body_is_the_clients_bytes_plus_the_keys(dialect: Dialect, body: Any, spliced: bool) -> None:
+    raw = orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n"
+    plan = plan_for("token", dialect, orjson.loads(raw))
+    assert plan is not None
+    up = plan.upstream_bytes(raw)
+    assert orjson.loads(up) == plan.body
+    assert up.startswith(raw.rstrip()[:-1]) is spliced
