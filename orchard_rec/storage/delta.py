@@ -245,15 +245,45 @@ class Encoder:
         return rows, images
 
 
+class _LRU:
+    """Texts by digest, least recently used dropped first beyond ``max_chars`` (the last one always kept)."""
+
+    __slots__ = ("_d", "max_chars", "size")
+
+    def __init__(self, max_chars: int) -> None:
+        self._d: OrderedDict[bytes, str] = OrderedDict()
+        self.max_chars = max_chars
+        self.size = 0
+
+    def get(self, h: bytes) -> str | None:
+        t = self._d.get(h)
+        if t is not None:
+            self._d.move_to_end(h)
+        return t
+
+    def put(self, h: bytes, text: str) -> str:
+        old = self._d.pop(h, None)
+        if old is not None:
+            self.size -= len(old)
+        self._d[h] = text
+        self.size += len(text)
+        while self.size > self.max_chars and len(self._d) > 1:
+            _, gone = self._d.popitem(last=False)
+            self.size -= len(gone)
+        return text
+
+
 class Reader:
     """Decodes stored calls over one connection; follows delta chains, caches the session's blobs."""
 
-    def __init__(self, conn: Any, keep: int = 4, *, parts: bool = True) -> None:
-        """``parts``: blobs have ``base``/``images`` columns (False: the 0004 schema)."""
+    def __init__(self, conn: Any, keep: int = 4, *, parts: bool = True, max_bytes: int = 128 << 20) -> None:
+        """``parts``: blobs have ``base``/``images`` columns (False: the 0004 schema).
+        ``max_bytes``: about how much blob text (characters) the session cache keeps."""
         self.conn = conn
         self.keep = keep
         self.parts = parts
-        self._b64: dict[bytes, str] = {}
+        self.max_bytes = max_bytes
+        self._b64 = _LRU(max_bytes // 4)
         """The session's images as base64 text, by SHA-256."""
         self._tokens: OrderedDict[str, tuple[tuple[int, ...], tuple[int, ...]]] = OrderedDict()
         """call id -> (prompt, completion), the last few decoded."""
@@ -261,7 +291,7 @@ class Reader:
             "request_refs": OrderedDict(),
             "upstream_refs": OrderedDict(),
         }
-        self._blobs: dict[bytes, str] = {}
+        self._blobs = _LRU(max_bytes)
         self._blob_session: str | None = None
 
     # -- token ids -------------------------------------------------------------------------------
@@ -330,49 +360,75 @@ class Reader:
         return out
 
     def blobs(self, session_id: str | None, digests: Sequence[bytes]) -> dict[bytes, str]:
-        """The whole texts of ``digests`` (and of every blob read so far for the session)."""
+        """The whole texts of ``digests``.
+
+        Kept for the session's next calls in a cache bounded in bytes (least recently used
+        first out): the conversation's messages stay, screenshots the harness stopped sending and
+        prompts a later one continues leave, so reading a session holds about one call's text.
+        """
         key = _key(session_id)
         if key != self._blob_session:
-            self._blobs, self._b64, self._blob_session = {}, {}, key
-        missing = list({h for h in digests if h not in self._blobs})
+            self._blobs, self._b64, self._blob_session = _LRU(self.max_bytes), _LRU(self.max_bytes // 4), key
+        cache = self._blobs
+        out: dict[bytes, str] = {}
+        missing: list[bytes] = []
+        for h in digests:
+            if h in out:
+                continue
+            t = cache.get(h)
+            if t is None:
+                if h not in missing:
+                    missing.append(h)
+            else:
+                out[h] = t
+        if not missing:
+            return out
         if not self.parts:
             for h, data, *_ in self._fetch(key, missing):
-                self._blobs[h] = bytes(data).decode("utf-8")
-            return self._blobs
+                out[h] = cache.put(h, bytes(data).decode("utf-8"))
+            return out
         rows: dict[bytes, tuple[str, bytes | None, int, list[tuple[int, bytes]]]] = {}
-        while missing:  # the blobs, then the bases they continue that are not read yet
-            for h, data, base, n, holes in self._fetch(key, missing):
+        texts: dict[bytes, str] = {}  # resolved in this call (the cache may let them go)
+        todo = missing
+        while todo:  # the blobs, then the bases they continue that are not at hand
+            for h, data, base, n, holes in self._fetch(key, todo):
                 rows[h] = (
                     bytes(data).decode("utf-8"),
                     None if base is None else bytes(base),
                     n or 0,
                     [] if holes is None else layout.unpack_holes(bytes(holes)),
                 )
-            missing = list(
-                {
-                    b
-                    for h in missing
-                    if h in rows and (b := rows[h][1]) is not None and b not in self._blobs and b not in rows
-                }
-            )
-        self._images([sha for r in rows.values() for _, sha in r[3]])
+            nxt: set[bytes] = set()
+            for h in todo:
+                b = rows[h][1] if h in rows else None
+                if b is not None and b not in rows and b not in texts:
+                    t = cache.get(b)
+                    if t is None:
+                        nxt.add(b)
+                    else:
+                        texts[b] = t
+            todo = list(nxt)
+        b64 = self._images([sha for r in rows.values() for _, sha in r[3]])
         for h in rows:
             stack = [h]
             while stack:
                 top = stack[-1]
-                if top in self._blobs:
+                if top in texts:
                     stack.pop()
                     continue
                 if top not in rows:
                     raise LookupError(f"blob {top.hex()} of session {key!r} is missing")
                 own, base, n, holes = rows[top]
-                if base is not None and base not in self._blobs:
+                if base is not None and base not in texts:
                     stack.append(base)
                     continue
-                text = layout.paste(own, holes, self._b64) if holes else own
-                self._blobs[top] = text if base is None else self._blobs[base][:n] + text
+                text = layout.paste(own, holes, b64) if holes else own
+                texts[top] = text if base is None else texts[base][:n] + text
                 stack.pop()
-        return self._blobs
+        for h in missing:
+            if h in texts:
+                out[h] = cache.put(h, texts[h])
+        return out
 
     def _fetch(self, key: str, digests: list[bytes]) -> Iterator[tuple[Any, ...]]:
         cols: list[Any] = [Blob.digest, Blob.data]
@@ -384,16 +440,24 @@ class Reader:
             ):
                 yield (bytes(row[0]), *row[1:])
 
-    def _images(self, shas: Sequence[bytes]) -> None:
-        missing = list({s.hex() for s in shas if s not in self._b64})
+    def _images(self, shas: Sequence[bytes]) -> dict[bytes, str]:
+        """Base64 text of each image, by SHA-256."""
+        out: dict[bytes, str] = {}
+        for sha in shas:
+            t = self._b64.get(sha)
+            if t is not None:
+                out[sha] = t
+        missing = list({s.hex() for s in shas if s not in out})
         for i in range(0, len(missing), 100):
             for d, data in self.conn.execute(
                 select(Image.digest, Image.data).where(Image.digest.in_(missing[i : i + 100]))
             ):
-                self._b64[bytes.fromhex(d)] = b64encode(bytes(data)).decode("ascii")
-        for s in shas:
-            if s not in self._b64:
-                raise LookupError(f"image {s.hex()} is missing")
+                sha = bytes.fromhex(d)
+                out[sha] = self._b64.put(sha, b64encode(bytes(data)).decode("ascii"))
+        for sha in shas:
+            if sha not in out:
+                raise LookupError(f"image {sha.hex()} is missing")
+        return out
 
     # -- a whole call ----------------------------------------------------------------------------
 

@@ -209,6 +209,28 @@ def test_a_screenshot_session_stores_each_screenshot_once_and_rebuilds_every_cal
     store.close()
 
 
+def read_with_small_cache(url: str, session_id: str, max_bytes: int) -> list[str]:
+    """The session's request texts through a ``Reader`` whose blob cache holds almost nothing
+    (every base and image fetched again once evicted)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session as OrmSession
+
+    from orchard_rec.storage.delta import Reader
+    from orchard_rec.storage.models import Call
+
+    eng = create_engine(url)
+    try:
+        with OrmSession(eng) as db:
+            reader = Reader(db.connection(), max_bytes=max_bytes)
+            out = []
+            for row in db.scalars(select(Call).where(Call.session_id == session_id).order_by(Call.seq)):
+                p, c = reader.tokens(row.id, row.prompt_ids, row.completion_ids)
+                out.append(reader.bodies(row, p, c)["request_text"])
+            return out
+    finally:
+        eng.dispose()
+
+
 def _record(dialect: Dialect, sid: str, n: int, raw: str, **kw: Any) -> Any:
     return call(
         sid, dialect=dialect, request=json.loads(raw), request_text=raw, received_at=float(n + 1), **kw
@@ -288,6 +310,7 @@ def test_tool_result_screenshots_odd_base64_and_sessions_sharing_images(db_url: 
         t.join()
     for ses, want in texts.items():
         assert [r.request_text for r in store.calls(ses)] == want
+        assert read_with_small_cache(db_url, ses, 1000) == want
     assert store.image_stats()["images"] == 5  # shots 0-4; the odd ones stayed literal
     for st in stores:
         st.close()
@@ -392,6 +415,7 @@ def test_completions_prompts_grow_linearly_and_come_back_exact(db_url: str, ints
     assert b100 < 3 * len(full[-1]), (b100, len(full[-1]))  # vs ~50x for whole prompts
     assert [r.request_text for r in store.calls("half")] == half
     assert [r.request_text for r in store.calls("full")] == full
+    assert read_with_small_cache(db_url, "full", 20_000) == full  # bases evicted and read again
     # a fresh reader of one late call follows the chain through the database
     late = store.calls("full")[80].call_id
     again = Store(db_url)
