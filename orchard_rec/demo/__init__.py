@@ -1,5 +1,6 @@
 """The bundled demo: a vLLM-compatible upstream with a tiny tokenizer, a scripted agent,
-and ``run_demo`` which ties them to a proxy on SQLite (``orchard-rec demo``)."""
+and ``run_demo`` which ties them to a proxy on SQLite (``orchard-rec demo``). ``vision``: Qwen2-VL's
+image-token arithmetic for the upstream's VLM mode (``--vlm``); ``gui``: a screenshot-sending agent."""
 
 from orchard_rec.demo.agent import SHELL_TOOL, run_agent
 from orchard_rec.demo.model import ScriptedModel

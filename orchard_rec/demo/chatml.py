@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any
 
+from orchard_rec.demo.template import IMAGE_MARKUP
+
 __all__ = ["parse_chatml"]
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
@@ -54,5 +56,18 @@ def parse_chatml(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] 
                 msg["tool_calls"] = calls
             messages.append(msg)
             continue
-        messages.append({"role": role, "content": body})
+        messages.append({"role": role, "content": _parts(body)})
     return messages, tools
+
+
+def _parts(body: str) -> Any:
+    """A turn's text, as chat parts when it shows images (the template's image markup)."""
+    if IMAGE_MARKUP not in body:
+        return body
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(body.split(IMAGE_MARKUP)):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts

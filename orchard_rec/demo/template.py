@@ -6,6 +6,11 @@ is dropped when the history is rendered, and tool results are wrapped in
 (saved with the demo tokenizer, for ``transformers``' ``apply_chat_template``); a test
 checks that both render every conversation identically. Like vLLM, callers hand the
 Jinja template tool-call arguments as objects, not JSON strings.
+
+Content may be a string or a list of parts (vLLM hands list content to templates that iterate
+it, as this one does, through a macro vLLM's content-format detection follows): text parts are
+concatenated and each image part (``image``, ``image_url``, ``input_image``) renders as
+Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "render", "render_tool_call"]
+__all__ = ["CHAT_TEMPLATE", "IMAGE_MARKUP", "render", "render_tool_call"]
 
 _TOOLS_HEADER = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -25,6 +30,11 @@ _TOOLS_FOOTER = (
 )
 
 
+IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+"""What an image part renders as (Qwen2-VL's template); the server expands the pad (``demo.vision``)."""
+_IMAGE_PARTS = ("image", "image_url", "input_image")
+
+
 def _content(c: Any) -> str:
     if c is None:
         return ""
@@ -34,10 +44,10 @@ def _content(c: Any) -> str:
         out = []
         for p in c:
             if isinstance(p, dict):
-                if p.get("type") == "text":
-                    out.append(p.get("text", ""))
-                elif p.get("type") == "image_url":
-                    out.append("<image>")
+                if p.get("type") in _IMAGE_PARTS or "image" in p or "image_url" in p:
+                    out.append(IMAGE_MARKUP)
+                elif "text" in p:
+                    out.append(str(p["text"]))
             elif isinstance(p, str):
                 out.append(p)
         return "".join(out)
@@ -107,9 +117,25 @@ def render(
 
 
 _NL = "{{ '\\n' }}"
+_C = (
+    "{%- macro render_content(c) -%}"
+    "{%- if c is none -%}"
+    "{%- elif c is string -%}{{ c }}"
+    "{%- elif c is iterable and c is not mapping -%}"
+    "{%- for p in c -%}"
+    "{%- if p is string -%}{{ p }}"
+    "{%- elif p.type in ['image', 'image_url', 'input_image'] or 'image' in p or 'image_url' in p -%}"
+    + IMAGE_MARKUP
+    + "{%- elif 'text' in p -%}{{ p.text }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}{{ c }}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+)
 CHAT_TEMPLATE = (
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{%- set system = messages[0].content or '' -%}{%- set loop_messages = messages[1:] -%}"
+    _C + "{%- if messages and messages[0].role == 'system' -%}"
+    "{%- set system = render_content(messages[0].content) -%}{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}{%- set system = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
     "{%- if tools -%}"
     "<|im_start|>system"
@@ -136,12 +162,13 @@ CHAT_TEMPLATE = (
     + "{%- else -%}"
     + _NL
     + "{%- endif -%}"
-    "<tool_response>" + _NL + "{{ m.content }}" + _NL + "</tool_response>"
+    "<tool_response>" + _NL + "{{ render_content(m.content) }}" + _NL + "</tool_response>"
     "{%- if loop.last or loop_messages[loop.index0 + 1].role != 'tool' -%}<|im_end|>" + _NL + "{%- endif -%}"
     "{%- elif m.role == 'assistant' -%}"
-    "<|im_start|>assistant" + _NL + "{{ m.content or '' }}"
+    "{%- set text = render_content(m.content) -%}"
+    "<|im_start|>assistant" + _NL + "{{ text }}"
     "{%- for tc in m.tool_calls or [] -%}"
-    "{%- if m.content or not loop.first -%}" + _NL + "{%- endif -%}"
+    "{%- if text or not loop.first -%}" + _NL + "{%- endif -%}"
     "<tool_call>"
     + _NL
     + "{{ '{' }}\"name\": {{ tc.function.name | tojson }}, \"arguments\": {{ tc.function.arguments | tojson }}{{ '}' }}"
@@ -152,7 +179,7 @@ CHAT_TEMPLATE = (
     + _NL
     + "{%- else -%}<|im_start|>{{ m.role }}"
     + _NL
-    + "{{ m.content }}<|im_end|>"
+    + "{{ render_content(m.content) }}<|im_end|>"
     + _NL
     + "{%- endif -%}"
     "{%- endfor -%}"

@@ -1,7 +1,9 @@
 """A tiny real Hugging Face tokenizer, built offline in a few milliseconds.
 
 A byte-level BPE trained on a fixed built-in corpus, with ChatML-style special tokens
-(``<|im_start|>``, ``<|im_end|>``, ``<tool_call>`` ...). Deterministic: the same ids
+(``<|im_start|>``, ``<|im_end|>``, ``<tool_call>`` ...) and Qwen2-VL's vision tokens
+(``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``, added after the trained vocabulary,
+so the text ids are those of a text-only build). Deterministic: the same ids
 on every machine, so tests can spell expected values. ``save`` writes a
 ``tokenizer.json`` (plus ``tokenizer_config.json``) that ``tokenizers.Tokenizer.from_file``
 and ``transformers.AutoTokenizer`` load.
@@ -16,8 +18,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from orchard_rec.demo.template import CHAT_TEMPLATE
+from orchard_rec.demo.vision import VisionConfig
 
-__all__ = ["SPECIAL_TOKENS", "build_tokenizer", "save_tokenizer"]
+__all__ = ["IMAGE_PAD", "SPECIAL_TOKENS", "VISION_TOKENS", "build_tokenizer", "save_tokenizer"]
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -30,6 +33,11 @@ SPECIAL_TOKENS = [
     "<think>",
     "</think>",
 ]
+
+IMAGE_PAD = "<|image_pad|>"
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", IMAGE_PAD]
+"""Qwen2-VL's image markers: the template writes ``<|vision_start|><|image_pad|><|vision_end|>``
+per image, and the server repeats the pad once per merged patch (``demo.vision``)."""
 
 _CORPUS = """\
 You are a helpful coding agent. You can run shell commands with the tools you are given.
@@ -57,11 +65,15 @@ def build_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.add_special_tokens(VISION_TOKENS)
     return tok
 
 
-def save_tokenizer(directory: str | Path) -> Path:
-    """Write the tokenizer as a Hugging Face tokenizer folder; returns the folder."""
+def save_tokenizer(directory: str | Path, *, vision: VisionConfig | None = None) -> Path:
+    """Write the tokenizer as a Hugging Face tokenizer folder; returns the folder.
+
+    ``vision``: also write the ``preprocessor_config.json`` of a Qwen2-VL image processor with
+    that geometry (what a VLM's model folder holds next to its tokenizer)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(d / "tokenizer.json"))
@@ -73,11 +85,13 @@ def save_tokenizer(directory: str | Path) -> Path:
                 "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>",
                 "unk_token": None,
-                "additional_special_tokens": SPECIAL_TOKENS[3:],
+                "additional_special_tokens": SPECIAL_TOKENS[3:] + VISION_TOKENS,
                 "model_max_length": 131072,
                 "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )
     )
+    if vision is not None:
+        (d / "preprocessor_config.json").write_text(json.dumps(vision.preprocessor_config(), indent=2))
     return d

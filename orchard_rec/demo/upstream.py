@@ -11,11 +11,21 @@ include the end-of-turn token, as vLLM's do.
 
 It keeps ``log``: every request body it received, so tests can check what the proxy
 sent upstream.
+
+``vlm=True`` makes it a vision-language server in Qwen2-VL's manner (``demo.vision``): images
+(chat ``image_url`` data URLs, Responses ``input_image``, Anthropic ``image`` blocks, tool
+results' screenshots) render as ``<|vision_start|><|image_pad|><|vision_end|>`` and each pad is
+expanded to the image's token count in ``prompt_token_ids``, as vLLM returns them. vLLM's
+token-in endpoint ``/inference/v1/generate`` (``token_ids`` with one pad per image, plus the
+images as ``content_parts``) is served too. Without ``vlm`` an image still renders as that
+markup, unexpanded (a text model's view).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import time
 import uuid
 from typing import Any
@@ -26,6 +36,8 @@ from aiohttp import web
 from orchard_rec.demo.chatml import parse_chatml
 from orchard_rec.demo.model import Generation, ScriptedModel, Section
 from orchard_rec.demo.scoring import sglang_input_logprobs, vllm_prompt_logprobs
+from orchard_rec.demo.tokenizer import IMAGE_PAD
+from orchard_rec.demo.vision import ImageError, VisionConfig, expand, image_size
 from orchard_rec.demo.wire import (
     message_events,
     message_object,
@@ -60,8 +72,14 @@ class DemoUpstream:
         chunk_delay: float = 0.0,
         stream_interval: int = 1,
         model_name: str = MODEL_NAME,
+        vlm: bool = False,
+        vision: VisionConfig | None = None,
     ) -> None:
         self.model = ScriptedModel(drift=drift, think=think, preamble=preamble)
+        self.vlm = vlm
+        """Expand image placeholders as Qwen2-VL's processor does (``demo.vision``)."""
+        self.vision = vision or VisionConfig()
+        self.image_pad = self.model._special(IMAGE_PAD)
         self.chunk_delay = chunk_delay
         self.stream_interval = max(1, stream_interval)
         """Tokens per streamed delta (vLLM's ``--stream-interval``): 1 streams every token on its own."""
@@ -125,7 +143,26 @@ class DemoUpstream:
 
     def _generate(self, body: dict[str, Any]) -> Generation:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        return self.model.generate(body.get("messages") or [], body.get("tools"), max_tokens=max_tokens)
+        messages = body.get("messages") or []
+        return self._see(self.model.generate(messages, body.get("tools"), max_tokens=max_tokens), messages)
+
+    # -- vision ----------------------------------------------------------------------------------
+
+    def image_tokens(self, url: str) -> int:
+        """How many pads the image at ``url`` (a base64 ``data:`` URL) becomes."""
+        data = _data_url(url)
+        w, h = image_size(data)
+        return self.vision.tokens(w, h)
+
+    def _see(self, gen: Generation, messages: list[dict[str, Any]]) -> Generation:
+        """In VLM mode, expand the prompt's image placeholders (one per image, in order)."""
+        if self.vlm:
+            urls = _chat_image_urls(messages)
+            if urls:
+                gen.prompt_ids, _ = expand(
+                    gen.prompt_ids, self.image_pad, [self.image_tokens(u) for u in urls]
+                )
+        return gen
 
     # -- chat -----------------------------------------------------------------------------------
 
@@ -447,6 +484,84 @@ class DemoUpstream:
         text = self.model.tok.decode(shown, skip_special_tokens=skip)
         return self._json({"text": text, "output_ids": ids, "meta_info": meta})
 
+    async def inference_generate(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's token-in endpoint ``POST /inference/v1/generate`` (served by ``vllm serve
+        --enable-scale-out``): ``token_ids`` with one ``<|image_pad|>`` per image and the images as
+        ``content_parts`` (``{"type": "image_url", "url": ...}``); the server expands the pads
+        (``prompt_token_ids`` with ``return_token_ids``, and ``mm_placeholders``). Non-stream."""
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        ids_in = body.get("token_ids")
+        if (
+            not isinstance(ids_in, list)
+            or not ids_in
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids_in)
+        ):
+            return _err(400, "token_ids: a non-empty list of token ids is required")
+        params = body.get("sampling_params")
+        if not isinstance(params, dict):
+            return _err(400, "sampling_params: field required")
+        if body.get("stream"):
+            return _err(400, "the demo server answers /inference/v1/generate without streaming")
+        parts = body.get("content_parts") or []
+        urls = [str(p.get("url")) for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
+        if urls and not self.vlm:
+            return _err(400, "the demo model is text-only (start it with --vlm for images)")
+        prompt_ids = list(ids_in)
+        runs: list[tuple[int, int]] = []
+        if urls:
+            prompt_ids, runs = expand(ids_in, self.image_pad, [self.image_tokens(u) for u in urls])
+        messages, tools = parse_chatml(self.model.decode(ids_in))
+        gen = self.model.generate(messages, tools, max_tokens=params.get("max_tokens"), prompt_ids=prompt_ids)
+        ids = gen.ids
+        want_ids = bool(body.get("return_token_ids"))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": "length" if gen.finish_reason == "length" else "stop",
+            "stop_reason": None,
+            "token_ids": ids,
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+            "logprobs": {
+                "content": [
+                    {"token_id": i, "logprob": self.model.logprob(k, i), "rank": None, "top_logprobs": []}
+                    for k, i in enumerate(ids)
+                ]
+            }
+            if params.get("logprobs") is not None
+            else None,
+        }
+        mode = body.get("output_mode") or "tokens"
+        if mode == "text":
+            skip = params.get("skip_special_tokens", True) is not False
+            shown = ids[:-1] if ids and ids[-1] == self.model.eos else ids
+            choice["text"] = self.model.tok.decode(shown, skip_special_tokens=skip)
+        obj = {
+            "request_id": body.get("request_id") or uuid.uuid4().hex,
+            "model": body.get("model") or self.model_name,
+            "created": int(time.time()),
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "total_tokens": len(prompt_ids) + len(ids),
+                "completion_tokens": len(ids),
+                "prompt_tokens_details": None,
+            },
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": prompt_ids if want_ids else None,
+            "mm_placeholders": {"image": [{"offset": o, "length": n} for o, n in runs]}
+            if want_ids and runs
+            else None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": mode,
+            "choices": [choice],
+        }
+        return self._json(obj)
+
     # -- Responses and Messages (built from the generation by ``demo.wire``, not the proxy's code) --
 
     def _pieces(self, s: Section) -> list[str]:
@@ -466,7 +581,7 @@ class DemoUpstream:
         if body.get("input") is None:
             return _err(400, "input: field required")
         messages, tools, custom, max_tokens = responses_input(body)
-        gen = self.model.generate(messages, tools or None, max_tokens=max_tokens)
+        gen = self._see(self.model.generate(messages, tools or None, max_tokens=max_tokens), messages)
         if not body.get("stream"):
             return self._json(response_object(body, gen, custom, self.model_name))
         events = response_events(body, gen, custom, self.model_name, self._pieces)
@@ -483,7 +598,7 @@ class DemoUpstream:
             }
             return web.Response(status=400, body=orjson.dumps(body_err), content_type="application/json")
         messages, tools, max_tokens = messages_input(body)
-        gen = self.model.generate(messages, tools or None, max_tokens=max_tokens)
+        gen = self._see(self.model.generate(messages, tools or None, max_tokens=max_tokens), messages)
         if not body.get("stream"):
             return self._json(message_object(body, gen, self.model_name))
         events = message_events(body, gen, self.model_name, self._pieces)
@@ -564,8 +679,36 @@ class DemoUpstream:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/generate", self.generate)
+        app.router.add_post("/inference/v1/generate", self.inference_generate)
         app.router.add_get("/health", _health)  # vLLM's liveness route: 200, empty
         return app
+
+
+def _chat_image_urls(messages: list[dict[str, Any]]) -> list[str]:
+    """The image URLs of chat messages in the order the template renders them."""
+    out: list[str] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        for p in content if isinstance(content, list) else ():
+            if not isinstance(p, dict):
+                continue
+            if p.get("type") == "image_url" or p.get("type") == "input_image":
+                u = p.get("image_url")
+                out.append(str(u.get("url") if isinstance(u, dict) else u))
+    return out
+
+
+def _data_url(url: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL; ``ImageError`` otherwise (this server is offline)."""
+    head, sep, payload = url.partition(",")
+    if not url.startswith("data:") or not sep or not head.endswith(";base64"):
+        raise ImageError(
+            f"cannot load image {url[:60]!r}: only base64 data: URLs (the demo server is offline)"
+        )
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("invalid base64 in an image data: URL") from None
 
 
 async def _health(_request: web.Request) -> web.Response:

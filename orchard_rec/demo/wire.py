@@ -44,6 +44,42 @@ def _plain(content: Any) -> str:
     return "" if content is None else json.dumps(content)
 
 
+def _image_url(p: dict[str, Any]) -> str | None:
+    """The URL of an image part of any dialect (chat ``image_url``, Responses ``input_image``,
+    Anthropic ``image`` with a ``base64`` or ``url`` source); None for other parts."""
+    t = p.get("type")
+    if t == "image_url":
+        u = p.get("image_url")
+        return str(u.get("url") if isinstance(u, dict) else u)
+    if t == "input_image":
+        u = p.get("image_url")
+        return str(u.get("url") if isinstance(u, dict) else u or p.get("file_id") or "")
+    if t == "image":
+        src = p.get("source") or {}
+        if src.get("type") == "base64":
+            return f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+        return str(src.get("url") or "")
+    return None
+
+
+def _with_images(content: Any) -> Any:
+    """A content value as chat content: its text when it has no image, else chat parts in order."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, dict) and _image_url(p) is not None for p in content
+    ):
+        return _plain(content)
+    parts: list[dict[str, Any]] = []
+    for p in content:
+        if not isinstance(p, dict):
+            continue
+        url = _image_url(p)
+        if url is not None:
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif "text" in p:
+            parts.append({"type": "text", "text": str(p["text"])})
+    return parts
+
+
 def _function(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
     fn: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
     if description:
@@ -83,7 +119,7 @@ def responses_input(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[di
         kind = it.get("type", "message")
         if kind == "message":
             role = {"developer": "system"}.get(it.get("role"), it.get("role") or "user")
-            msgs.append({"role": role, "content": _plain(it.get("content"))})
+            msgs.append({"role": role, "content": _with_images(it.get("content"))})
             if role == "assistant" and thinking:
                 msgs[-1]["reasoning_content"], thinking = thinking, ""
         elif kind == "reasoning":
@@ -107,7 +143,7 @@ def responses_input(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[di
                     msgs[-1]["reasoning_content"], thinking = thinking, ""
         elif kind in ("function_call_output", "custom_tool_call_output"):
             out = it.get("output")
-            msgs.append({"role": "tool", "tool_call_id": it.get("call_id"), "content": _plain(out)})
+            msgs.append({"role": "tool", "tool_call_id": it.get("call_id"), "content": _with_images(out)})
     custom: set[str] = set()
     tools = _responses_tools(body.get("tools"), custom)
     return msgs, tools, custom, body.get("max_output_tokens")
@@ -357,16 +393,20 @@ def messages_input(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
             continue
         for b in blocks:  # tool results answer the previous turn's calls: they come first
             if b.get("type") == "tool_result":
-                msgs.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": b.get("tool_use_id"),
-                        "content": _plain(b.get("content")),
-                    }
-                )
-        texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-        if texts:
-            msgs.append({"role": role or "user", "content": "".join(texts)})
+                inner = b.get("content")
+                msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _plain(inner)})
+                shots = [
+                    {"type": "image_url", "image_url": {"url": _image_url(x)}}
+                    for x in (inner if isinstance(inner, list) else [])
+                    if isinstance(x, dict) and x.get("type") == "image"
+                ]
+                if shots:  # a screenshot a tool returned follows as a user turn (as vLLM's server does)
+                    msgs.append({"role": "user", "content": shots})
+        rest = [b for b in blocks if b.get("type") in ("text", "image")]
+        if any(b.get("type") == "image" for b in rest):
+            msgs.append({"role": role or "user", "content": _with_images(rest)})
+        elif rest:
+            msgs.append({"role": role or "user", "content": "".join(b.get("text", "") for b in rest)})
     tools = [
         _function(t.get("name"), t.get("description"), t.get("input_schema"))
         for t in body.get("tools") or []

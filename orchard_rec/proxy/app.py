@@ -71,8 +71,10 @@ from orchard_rec.proxy.tito import (
     client_error,
     parse_generation,
     read_upstream,
+    server_prompt,
     synth_chunks,
     upstream_request,
+    upstream_url,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
@@ -313,16 +315,16 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
     prompt, branch, version, decision = await asyncio.to_thread(tito.plan, key, messages, tools)
-    path, up_body = upstream_request(cfg.upstream_kind, chat, prompt)
-    base = (
-        cfg.upstream[:-3] if cfg.upstream_kind == "sglang" and cfg.upstream.endswith("/v1") else cfg.upstream
-    )
+    images = [u for u, _ in tito.images(messages)]  # a VLM's images go with the ids (tito.py)
+    path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
     cap.upstream_request = up_body
     cap.upstream_dialect = Dialect.COMPLETIONS
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
     with _upstream_errors(cap, cfg.upstream):
-        async with app[UPSTREAM].post(f"{base}/{path}", data=orjson.dumps(up_body), headers=headers) as up:
+        async with app[UPSTREAM].post(
+            upstream_url(cfg.upstream_kind, cfg.upstream, path), data=orjson.dumps(up_body), headers=headers
+        ) as up:
             cap.first_byte_at = time.time()
             data = await up.read()
             status = up.status
@@ -338,20 +340,23 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     except orjson.JSONDecodeError as exc:
         raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
     ids, lps, finish, text = read_upstream(cfg.upstream_kind, obj)
+    seen = server_prompt(obj, prompt) if images else prompt  # the server's expanded image runs
     answer = parse_generation(
         tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,
         getattr(tito.tok, "eos_token", None),
         tools=bool(tools) and chat.get("tool_choice") != "none",
     )
     finish = "tool_calls" if answer.get("tool_calls") else finish
-    chat_obj = chat_completion(body.get("model"), answer, finish, len(prompt), len(ids))
+    chat_obj = chat_completion(body.get("model"), answer, finish, len(seen), len(ids))
     branch_index = None
     if finish != "length":  # a cut-off turn is not a history the template would reproduce
         branch_index = await asyncio.to_thread(
             tito.commit, key, branch, version, prompt, ids, messages, answer, tools
         )
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
-    cap.tokens = (prompt, ids, lps, finish)
+    if images:
+        cap.metadata["tito"]["images"] = len(images)
+    cap.tokens = (seen, ids, lps, finish)
     if cap.dialect is Dialect.RESPONSES:
         client_obj: Any = chat_to_responses(chat_obj, body)
     elif cap.dialect is Dialect.MESSAGES:

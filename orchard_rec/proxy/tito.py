@@ -22,10 +22,21 @@ Non-obvious bits:
   continues a session's branch instead of splitting it; sticky routing only saves the reload.
 - The upstream call is not streamed; a streaming client gets the answer as one burst of
   well-formed events once generation ends.
+- Images (a vision-language model: the tokenizer has an image token such as Qwen2-VL's
+  ``<|image_pad|>``): messages with image parts are handed to the template as vLLM hands them
+  (``{"type": "image"}`` / ``{"type": "text"}`` parts), so it writes one placeholder per image;
+  the ids go to vLLM's token-in endpoint ``POST /inference/v1/generate`` (``vllm serve
+  --enable-scale-out``) with the images as ``content_parts``, in prompt order. The server
+  expands each placeholder to the image's size (Qwen2-VL: one pad per 2×2 merged patch) and
+  returns the expanded ``prompt_token_ids``, which are recorded; the branch keeps the ids as
+  sent (one pad per image) and the images' digests, so a later turn extends it only when it
+  shows the same images in the same places. vLLM's ``/v1/completions`` takes no images with a
+  token prompt; SGLang's ``/generate`` is not supported with images (a clear 400).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -39,6 +50,7 @@ import orjson
 
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
 from orchard_rec.protocol import template_message, to_chat
+from orchard_rec.protocol.images import decode_data_url
 from orchard_rec.records import Dialect
 
 __all__ = [
@@ -46,11 +58,17 @@ __all__ = [
     "HistorySource",
     "Recorded",
     "TitoSessions",
+    "chat_images",
     "chat_of",
     "client_error",
+    "collapse_images",
     "parse_generation",
     "synth_chunks",
 ]
+
+IMAGE_TOKENS = ("<|image_pad|>", "<image>", "<|image|>", "<image_soft_token>", "<|IMAGE|>")
+"""Image placeholder tokens of common VLM families (Qwen2/2.5/3-VL first)."""
+_IMAGE_PARTS = ("image_url", "input_image")
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.S)
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
@@ -64,6 +82,8 @@ class Branch:
     text: str
     """The template's rendering of the conversation up to and including that answer."""
     version: int = 0
+    images: tuple[str, ...] = ()
+    """Digests of the images ``tokens`` show (one placeholder each), in order."""
 
 
 @dataclass
@@ -103,6 +123,8 @@ class TitoSessions:
 
     def __init__(self, tokenizer: Any, *, max_sessions: int = 10_000, max_branches: int = 16) -> None:
         self.tok = tokenizer
+        self.image_token = image_token_of(tokenizer)
+        """The VLM's image placeholder id; None for a text model (image parts then dropped)."""
         self.max_sessions = max_sessions
         self.max_branches = max_branches
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -113,12 +135,35 @@ class TitoSessions:
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
     ) -> str:
-        msgs = [template_message(m) for m in messages]
+        msgs = [self.template_message(m) for m in messages]
         return str(
             self.tok.apply_chat_template(
                 msgs, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
             )
         )
+
+    def template_message(self, m: dict[str, Any]) -> dict[str, Any]:
+        """``template_message``, keeping image parts (as vLLM's ``{"type": "image"}``) for a VLM."""
+        out = template_message(m)
+        content = m.get("content")
+        if self.image_token is not None and isinstance(content, list) and _has_image(content):
+            parts: list[dict[str, Any]] = []
+            for p in content:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") in _IMAGE_PARTS:
+                    if _part_url(p):
+                        parts.append({"type": "image"})
+                elif p.get("type") in ("text", "input_text", "output_text") and isinstance(
+                    p.get("text"), str
+                ):
+                    parts.append({"type": "text", "text": p["text"]})
+            out["content"] = parts
+        return out
+
+    def images(self, messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        """``(url, digest)`` of the images the template renders, in order ([] for a text model)."""
+        return chat_images(messages) if self.image_token is not None else []
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -143,6 +188,7 @@ class TitoSessions:
     ) -> tuple[list[int], Branch | None, int, dict[str, Any]]:
         """``(prompt_ids, branch or None, branch version, decision)`` for this conversation."""
         full = self.render(messages, tools, True)
+        digests = tuple(d for _, d in self.images(messages))
         best: Branch | None = None
         if key is not None and self.source is not None:
             self._sync(key)
@@ -152,21 +198,34 @@ class TitoSessions:
                 if sess is not None:
                     self._sessions.move_to_end(key)
                     for b in sess.branches:
-                        if full.startswith(b.text) and (best is None or len(b.text) > len(best.text)):
+                        if (
+                            full.startswith(b.text)
+                            and digests[: len(b.images)] == b.images
+                            and (best is None or len(b.text) > len(best.text))
+                        ):
                             best = b
                     if best is not None:
-                        return (
-                            best.tokens + self.encode(full[len(best.text) :]),
-                            best,
-                            best.version,
-                            {"branch": best.index, "fresh": False},
-                        )
+                        prompt = best.tokens + self.encode(full[len(best.text) :])
+                        self._check_images(prompt, digests)
+                        return prompt, best, best.version, {"branch": best.index, "fresh": False}
                     decision = {"fresh": True, "reason": "history differs from every branch of this session"}
                 else:
                     decision = {"fresh": True, "reason": "first call of the session"}
         else:
             decision = {"fresh": True, "reason": "no session"}
-        return self.encode(full), None, 0, decision
+        prompt = self.encode(full)
+        self._check_images(prompt, digests)
+        return prompt, None, 0, decision
+
+    def _check_images(self, prompt: list[int], digests: tuple[str, ...]) -> None:
+        if self.image_token is None or not digests:
+            return
+        n = prompt.count(self.image_token)
+        if n != len(digests):
+            raise BadRequest(
+                f"the chat template rendered {n} image placeholder(s) for the request's {len(digests)} "
+                "image(s) (images where this model's template puts none, e.g. inside tool results)"
+            )
 
     def _sync(self, key: str) -> None:
         """Rebuild ``key`` from the database when it holds calls this state does not account for."""
@@ -183,7 +242,9 @@ class TitoSessions:
         sess = _Session(synced=synced)
         for r in sorted(recorded, key=lambda r: r.branch)[-self.max_branches :]:
             text = self.branch_text(r.messages, r.answer, r.tools, r.completion)
-            sess.branches.append(Branch(r.branch, r.prompt + r.completion, text))
+            prompt = r.prompt if self.image_token is None else collapse_images(r.prompt, self.image_token)
+            digests = tuple(d for _, d in self.images(r.messages))
+            sess.branches.append(Branch(r.branch, prompt + r.completion, text, images=digests))
         sess.next_index = max((b.index for b in sess.branches), default=-1) + 1
         with self._lock:
             self._sessions[key] = sess
@@ -225,6 +286,7 @@ class TitoSessions:
         if key is None:
             return None
         text = self.branch_text(messages, answer, tools, completion)
+        digests = tuple(d for _, d in self.images(messages))
         with self._lock:
             sess = self._sessions.get(key)
             if sess is None:
@@ -234,9 +296,10 @@ class TitoSessions:
             self._sessions.move_to_end(key)
             if branch is not None and branch in sess.branches and branch.version == version:
                 branch.tokens, branch.text, branch.version = prompt + completion, text, version + 1
+                branch.images = digests
                 return branch.index
             nb = Branch(
-                sess.next_index, prompt + completion, text
+                sess.next_index, prompt + completion, text, images=digests
             )  # a fork: a concurrent call or a fresh render
             sess.next_index += 1
             sess.branches.append(nb)
@@ -253,6 +316,65 @@ def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
             raise BadRequest("messages: a list of message objects is required", param="messages")
         return body
     return to_chat(dialect, body)
+
+
+def image_token_of(tokenizer: Any) -> int | None:
+    """The tokenizer's image placeholder id (a VLM's), or None."""
+    explicit = getattr(tokenizer, "image_token_id", None)
+    if isinstance(explicit, int):
+        return explicit
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, TypeError):
+        return None
+    for name in IMAGE_TOKENS:
+        if name in vocab:
+            return int(vocab[name])
+    return None
+
+
+def _part_url(p: dict[str, Any]) -> str | None:
+    u = p.get("image_url")
+    url = u.get("url") if isinstance(u, dict) else u
+    if not url and p.get("type") == "input_image":
+        url = p.get("file_id")
+    return url if isinstance(url, str) and url else None
+
+
+def _has_image(content: list[Any]) -> bool:
+    return any(isinstance(p, dict) and p.get("type") in _IMAGE_PARTS and _part_url(p) for p in content)
+
+
+def chat_images(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(url, digest)`` of each image part of chat messages, in the order a template renders
+    them; the digest is the SHA-256 of the decoded bytes (of the URL text for a remote image),
+    as ``protocol.images`` names images."""
+    out: list[tuple[str, str]] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") not in _IMAGE_PARTS:
+                continue
+            url = _part_url(p)
+            if url is None:
+                continue
+            decoded = decode_data_url(url)
+            data = decoded[1] if decoded is not None else url.encode()
+            out.append((url, hashlib.sha256(data).hexdigest()))
+    return out
+
+
+def collapse_images(ids: list[int], image_token: int) -> list[int]:
+    """A server-expanded prompt back to one placeholder per image (each run of ``image_token``
+    becomes one), the form tito renders and sends."""
+    out: list[int] = []
+    for i in ids:
+        if i == image_token and out and out[-1] == image_token:
+            continue
+        out.append(i)
+    return out
 
 
 def parse_generation(text: str, eos_text: str | None, tools: bool = True) -> dict[str, Any]:
@@ -423,9 +545,34 @@ def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) 
     return out
 
 
-def upstream_request(kind: str, chat: dict[str, Any], prompt: list[int]) -> tuple[str, dict[str, Any]]:
-    """``(path, body)`` for the upstream's token endpoint."""
+GENERATE_PATH = "inference/v1/generate"
+"""vLLM's token-in endpoint (``--enable-scale-out``), under the server root, not ``/v1``."""
+
+
+def upstream_request(
+    kind: str, chat: dict[str, Any], prompt: list[int], images: list[str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """``(path, body)`` for the upstream's token endpoint; ``images``: the prompt's image URLs
+    in order (vLLM's ``/inference/v1/generate`` with ``content_parts``)."""
     max_tokens = chat.get("max_completion_tokens") or chat.get("max_tokens") or 4096
+    if images:
+        if kind != "vllm":
+            raise BadRequest(
+                "tito sends images only to vLLM (/inference/v1/generate, vllm serve --enable-scale-out): "
+                "use --upstream-kind vllm, or --mode token for this server"
+            )
+        sp: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": 0, "skip_special_tokens": False}
+        for k in ("temperature", "top_p", "top_k", "stop", "seed"):
+            if chat.get(k) is not None:
+                sp[k] = chat[k]
+        return GENERATE_PATH, {
+            "model": chat.get("model"),
+            "token_ids": prompt,
+            "content_parts": [{"type": "image_url", "url": u} for u in images],
+            "sampling_params": sp,
+            "return_token_ids": True,
+            "stream": False,
+        }
     if kind == "sglang":
         params: dict[str, Any] = {"max_new_tokens": max_tokens, "skip_special_tokens": False}
         for k in ("temperature", "top_p", "top_k", "stop"):
@@ -472,13 +619,31 @@ def read_upstream(kind: str, obj: Any) -> tuple[list[int], list[float] | None, s
             )
         c = obj["choices"][0]
         lp = c.get("logprobs") or {}
-        lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []] or None
+        if isinstance(lp.get("content"), list):  # /inference/v1/generate: one entry per generated token
+            lps = [float(e["logprob"]) for e in lp["content"]] or None
+        else:
+            lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []] or None
         text = c.get("text") if isinstance(c.get("text"), str) else None
         return list(c["token_ids"]), lps, "length" if c.get("finish_reason") == "length" else "stop", text
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise UpstreamProtocolError(
             f"the upstream's token endpoint answered without token ids: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def upstream_url(kind: str, upstream: str, path: str) -> str:
+    """Where ``path`` is served: SGLang's ``/generate`` and vLLM's ``/inference/...`` at the root."""
+    root = (kind == "sglang" or path == GENERATE_PATH) and upstream.endswith("/v1")
+    return f"{upstream[:-3] if root else upstream}/{path}"
+
+
+def server_prompt(obj: Any, sent: list[int]) -> list[int]:
+    """The prompt ids the server ran: its expanded ``prompt_token_ids`` (images) when it returned
+    them, else the ids sent."""
+    ids = obj.get("prompt_token_ids") if isinstance(obj, dict) else None
+    if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+        return list(ids)
+    return sent
 
 
 def client_error(dialect: Dialect, status: int, data: bytes) -> bytes:
