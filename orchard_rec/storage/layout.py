@@ -280,14 +280,16 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
         was = old.get(key, ())
         if key in ARRAY_KEYS and t[i] == "[":
             i = _ws(t, i + 1)
-            j = 0
+            j = shift = 0
             if t[i] == "]":
                 i += 1
             else:
                 while True:
                     reuse = None
-                    if j < len(was) and t.startswith(was[j][0], i) and was[j][0][:1] in ("{", "[", '"'):
-                        end, reuse = i + len(was[j][0]), was[j][1]
+                    k = _match(t, i, was, j + shift)
+                    if k >= 0:
+                        end, reuse = i + len(was[k][0]), was[k][1]
+                        shift = k - j  # a harness that dropped or inserted messages: the rest shifts too
                     else:
                         end = _skip(t, i)
                     blob(key, i, end, j, reuse)
@@ -321,6 +323,22 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             raise _Malformed
         break
     lits.append(t[cur:])
+
+
+def _same(t: str, i: int, piece: str) -> bool:
+    # a whole JSON object, array or string cannot be a strict prefix of another value
+    return piece[:1] in ("{", "[", '"') and t.startswith(piece, i)
+
+
+def _match(t: str, i: int, was: Sequence[tuple[str, bytes]], at: int) -> int:
+    """Index of the previous split's piece that the value at ``t[i]`` is (tried at ``at`` first,
+    then nearby: messages dropped or inserted before it), or -1."""
+    if 0 <= at < len(was) and _same(t, i, was[at][0]):
+        return at
+    for k in range(max(0, at - 4), min(len(was), at + 33)):
+        if k != at and _same(t, i, was[k][0]):
+            return k
+    return -1
 
 
 def join_request(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[bytes, str]) -> str:

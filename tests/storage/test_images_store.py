@@ -492,3 +492,26 @@ def test_0006_on_a_database_written_by_the_0005_schema(db_url: str) -> None:
     store = Store(db_url)
     assert [r.request_text for r in store.calls("mig")] == sent
     store.close()
+
+
+def test_a_sliding_window_harness_is_recognised_not_rehashed() -> None:
+    """Messages dropped from the front (or one inserted) shift the rest: they are still found by
+    comparing text, so only the new messages are hashed and scanned for images."""
+    shots = [screenshot(300 + k) for k in range(12)]
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": _user_part("chat", shots[k], k) + [{"type": "text", "text": f"turn {k}"}]}
+        for k in range(12)
+    ]
+    prev = None
+    blobs: dict[bytes, str] = {}
+    for n in range(4, 12):
+        window = msgs[max(0, n - 6) : n]
+        if n == 9:
+            window = [{"role": "system", "content": "a reminder inserted in front"}, *window]
+        sent = json.dumps({"model": "m", "messages": window})
+        split = layout.split_request(sent, prev)
+        blobs.update(split.blobs)
+        assert layout.join_request(split.literals, split.refs, blobs) == sent
+        if prev is not None:
+            assert len(split.blobs) <= 2, n  # the new message (and the inserted one)
+        prev = split
