@@ -15,6 +15,16 @@ Both carry ``teacher_logprobs`` + ``teacher_mask`` (GKD-style distillation) when
 ``orchard-rec teacher`` scored the sample (null otherwise): aligned to ``input_ids`` for
 ``trl``, to ``completion_ids`` for ``trl-grpo``.
 Both load with ``datasets.load_dataset("parquet", data_files=...)``.
+
+Images: an ``images`` column (``datasets`` ``List(Image())``, PIL images once loaded; present
+when the export has images), the column TRL's vision trainers read (``SFTTrainer`` /
+``DataCollatorForVisionLanguageModeling``, ``GRPOTrainer``'s prompt images). TRL has no
+pre-tokenized vision path: with an ``images`` column its ``SFTTrainer`` renders ``messages`` /
+``prompt`` itself with the processor and drops ``input_ids``, and GRPO recomputes
+``pixel_values`` from the dataset's ``images``. So with a VLM, keep these rows' exact ids and
+hand ``images`` to the model's image processor in your collator (its ``image_grid_thw`` matches
+the image runs in ``input_ids``: t·h·w/4 tokens per image for Qwen2-VL), or let TRL re-render
+(it then re-tokenizes, losing the recorded ids).
 """
 
 from __future__ import annotations

@@ -345,6 +345,7 @@ def test_formats_without_images_say_so(tmp_path, caplog) -> None:  # type: ignor
         assert [r for r in caplog.records if "does not carry images" in r.getMessage()], fmt
 
 
+@pytest.mark.slow  # a fresh interpreter for the stdout case
 def test_images_column_added_after_text_row_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Row groups of text samples already written when the first image comes are rewritten once."""
     import datasets
@@ -406,3 +407,22 @@ def test_exports_from_the_database_carry_the_recorded_screenshots(db_url, tmp_pa
     export(url, "slime", tmp_path / "db.pt", image_token=PAD)
     gui = [d for d in torch.load(tmp_path / "db.pt", weights_only=False)["samples"] if d["multimodal_inputs"]]
     assert [d["metadata"]["turn_index"] for d in gui] == [0, 1, 2] and len({d["group_id"] for d in gui}) == 1
+
+
+@pytest.mark.slow  # importing transformers takes ~15 s on a loaded machine
+def test_the_trainers_processor_gives_grids_that_match_the_image_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """slime's trainer computes ``multimodal_train_inputs`` from ``multimodal_inputs["images"]`` with
+    the model's processor: Qwen2-VL's image processor (min/max pixels 56²/224², as the tiny VLM
+    of issue 21) gives each image a grid whose t·h·w/4 is exactly its run of image tokens."""
+    import torch
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=224 * 224)
+    _export("slime", tmp_path / "r.pt")
+    for d in torch.load(tmp_path / "r.pt", weights_only=False)["samples"]:
+        if not d["multimodal_inputs"]:
+            continue
+        out = processor(images=d["multimodal_inputs"]["images"], return_tensors="pt")
+        runs = [e - s for s, e in d["metadata"]["image_spans"]]
+        assert [int(t * h * w) // 4 for t, h, w in out["image_grid_thw"].tolist()] == runs
+        assert out["pixel_values"].shape[0] == sum(runs) * 4
