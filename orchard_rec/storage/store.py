@@ -285,7 +285,7 @@ class Store:
                 conn.execute(select(Image.digest).where(Image.digest.in_(wanted[i : i + 500]))).scalars()
             )
         new = [
-            (d, ref.mime, ref.width, ref.height, len(ref.data or b""), ref.data)
+            (d, _mime(ref.mime), _dim(ref.width), _dim(ref.height), len(ref.data), ref.data)
             for d in wanted
             if d not in have and (ref := images[d]).data is not None
         ]
@@ -519,6 +519,16 @@ class Store:
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
             return db.scalar(select(Call.seq).where(Call.id == call_id))
+
+
+def _mime(v: str | None) -> str | None:
+    """A client's media type as the column holds it (None when it would not fit: never a failed batch)."""
+    return v if v is not None and len(v) <= 128 else None
+
+
+def _dim(v: int | None) -> int | None:
+    """A header's width / height when a 32-bit signed column holds it (a forged header may claim more)."""
+    return v if v is not None and 0 <= v < 2**31 else None
 
 
 def _dumps(obj: Any) -> str:

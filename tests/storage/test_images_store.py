@@ -515,3 +515,24 @@ def test_a_sliding_window_harness_is_recognised_not_rehashed() -> None:
         if prev is not None:
             assert len(split.blobs) <= 2, n  # the new message (and the inserted one)
         prev = split
+
+
+def test_odd_images_never_fail_a_batch(db_url: str) -> None:
+    """A media type longer than the column and a forged header claiming a 4-billion-pixel width
+    are stored (as None) rather than failing the writer's transaction."""
+    store = Store(db_url)
+    store.upgrade()
+    png = bytearray(screenshot(400))
+    png[16:20] = (2**32 - 1).to_bytes(4, "big")
+    mime = "image/" + "x" * 200
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"data:{mime};base64," + _b64(bytes(png))}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(screenshot(401))}},
+    ]
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": parts}]})
+    store.write_batch([_record(Dialect.CHAT, "odd", 0, raw)])
+    assert [r.request_text for r in store.calls("odd")] == [raw]
+    info = store.image_info(__import__("hashlib").sha256(bytes(png)).hexdigest())
+    assert info is not None and info.mime is None and info.width is None and info.height == 144
+    assert store.image(info.digest) == (None, bytes(png))
+    store.close()
