@@ -22,14 +22,14 @@ from pathlib import Path
 
 from orchard_rec.demo.agent import run_agent
 from orchard_rec.demo.gui import run_gui_agent
-from orchard_rec.demo.tokenizer import build_tokenizer
+from orchard_rec.demo.tokenizer import IMAGE_PAD, build_tokenizer
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.demo.vision import VisionConfig
 from orchard_rec.exporters import ExportError, get
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer, RecordingProxy, run_forever
-from orchard_rec.reconstruct import Sample, reconstruct_session
+from orchard_rec.reconstruct import Sample
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.storage.store import Store
 
@@ -83,14 +83,8 @@ def run_demo(workdir: Path, *, mode: str = "token", vlm: bool = False) -> DemoRe
         outcome = Outcome(reward=1.0 if success else 0.0, status="completed")
         store.set_outcome(SESSION, outcome)
         calls = store.calls(SESSION)
-        if vlm:
-            # from the full records: the pipeline's lazy store read does not load request bodies,
-            # where the images are (so it would give samples without their images)
-            samples = reconstruct_session(
-                calls, outcome=outcome, session_id=SESSION, tokenizer=build_tokenizer()
-            )
-        else:
-            samples = list(iter_samples(store, sessions=[SESSION]))
+        pad = build_tokenizer().token_to_id(IMAGE_PAD) if vlm else None
+        samples = list(iter_samples(store, sessions=[SESSION], image_token=pad))
     finally:
         store.close()
     jsonl = workdir / "samples.jsonl"
