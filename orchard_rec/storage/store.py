@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, DateTime, create_engine, event, func, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
 from orchard_rec.protocol.images import ImageRef
@@ -456,8 +457,10 @@ class Store:
         if harness is not None:
             stmt = stmt.where(st.c.harness == harness)
         stmt = stmt.order_by(t.c.session_id, t.c.received_at, t.c.seq)
-        with self.engine.connect() as conn, self.engine.connect() as side:
-            reader = Reader(side, keep=2)
+        with self.engine.connect() as conn, self.engine.connect() as side, OrmSession(bind=side) as orm:
+            reader = Reader(
+                side, keep=2
+            )  # one reader: a session's blobs and images fetched once, not per call
             rows = iter(conn.execution_options(yield_per=batch).execute(stmt))
             pending = next(rows, None)
 
@@ -475,7 +478,10 @@ class Store:
                     rec = _light_record(row, reader)
                     if full or rec.prompt_ids is None or rec.completion_ids is None:
                         # bodies are needed to retokenize this one, or for the images its prompt shows
-                        rec = self.get_call(rec.call_id) or rec
+                        c = orm.get(Call, rec.call_id)
+                        if c is not None:
+                            rec = _record(c, reader)
+                        orm.expunge_all()
                     yield rec
 
             while pending is not None:
