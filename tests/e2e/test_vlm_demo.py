@@ -365,3 +365,74 @@ def test_demo_vlm_runs_the_whole_loop(tmp_path: Path) -> None:
     assert (tmp_path / "samples.jsonl").is_file()
     bad = CliRunner().invoke(app, ["demo", "upstream", "--vlm", "--min-pixels", "900", "--max-pixels", "10"])
     assert bad.exit_code == 2 and "--min-pixels 900 is above --max-pixels 10" in bad.output
+
+
+@pytest.mark.slow  # two real processes (the demo upstream, serve) and the export CLI: 15-45 s
+def test_real_processes_demo_upstream_vlm_serve_token_and_export(tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    def start(args: list[str], probe: str) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "orchard_rec.cli", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=tmp_path,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(probe, timeout=2):
+                    return p
+            except OSError:
+                assert p.poll() is None, f"{args[0]} exited"
+                time.sleep(0.3)
+        p.kill()
+        raise AssertionError(f"{args} did not start")
+
+    up_port, proxy_port = port(), port()
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    up = start(["demo", "upstream", "--vlm", "--port", str(up_port)], f"http://127.0.0.1:{up_port}/v1/models")
+    try:
+        proxy = start(
+            ["serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--port", str(proxy_port), "--db", db,
+             "--mode", "token", "--spool", str(tmp_path / "o.spool")],
+            f"http://127.0.0.1:{proxy_port}/healthz",
+        )  # fmt: skip
+        try:
+            run = run_gui_agent(f"http://127.0.0.1:{proxy_port}/s/web/v1", keep=3)
+        finally:
+            proxy.send_signal(signal.SIGINT)  # drains: every call is in the database after this
+            assert proxy.wait(60) == 0
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(30)
+    out = tmp_path / "s.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "orchard_rec.cli", "export", "--db", db, "--format", "jsonl", "--tokenizer", "demo",
+         "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and [row["metadata"].get("images_dropped") for row in rows] == [None, 1, 1]
+    for row, k in zip(rows, [2, 3, 4]):
+        assert [im["digest"] for im in row["images"]] == [sha(b) for b in run.sent[k]]
+        spans = row["metadata"]["image_spans"]
+        assert [b - a for a, b in spans] == [VC.tokens(*Image.open(io.BytesIO(b)).size) for b in run.sent[k]]
+        assert all(row["tokens"][i] == PAD for a, b in spans for i in range(a, b))
+        plen = len(row["tokens"]) - row["response_length"]
+        assert all(row["loss_mask"][i - plen] == 0 for a, b in spans for i in range(a, b) if i >= plen)
