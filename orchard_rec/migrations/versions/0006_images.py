@@ -2,8 +2,10 @@
 parts: a blob may continue an earlier blob of its session (``base``, ``base_len``: growing
 completions prompts) and have images cut out (``images``).
 
-In place: the existing blobs stay whole texts (no base, no images), which the new readers
-read as before; new writes use the parts. Downgrade writes every blob back as its whole text.
+In place: the images in existing blobs are cut out into ``images`` exactly as the writer
+cuts them (``Encoder.blob_rows``), so an existing database shrinks and its image sessions
+are recognised; the blobs stay whole otherwise (no base). Downgrade writes every blob back
+as its whole text.
 
 Revision ID: 0006
 Revises: 0005
@@ -36,6 +38,71 @@ def upgrade() -> None:
         batch.add_column(sa.Column("base", sa.LargeBinary(), nullable=True))
         batch.add_column(sa.Column("base_len", sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("images", sa.LargeBinary(), nullable=True))
+    _cut_existing_images()
+
+
+def _cut_existing_images() -> None:
+    from orchard_rec.storage.delta import Encoder, SessionState
+
+    conn = op.get_bind()
+    blobs = sa.table(
+        "blobs",
+        sa.column("session_id", sa.String()),
+        sa.column("digest", sa.LargeBinary()),
+        sa.column("data", sa.LargeBinary()),
+        sa.column("images", sa.LargeBinary()),
+    )
+    images = sa.table(
+        "images",
+        sa.column("digest", sa.String()),
+        sa.column("mime", sa.String()),
+        sa.column("width", sa.Integer()),
+        sa.column("height", sa.Integer()),
+        sa.column("size", sa.BigInteger()),
+        sa.column("data", sa.LargeBinary()),
+    )
+    encoder = Encoder()
+    stored: set[str] = set()
+    after: tuple[str, bytes] | None = None
+    while True:  # keyset pages: memory is one page
+        stmt = sa.select(blobs.c.session_id, blobs.c.digest, blobs.c.data).order_by(
+            blobs.c.session_id, blobs.c.digest
+        )
+        if after is not None:
+            stmt = stmt.where(sa.tuple_(blobs.c.session_id, blobs.c.digest) > sa.tuple_(*after))
+        page = conn.execute(stmt.limit(200)).all()
+        if not page:
+            break
+        after = (page[-1][0], bytes(page[-1][1]))
+        for sid, h, data in page:
+            raw = bytes(data)
+            if b"base64" not in raw:
+                continue
+            [(_, own, _, _, holes)], found = encoder.blob_rows(
+                SessionState(), {bytes(h): raw.decode("utf-8")}
+            )
+            if holes is None:
+                continue
+            for d, ref in found.items():
+                if d not in stored and ref.data is not None:
+                    if conn.execute(sa.select(images.c.digest).where(images.c.digest == d)).first() is None:
+                        w, hh = ref.width, ref.height
+                        conn.execute(
+                            images.insert().values(
+                                digest=d,
+                                mime=ref.mime if ref.mime is None or len(ref.mime) <= 128 else None,
+                                width=w if w is not None and 0 <= w < 2**31 else None,
+                                height=hh if hh is not None and 0 <= hh < 2**31 else None,
+                                size=len(ref.data),
+                                data=ref.data,
+                            )
+                        )
+                    stored.add(d)
+            conn.execute(
+                blobs.update()
+                .where(blobs.c.session_id == sid, blobs.c.digest == bytes(h))
+                .values(data=own, images=holes)
+            )
 
 
 def downgrade() -> None:
