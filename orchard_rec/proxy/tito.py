@@ -31,7 +31,9 @@ Non-obvious bits:
   returns the expanded ``prompt_token_ids``, which are recorded; the branch keeps the ids as
   sent (one pad per image) and the images' digests, so a later turn extends it only when it
   shows the same images in the same places. vLLM's ``/v1/completions`` takes no images with a
-  token prompt; SGLang's ``/generate`` is not supported with images (a clear 400).
+  token prompt; SGLang's ``/generate`` is refused with images (a clear 400): given ``image_data``,
+  its multimodal processors decode ``input_ids`` to text and re-tokenize it (``load_mm_data``), so
+  the ids the model sees would not be the ones sent.
 """
 
 from __future__ import annotations
