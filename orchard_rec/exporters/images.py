@@ -81,6 +81,9 @@ class ImageSidecar:
         self.folder = folder
         self.base = base
         self.written = 0
+        """Files written by this export (an image already in the folder is not written again)."""
+        self.used = 0
+        """Image paths handed out (files written or already there)."""
 
     def path_of(self, ref: ImageRef) -> str | None:
         """Write ``ref``'s bytes when not there yet; its path relative to ``base`` (None: no bytes)."""
@@ -100,6 +103,7 @@ class ImageSidecar:
                     os.unlink(tmp)
                 raise
             self.written += 1
+        self.used += 1
         return os.path.relpath(target, self.base)
 
 

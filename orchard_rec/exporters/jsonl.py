@@ -75,8 +75,8 @@ class JsonlExporter:
             return d
 
         stats = write_jsonl_rows(samples, out, with_paths)
-        if sidecar.folder.exists():
-            stats.files.append(sidecar.folder)
+        if sidecar.used:
+            stats.files.append(sidecar_folder(out))
         return stats
 
 
