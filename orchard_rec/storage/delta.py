@@ -74,8 +74,9 @@ class SessionState:
         """Blob digests the database holds for the session."""
         self.bases: dict[bytes, tuple[bytes, int]] = {}
         """The last ``encode``'s new blobs that continue an earlier piece (``layout.Split.bases``)."""
-        self.images: OrderedDict[tuple[int, str, str], tuple[str, bytes]] = OrderedDict()
-        """Images the session's recent blobs held: (length, head, tail) -> (base64 text, SHA-256)."""
+        self.images: OrderedDict[tuple[int, str, str], tuple[str, int, bytes]] = OrderedDict()
+        """Images the session's recent blobs held: (length, head, tail) -> (the blob text holding the
+        base64, where it starts, SHA-256). The text is the split's own piece (no copy)."""
         self.size = 0
 
     def copy(self) -> SessionState:
@@ -90,9 +91,11 @@ class SessionState:
     def measure(self) -> int:
         n = 64 * len(self.tokens) + 64 * len(self.known) + 32 * (len(self.refs) + len(self.up_refs))
         n += sum(len(t) + 80 for t in self.up_texts)
-        n += sum(len(t) + 120 for t, _ in self.images.values())
+        held = {id(t) for t in self.up_texts}
         if self.split is not None:
             n += sum(len(p) + 80 for pieces in self.split.pieces.values() for p, _ in pieces)
+            held.update(id(p) for pieces in self.split.pieces.values() for p, _ in pieces)
+        n += sum(120 + (0 if id(t) in held else len(t)) for t, _, _ in self.images.values())
         self.size = n
         return n
 
@@ -223,9 +226,9 @@ class Encoder:
                 payload = text[start:end]
                 key = (len(payload), payload[:64], payload[-64:])
                 hit = st.images.get(key)
-                if hit is not None and hit[0] == payload:
+                if hit is not None and hit[0].startswith(payload, hit[1]):
                     st.images.move_to_end(key)
-                    sha = hit[1]
+                    sha = hit[2]
                 else:
                     data = layout.b64_exact(payload)
                     if data is None:
@@ -233,7 +236,7 @@ class Encoder:
                     ref = image_ref(data, mime)
                     sha = bytes.fromhex(ref.digest)
                     images[ref.digest] = ref
-                    st.images[key] = (payload, sha)
+                    st.images[key] = (text, start, sha)
                     while len(st.images) > _IMAGE_CACHE:
                         st.images.popitem(last=False)
                 spans.append((start - n, end - n, sha))
