@@ -939,6 +939,9 @@ def main() -> None:
     ap.add_argument("--fast-concurrency", type=int, default=4)
     ap.add_argument("--fast-seconds", type=float, default=15.0)
     ap.add_argument("--inproc-turns", type=int, default=200, help="in-process per-part CPU (0 skips it)")
+    ap.add_argument(
+        "--before", default=None, help="with --render: a --json of the same run on an earlier tree, compared"
+    )
     ap.add_argument("--fake-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.fake_upstream is not None:
@@ -948,6 +951,8 @@ def main() -> None:
         merged: dict[str, Any] = {}
         for f in a.render:
             merged.update(json.loads(Path(f).read_text()))
+        if a.before:
+            merged["before"] = json.loads(Path(a.before).read_text())
         _write(report(merged, a), Path(a.out))
         return
     turns = [int(t) for t in a.turns.split(",")]
@@ -1031,7 +1036,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
     verdicts: list[str] = []
     extra: list[str] = []
     for backend, res in results.items():
-        if backend in ("fast", "inproc"):
+        if backend in ("fast", "inproc", "before"):
             continue
         runs = {r["turns"]: r for r in res["runs"]}
         for t, r in sorted(runs.items()):
@@ -1088,12 +1093,52 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
                     f"- Added latency at {last['probe_tokens_last']:,} tokens <= 3 ms: {added:.1f} ms -> "
                     f"**{'met' if added <= 3 else 'not met'}**"
                 )
+    if "before" in results:
+        extra += _compare(results["before"], results)
     if "inproc" in results:
         extra += _inproc_report(results["inproc"], verdicts)
     for r in results.get("fast", []):
         extra += _fast_report(r, verdicts)
     lines += [*extra, "", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)
+
+
+def _compare(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Key figures of the same fast-upstream run on the tree before and after (issue 16, round 4)."""
+
+    def figs(res: dict[str, Any]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        rows = res.get("inproc", {}).get("rows", [])
+        if rows:
+            n = len(rows)
+            for k in ("client_answer_ms", "to_record_ms", "write_batch_ms"):
+                out[f"in process, {k[:-3]} at turns {n - 9}-{n} (ms)"] = f"{_bucket(rows, n - 9, n, k):.2f}"
+        for r in res.get("fast", []):
+            d, cpu = r["durability"], r["cpu"]
+            n = len(cpu)
+            early, late = _bucket(cpu, 1, 5, "cpu_ms") or 0.0, _bucket(cpu, n - 9, n, "cpu_ms") or 0.0
+            out[f"{d}: proxy CPU per call, turns 1-5 / {n - 9}-{n} (ms)"] = (
+                f"{early:.1f} / {late:.1f} = {late / early:.1f}x"
+            )
+            out[f"{d}: added latency at {r['tokens_last']:,} tokens (ms)"] = f"{r['added_ms_last']:.2f}"
+            out[f"{d}: accepted / recorded calls/s at ~{r['tp_tokens']:,} tokens"] = (
+                f"{r['accepted_per_s']:.1f} / {r['recorded_per_s']:.1f} (max queue {r['max_depth']}, "
+                f"RSS {r['max_rss_mb']:.0f} MB)"
+            )
+            out[f"{d}: /healthz p99 during those calls (ms)"] = f"{r['healthz_load'].get('p99', 0):.1f}"
+        return out
+
+    b, a = figs(before), figs(after)
+    lines = [
+        "",
+        "Before and after round 4 (`bench/PROFILE.md`), the same fast-upstream run on main 8e5df84 and on this tree,"
+        " minutes apart on the same loaded box:",
+        "",
+        "| figure | before | after |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {b[k]} | {a.get(k, '-')} |" for k in b]
+    return lines
 
 
 def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:

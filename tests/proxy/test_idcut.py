@@ -206,3 +206,26 @@ def test_upstream_body_is_the_clients_bytes_plus_the_keys(dialect: Dialect, body
     up = plan.upstream_bytes(raw)
     assert orjson.loads(up) == plan.body
     assert up.startswith(raw.rstrip()[:-1]) is spliced
+
+
+def test_streamed_record_is_the_same_with_the_parser() -> None:
+    first = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    rest = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [7]}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "token_ids": [8]}]},
+    ]
+
+    def rec(prompt: list[int], ids: IdParser | None) -> Any:
+        cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", "s")
+        cap.status_code, cap.stream = 200, True
+        events = [{**first, "prompt_token_ids": prompt}, *rest]
+        sse = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        cap.chunks = [sse[i : i + 999] for i in range(0, len(sse), 999)]
+        return cap.to_record(ids)
+
+    ids = IdParser()
+    for prompt in (PROMPT, [*PROMPT, 7, 8, 9]):
+        got, want = rec(prompt, ids), rec(prompt, None)
+        assert got.prompt_ids == want.prompt_ids == tuple(prompt) and got.completion_ids == (7, 8)
+        assert got.events == want.events and got.response == want.response
+    assert ids.hits == 1
