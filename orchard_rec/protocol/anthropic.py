@@ -132,6 +132,14 @@ def _tool_result_text(content: Any) -> str:
     return content if isinstance(content, str) else ("" if content is None else str(content))
 
 
+def _tool_result_content(content: Any) -> Any:
+    """A tool result as a chat tool message's content: its text, or text and image parts when it
+    holds images (computer-use screenshots), which a vision-language model must see."""
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in content):
+        return _anthropic_parts(content)
+    return _tool_result_text(content)
+
+
 _BILLING = "x-anthropic-billing-header:"
 
 
@@ -195,8 +203,13 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         rest: list[Any] = []
         for b in content:
             if isinstance(b, dict) and b.get("type") == "tool_result":
-                text = _tool_result_text(b.get("content"))
-                messages.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": b.get("tool_use_id"),
+                        "content": _tool_result_content(b.get("content")),
+                    }
+                )
             else:
                 rest.append(b)
         if rest:

@@ -92,6 +92,16 @@ def _responses_content(content: Any) -> Any:
     return parts
 
 
+def _tool_output_content(out: Any) -> Any:
+    """A tool call's output as a chat tool message's content: its text, or text and image parts
+    when it holds ``input_image`` items (screenshots), which a vision-language model must see."""
+    if isinstance(out, str):
+        return out
+    if isinstance(out, list) and any(isinstance(p, dict) and p.get("type") == "input_image" for p in out):
+        return _responses_content(out)
+    return text_of(out)
+
+
 def _responses_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[str]]:
     out: list[dict[str, Any]] = []
     custom: set[str] = set()
@@ -182,7 +192,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 {
                     "role": "tool",
                     "tool_call_id": item.get("call_id"),
-                    "content": text_of(out) if not isinstance(out, str) else out,
+                    "content": _tool_output_content(out),
                 }
             )
         # item_reference and unknown items carry nothing a chat model can see

@@ -118,3 +118,58 @@ def test_the_end_is_the_event_never_text_inside_one() -> None:
     )
     assert is_terminal(Dialect.CHAT, None, "[DONE]")
     assert not is_terminal(Dialect.CHAT, None, '{"choices":[{"delta":{"content":"data: [DONE]"}}]}')
+
+
+def test_tool_result_screenshots_reach_chat_in_image_order() -> None:
+    """A computer-use tool result's screenshot is a chat image part where the result sits (a VLM
+    must see it), in the order ``images_of`` lists the request's images; text-only results stay text."""
+    from orchard_rec.protocol.images import images_of
+
+    def img(data: str) -> dict:  # type: ignore[type-arg]
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+    body = {
+        "model": "claude",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "go"}, img("QUFB")]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "computer", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "ok"}, img("QkJC")],
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t2",
+                        "content": [{"type": "text", "text": "plain"}],
+                    },
+                ],
+            },
+        ],
+    }
+    msgs = to_chat(Dialect.MESSAGES, body)["messages"]
+    assert msgs[2] == {
+        "role": "tool",
+        "tool_call_id": "t1",
+        "content": [
+            {"type": "text", "text": "ok"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,QkJC"}},
+        ],
+    }
+    assert msgs[3]["content"] == "plain"
+    urls = [
+        p["image_url"]["url"]
+        for m in msgs
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image_url"
+    ]
+    assert [u.rsplit(",", 1)[1] for u in urls] == ["QUFB", "QkJC"]
+    assert [r.data for r in images_of(Dialect.MESSAGES, body)] == [b"AAA", b"BBB"]

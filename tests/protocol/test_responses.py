@@ -125,3 +125,30 @@ def test_the_end_is_the_event_never_text_inside_one() -> None:
     assert not is_terminal(
         Dialect.RESPONSES, None, '{"type":"response.output_text.delta","delta":"response.completed"}'
     )
+
+
+def test_function_call_output_screenshots_reach_chat() -> None:
+    """A tool output's ``input_image`` items are chat image parts of the tool message (a VLM must
+    see them); a text-only output list stays text."""
+    url = "data:image/png;base64,QUFB"
+    body = {
+        "model": "m",
+        "input": [
+            {"type": "function_call", "call_id": "c1", "name": "screenshot", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": [{"type": "input_image", "image_url": url}],
+            },
+            {"type": "function_call", "call_id": "c2", "name": "sh", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "c2",
+                "output": [{"type": "input_text", "text": "ok"}],
+            },
+        ],
+    }
+    msgs = to_chat(Dialect.RESPONSES, body)["messages"]
+    tools = [m for m in msgs if m["role"] == "tool"]
+    assert tools[0]["content"] == [{"type": "image_url", "image_url": {"url": url, "detail": "auto"}}]
+    assert tools[1]["content"] == "ok"

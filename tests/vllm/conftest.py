@@ -6,6 +6,9 @@ so every test of this folder shares one server (``vllm_server``) and is marked `
 ``slow``. ``ORCHARD_VLLM_URL="http://HOST:PORT;MODEL_DIR"`` points the tests at a server
 already running (while developing), skipping the start-up.
 
+``vlm_server`` (module-scoped, used by ``test_vlm.py``): a second server on the tiny random
+Qwen2-VL of ``vlm_model.py`` (``ORCHARD_VLLM_VLM_URL`` to reuse a running one), ``vlm_tap`` its tap.
+
 ``Tap``: a loopback relay between orchard-rec and vLLM that keeps every request body it
 forwarded and the exact bytes vLLM answered, so tests compare what was recorded and what
 clients got against what vLLM really sent.
@@ -20,6 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +218,116 @@ def tap(vllm_server: VLLMServer) -> Iterator[Tap]:
     target = vllm_server.url[: -len("/v1")]
     t = Tap("")
     srv = BackgroundServer(lambda: _tap_app(target, t)).start()
+    t.url = srv.url + "/v1"
+    try:
+        yield t
+    finally:
+        srv.stop()
+
+
+# -- the vision-language server (issue 21) ------------------------------------------------------
+
+VLM_MODEL = "tiny-qwen2-vl"
+VLM_MAX_IMAGES = 4
+"""Images per prompt vLLM accepts (``--limit-mm-per-prompt``): the tests' clients keep at most 3."""
+
+
+@contextmanager
+def _vllm_process(model_dir: Path, served: str, args: list[str]) -> Iterator[tuple[str, float]]:
+    """A vLLM OpenAI server on ``model_dir`` (log in ``model_dir/vllm.log``): yields (root URL, start-up s)."""
+    port = _free_port()
+    log = open(model_dir / "vllm.log", "wb")
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    env.pop("PYTHONPATH", None)
+    cmd = [
+        str(VENV / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+    ]
+    cmd += ["--served-model-name", served, "--dtype", "float32", "--seed", "0", *args]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    "vLLM exited during start-up:\n" + (model_dir / "vllm.log").read_text()[-4000:]
+                )
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > t0 + 600:
+                raise RuntimeError("vLLM did not start within 600 s")
+            time.sleep(0.5)
+        startup = time.monotonic() - t0
+        sys.stderr.write(f"\n[vllm {served}] start-up {startup:.1f} s\n")
+        (model_dir / "startup_seconds").write_text(f"{startup:.1f}\n")
+        yield url, startup
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A real vLLM serving the tiny random Qwen2-VL of ``vlm_model.py``, for one test module.
+
+    Module-scoped, so its start-up is paid once and it stops before later modules run. It may
+    run beside the session's text server (each holds a 1 GiB KV cache; ~2.5 GB resident).
+    ``ORCHARD_VLLM_VLM_URL="http://HOST:PORT;MODEL_DIR"`` uses a server already running.
+    """
+    from transformers import AutoTokenizer
+
+    running = os.environ.get("ORCHARD_VLLM_VLM_URL")
+    if running:
+        url, _, folder = running.partition(";")
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
+        return
+    subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
+    model_dir = tmp_path_factory.mktemp("vlm-model")
+    save_tokenizer(model_dir)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run(
+        [str(VENV / "bin" / "python"), str(HERE / "vlm_model.py"), str(model_dir)], check=True, env=env
+    )
+    args = ["--max-model-len", "2048", "--limit-mm-per-prompt", f'{{"image": {VLM_MAX_IMAGES}, "video": 0}}']
+    # the template iterates content parts; Hermes tool calls as the text model's
+    args += [
+        "--chat-template-content-format",
+        "openai",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    with _vllm_process(model_dir, VLM_MODEL, args) as (url, startup):
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        yield VLLMServer(url + "/v1", model_dir, startup, tok)
+
+
+@pytest.fixture
+def vlm_tap(vlm_server: VLLMServer) -> Iterator[Tap]:
+    """A fresh tap in front of the module's VLM server; its ``url`` ends in ``/v1``."""
+    t = Tap("")
+    srv = BackgroundServer(lambda: _tap_app(vlm_server.url[: -len("/v1")], t)).start()
     t.url = srv.url + "/v1"
     try:
         yield t
