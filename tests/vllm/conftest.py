@@ -233,7 +233,9 @@ VLM_MAX_IMAGES = 4
 
 
 @contextmanager
-def _vllm_process(model_dir: Path, served: str, args: list[str]) -> Iterator[tuple[str, float]]:
+def _vllm_process(
+    model_dir: Path, served: str, args: list[str], extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, float]]:
     """A vLLM OpenAI server on ``model_dir`` (log in ``model_dir/vllm.log``): yields (root URL, start-up s)."""
     port = _free_port()
     log = open(model_dir / "vllm.log", "wb")
@@ -243,6 +245,7 @@ def _vllm_process(model_dir: Path, served: str, args: list[str]) -> Iterator[tup
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        **(extra_env or {}),
     }
     env.pop("PYTHONPATH", None)
     cmd = [
@@ -318,7 +321,10 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
         "--tool-call-parser",
         "hermes",
     ]
-    with _vllm_process(model_dir, VLM_MODEL, args) as (url, startup):
+    # start-up: no torch.compile (--enforce-eager) and the model runs in the engine process, not a
+    # worker of its own (each vLLM process spends 15-35 s importing): ~70 s on a busy machine, not ~200
+    args += ["--enforce-eager"]
+    with _vllm_process(model_dir, VLM_MODEL, args, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) as (url, startup):
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         yield VLLMServer(url + "/v1", model_dir, startup, tok)
 
