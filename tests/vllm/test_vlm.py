@@ -152,34 +152,17 @@ def _check_images(s: Sample, pad: int, pads: Pads, shown: list[tuple[bytes, tupl
 
 
 def _samples(proxy: Any, sid: str, tokenizer: Any) -> list[Sample]:
-    """The session's samples from its full records (``reconstruct_session``, the VLM tokenizer
-    giving the image token), checked equal, tokens to spans, to what the export pipeline
-    (``iter_samples`` over the store) makes of it.
-
-    The pipeline reads light records (no request bodies), so its samples carry no images yet:
-    their images are compared once the store gives light records their images (issue 21's
-    storage part); until then they may differ only by ``image_spans_mismatch`` and
-    ``images_dropped``, which the images decide."""
+    """The session's samples as exports get them (``iter_samples`` over the store, the image token
+    derived from the VLM tokenizer), checked equal, images included, to reconstructing the
+    session's full records directly."""
     proxy.flush()
-    full = reconstruct_session(proxy.store().calls(sid), tokenizer=tokenizer)
-    pad = image_token_id(tokenizer)
-    piped = list(iter_samples(Store(proxy.config.db), sessions=[sid], image_token=pad))
-    assert len(piped) == len(full)
+    store = Store(proxy.config.db)
+    piped = list(iter_samples(store, sessions=[sid], tokenizer=tokenizer))
+    full = reconstruct_session(store.calls(sid), tokenizer=tokenizer)
+    assert [s.to_dict() for s in piped] == [s.to_dict() for s in full]
     for a, b in zip(piped, full):
-        assert (a.tokens, a.loss_mask, a.rollout_log_probs, a.response_length) == (
-            b.tokens,
-            b.loss_mask,
-            b.rollout_log_probs,
-            b.response_length,
-        )
-        if a.images:
-            assert a.images == b.images and a.metadata == b.metadata
-        else:  # what only the images decide
-            imageless = ("image_spans_mismatch", "images_dropped")
-            assert {k: v for k, v in a.metadata.items() if k not in imageless} == {
-                k: v for k, v in b.metadata.items() if k not in imageless
-            }
-    return full
+        assert [im.data for im in a.images] == [im.data for im in b.images]
+    return piped
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +237,10 @@ def test_browser_session_keeping_last_screenshots(
         assert ex.request["messages"] == msgs  # the screenshots reached vLLM untouched
         replies.append(text or "")
     calls = _check_recorded(proxy, sid, vlm_tap.log[first:])
+    # 6 screenshots, sent 3+3+3+3+2+1 = 15 times: each stored once
+    stored = proxy.store()
+    assert stored.image_stats() == {"images": turns, "bytes": sum(len(b) for b in shots)}
+    assert all(stored.image(digest(b)) == ("image/png", b) for b in shots)
     sizes = [SIZES[i % 2] for i in range(turns)]
     samples = _samples(proxy, sid, vlm_server.tokenizer)
     # turns 1-3 keep every screenshot: one sample; from turn 4 on the oldest is dropped each turn,
