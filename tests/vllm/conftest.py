@@ -16,10 +16,13 @@ clients got against what vLLM really sent.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -234,11 +237,11 @@ VLM_MAX_IMAGES = 4
 
 @contextmanager
 def _vllm_process(
-    model_dir: Path, served: str, args: list[str], extra_env: dict[str, str] | None = None
+    model_dir: Path, served: str, args: list[str], logs: Path, extra_env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, float]]:
-    """A vLLM OpenAI server on ``model_dir`` (log in ``model_dir/vllm.log``): yields (root URL, start-up s)."""
+    """A vLLM OpenAI server on ``model_dir`` (log in ``logs/vllm.log``): yields (root URL, start-up s)."""
     port = _free_port()
-    log = open(model_dir / "vllm.log", "wb")
+    log = open(logs / "vllm.log", "wb")
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -263,9 +266,7 @@ def _vllm_process(
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(
-                    "vLLM exited during start-up:\n" + (model_dir / "vllm.log").read_text()[-4000:]
-                )
+                raise RuntimeError("vLLM exited during start-up:\n" + (logs / "vllm.log").read_text()[-4000:])
             try:
                 with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
                     if r.status == 200:
@@ -277,7 +278,7 @@ def _vllm_process(
             time.sleep(0.5)
         startup = time.monotonic() - t0
         sys.stderr.write(f"\n[vllm {served}] start-up {startup:.1f} s\n")
-        (model_dir / "startup_seconds").write_text(f"{startup:.1f}\n")
+        (logs / "startup_seconds").write_text(f"{startup:.1f}\n")
         yield url, startup
     finally:
         proc.terminate()
@@ -287,6 +288,38 @@ def _vllm_process(
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def _vlm_model_dir(scratch: Path) -> Path:
+    """The built VLM, cached under ``~/.cache/orchard-rec/vllm-models`` by the content of what
+    makes it (``vlm_model.py``, the demo tokenizer, the venv's transformers): built once (~10-30 s
+    of imports), then reused. Built next to it and renamed into place, so concurrent runs never
+    see half a model."""
+    src = scratch / "tokenizer"
+    save_tokenizer(src)
+    key = hashlib.sha256((HERE / "vlm_model.py").read_bytes())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        key.update((src / name).read_bytes())
+    key.update(str(sorted(VENV.glob("lib/python3*/site-packages/transformers-*.dist-info"))).encode())
+    cached = VENV.parent / "vllm-models" / f"qwen2-vl-{key.hexdigest()[:16]}"
+    if (cached / "model.safetensors").is_file():
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".build-", dir=cached.parent))
+    try:
+        save_tokenizer(build)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        subprocess.run(
+            [str(VENV / "bin" / "python"), str(HERE / "vlm_model.py"), str(build)], check=True, env=env
+        )
+        try:
+            os.rename(build, cached)
+        except OSError:  # another run renamed its build there first: the same content
+            if not (cached / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return cached
 
 
 @pytest.fixture(scope="module")
@@ -306,12 +339,7 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
         yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
         return
     subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
-    model_dir = tmp_path_factory.mktemp("vlm-model")
-    save_tokenizer(model_dir)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run(
-        [str(VENV / "bin" / "python"), str(HERE / "vlm_model.py"), str(model_dir)], check=True, env=env
-    )
+    model_dir = _vlm_model_dir(tmp_path_factory.mktemp("vlm-build"))
     args = ["--max-model-len", "2048", "--limit-mm-per-prompt", f'{{"image": {VLM_MAX_IMAGES}, "video": 0}}']
     # the template iterates content parts; Hermes tool calls as the text model's
     args += [
@@ -324,7 +352,11 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
     # start-up: no torch.compile (--enforce-eager) and the model runs in the engine process, not a
     # worker of its own (each vLLM process spends 15-35 s importing): ~70 s on a busy machine, not ~200
     args += ["--enforce-eager"]
-    with _vllm_process(model_dir, VLM_MODEL, args, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) as (url, startup):
+    logs = tmp_path_factory.mktemp("vlm-server")
+    with _vllm_process(model_dir, VLM_MODEL, args, logs, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) as (
+        url,
+        startup,
+    ):
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         yield VLLMServer(url + "/v1", model_dir, startup, tok)
 

@@ -10,7 +10,17 @@ VLM_MARKER="$VENV/.orchard-vllm-vlm-ok"
 BASE_CHECK='import vllm.entrypoints.openai.api_server'
 # Qwen2-VL in vLLM needs transformers' torchvision image processor, and Pillow.
 VLM_CHECK="$BASE_CHECK, torchvision, PIL; from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLProcessor"
+# What the checks below saw last time (the VLM marker holds it): the interpreter, and site-packages
+# and the patched file, whose times any pip install/uninstall or re-patch changes.
+fingerprint() {
+  stat -L -c '%n %Y' "$VENV/bin/python" "$VENV"/lib/python3*/site-packages \
+    "$VENV"/lib/python3*/site-packages/torchvision/_meta_registrations.py 2>/dev/null || true
+}
+if [ -f "$MARKER" ] && [ -s "$VLM_MARKER" ] && [ "$(cat "$VLM_MARKER")" = "$(fingerprint)" ]; then
+  exit 0  # nothing changed since every check passed: no interpreter start (vLLM's import takes 15-45 s)
+fi
 if [ -f "$MARKER" ] && [ -f "$VLM_MARKER" ] && "$VENV/bin/python" -c "$VLM_CHECK" >/dev/null 2>&1; then
+  fingerprint >"$VLM_MARKER"
   exit 0
 fi
 if ! { [ -f "$MARKER" ] && "$VENV/bin/python" -c "$BASE_CHECK" >/dev/null 2>&1; }; then
@@ -50,4 +60,4 @@ if guarded != text:  # idempotent: a guarded file matches nothing
     path.write_text(guarded)
 PY
 "$VENV/bin/python" -c "$VLM_CHECK" >/dev/null
-touch "$VLM_MARKER"
+fingerprint >"$VLM_MARKER"
