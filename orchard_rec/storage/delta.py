@@ -34,8 +34,8 @@ from orchard_rec.storage.models import Blob, Call, Image
 
 __all__ = ["BlobRow", "Encoder", "Reader", "SessionState"]
 
-BlobRow = tuple[bytes, bytes, bytes | None, int | None, bytes | None]
-"""``(digest, data, base, base_len, images)`` of a ``blobs`` row (without the session)."""
+BlobRow = tuple[bytes, bytes, bytes | None, int | None, bytes | None, str | None, int | None]
+"""``(digest, data, base, base_len, images, base_call, base_style)`` of a ``blobs`` row (without the session)."""
 
 _IMAGE_CACHE = 8
 """Images (base64 text + digest) a session's writer state remembers, most recent first."""
@@ -46,6 +46,8 @@ class SessionState:
 
     __slots__ = (
         "bases",
+        "cont",
+        "conts",
         "images",
         "known",
         "refs",
@@ -74,6 +76,11 @@ class SessionState:
         """Blob digests the database holds for the session."""
         self.bases: dict[bytes, tuple[bytes, int]] = {}
         """The last ``encode``'s new blobs that continue an earlier piece (``layout.Split.bases``)."""
+        self.conts: dict[bytes, tuple[str, int, int]] = {}
+        """Of those, the ones that go on with a call's completion: (call id, style, its length)."""
+        self.cont: tuple[str, str | None, tuple[int, ...] | None, str, bytes] | None = None
+        """The last completions call with a prompt piece: (call id, completion text, completion ids,
+        the piece's text, its digest)."""
         self.images: OrderedDict[tuple[int, str, str], tuple[str, int, bytes]] = OrderedDict()
         """Images the session's recent blobs held: (length, head, tail) -> (the blob text holding the
         base64, where it starts, SHA-256). The text is the split's own piece (no copy)."""
@@ -86,6 +93,7 @@ class SessionState:
         s.up_refs, s.up_refs_id, s.up_texts = self.up_refs, self.up_refs_id, self.up_texts
         s.known = set(self.known)
         s.images = OrderedDict(self.images)
+        s.cont = self.cont
         return s
 
     def measure(self) -> int:
@@ -100,6 +108,11 @@ class SessionState:
         return n
 
 
+def _json(v: Any) -> Any:
+    # SQLite hands back JSON text where the ORM type is bypassed; orjson for both
+    return orjson.loads(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else v
+
+
 def _key(session_id: str | None) -> str:
     return session_id or ""
 
@@ -108,8 +121,9 @@ class Encoder:
     """Turns records into rows + new blobs; holds the per-session cache (bounded in bytes)."""
 
     def __init__(self, max_bytes: int = 256 << 20, *, parts: bool = True) -> None:
-        """``parts``: growing values as deltas and images cut out (``blob_rows``); False writes
-        whole blob texts only, as the 0004 schema stores them."""
+        """``parts``: growing values as deltas (a completions prompt also on the previous call's
+        completion) and images cut out (``blob_rows``); False writes whole blob texts only, as
+        the 0004 schema stores them."""
         self.max_bytes = max_bytes
         self.parts = parts
         self._states: OrderedDict[str, SessionState] = OrderedDict()
@@ -141,7 +155,7 @@ class Encoder:
     def encode(self, r: CallRecord, st: SessionState) -> tuple[dict[str, Any], dict[bytes, str]]:
         """The stored fields of ``r`` (updating ``st`` to include it) and the blobs it adds."""
         new_blobs: dict[bytes, str] = {}
-        st.bases = {}
+        st.bases, st.conts = {}, {}
         # token ids: a prefix of the previous call's prompt + completion, then the new ids
         prompt = r.prompt_ids
         prompt_col = None
@@ -163,6 +177,8 @@ class Encoder:
                     base = split.bases.get(h)
                     if base is not None and base[0] in st.known:
                         st.bases[h] = base
+            if self.parts and r.dialect.value == "completions":
+                self._continue(r, st, split, new_blobs)
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
             skel = layout.compress(split.literals)
@@ -205,6 +221,33 @@ class Encoder:
         }
         return fields, new_blobs
 
+    @staticmethod
+    def _continue(r: CallRecord, st: SessionState, split: layout.Split, new_blobs: dict[bytes, str]) -> None:
+        """A completions prompt that is the previous one + its completion + new text: noted as
+        such (``st.conts``), so the completion is not stored again; ``st.cont`` becomes this call."""
+        pieces = split.pieces.get("prompt")
+        if not pieces or len(pieces) != 1:
+            return
+        piece, h = pieces[0]
+        cont = st.cont
+        if cont is not None and h in new_blobs and cont[4] in st.known:
+            cid, ctext, cids, prev, prev_h = cont
+            n0 = len(prev) - 1
+            if n0 > 0 and piece.startswith(prev[:n0]):
+                for style in range(layout.CONTINUATIONS):
+                    c = layout.continuation(style, ctext, cids)
+                    if c and piece.startswith(c, n0):
+                        st.bases[h] = (prev_h, n0)
+                        st.conts[h] = (cid, style, len(c))
+                        break
+        resp = r.response
+        text = None
+        if isinstance(resp, dict) and isinstance(resp.get("choices"), list) and resp["choices"]:
+            c0 = resp["choices"][0]
+            if isinstance(c0, dict) and isinstance(c0.get("text"), str):
+                text = c0["text"]
+        st.cont = (r.call_id, text, None if r.completion_ids is None else tuple(r.completion_ids), piece, h)
+
     def blob_rows(
         self, st: SessionState, new_blobs: dict[bytes, str]
     ) -> tuple[list[BlobRow], dict[str, ImageRef]]:
@@ -218,10 +261,12 @@ class Encoder:
         images: dict[str, ImageRef] = {}
         for h, text in new_blobs.items():
             base, n = st.bases.get(h, (None, 0))
-            own = text[n:] if base is not None else text
+            cont = st.conts.get(h)
+            skip = n + (cont[2] if cont is not None else 0)  # the base's characters, then the completion's
+            own = text[skip:] if base is not None else text
             spans: list[tuple[int, int, bytes]] = []
             for start, end, mime in layout.image_spans(text) if base is None or "base64" in own else ():
-                if start < n:
+                if start < skip:
                     continue  # in the base's text
                 payload = text[start:end]
                 key = (len(payload), payload[:64], payload[-64:])
@@ -239,12 +284,22 @@ class Encoder:
                     st.images[key] = (text, start, sha)
                     while len(st.images) > _IMAGE_CACHE:
                         st.images.popitem(last=False)
-                spans.append((start - n, end - n, sha))
+                spans.append((start - skip, end - skip, sha))
             holes = None
             if spans:
                 own, where = layout.cut(own, spans)
                 holes = layout.pack_holes(where)
-            rows.append((h, own.encode(), base, n if base is not None else None, holes))
+            rows.append(
+                (
+                    h,
+                    own.encode(),
+                    base,
+                    n if base is not None else None,
+                    holes,
+                    None if cont is None else cont[0],
+                    None if cont is None else cont[1],
+                )
+            )
         return rows, images
 
 
@@ -279,12 +334,22 @@ class _LRU:
 class Reader:
     """Decodes stored calls over one connection; follows delta chains, caches the session's blobs."""
 
-    def __init__(self, conn: Any, keep: int = 4, *, parts: bool = True, max_bytes: int = 128 << 20) -> None:
-        """``parts``: blobs have ``base``/``images`` columns (False: the 0004 schema).
+    def __init__(
+        self,
+        conn: Any,
+        keep: int = 4,
+        *,
+        parts: bool = True,
+        continuations: bool = True,
+        max_bytes: int = 128 << 20,
+    ) -> None:
+        """``parts``: blobs have ``base``/``images`` columns (False: the 0004 schema);
+        ``continuations``: and ``base_call``/``base_style`` (False: the 0006 schema).
         ``max_bytes``: about how much blob text (characters) the session cache keeps."""
         self.conn = conn
         self.keep = keep
         self.parts = parts
+        self.continuations = continuations and parts
         self.max_bytes = max_bytes
         self._b64 = _LRU(max_bytes // 4)
         """The session's images as base64 text, by SHA-256."""
@@ -390,16 +455,18 @@ class Reader:
             for h, data, *_ in self._fetch(key, missing):
                 out[h] = cache.put(h, bytes(data).decode("utf-8"))
             return out
-        rows: dict[bytes, tuple[str, bytes | None, int, list[tuple[int, bytes]]]] = {}
+        rows: dict[bytes, tuple[str, bytes | None, int, list[tuple[int, bytes]], str | None, int]] = {}
         texts: dict[bytes, str] = {}  # resolved in this call (the cache may let them go)
         todo = missing
         while todo:  # the blobs, then the bases they continue that are not at hand
-            for h, data, base, n, holes in self._fetch(key, todo):
+            for h, data, base, n, holes, *cont in self._fetch(key, todo):
                 rows[h] = (
                     bytes(data).decode("utf-8"),
                     None if base is None else bytes(base),
                     n or 0,
                     [] if holes is None else layout.unpack_holes(bytes(holes)),
+                    cont[0] if cont else None,
+                    cont[1] if cont and cont[1] is not None else 0,
                 )
             nxt: set[bytes] = set()
             for h in todo:
@@ -421,11 +488,13 @@ class Reader:
                     continue
                 if top not in rows:
                     raise LookupError(f"blob {top.hex()} of session {key!r} is missing")
-                own, base, n, holes = rows[top]
+                own, base, n, holes, call, style = rows[top]
                 if base is not None and base not in texts:
                     stack.append(base)
                     continue
                 text = layout.paste(own, holes, b64) if holes else own
+                if call is not None:
+                    text = self._completion(call, style) + text
                 texts[top] = text if base is None else texts[base][:n] + text
                 stack.pop()
         for h in missing:
@@ -437,11 +506,29 @@ class Reader:
         cols: list[Any] = [Blob.digest, Blob.data]
         if self.parts:
             cols += [Blob.base, Blob.base_len, Blob.images]
+        if self.continuations:
+            cols += [Blob.base_call, Blob.base_style]
         for i in range(0, len(digests), 500):
             for row in self.conn.execute(
                 select(*cols).where(Blob.session_id == key, Blob.digest.in_(digests[i : i + 500]))
             ):
                 yield (bytes(row[0]), *row[1:])
+
+    def _completion(self, call_id: str, style: int) -> str:
+        """Call ``call_id``'s completion as a continuation of its prompt (``layout.continuation``)."""
+        row = self.conn.execute(select(Call.response, Call.completion_ids).where(Call.id == call_id)).first()
+        if row is None:
+            raise LookupError(f"a prompt continues call {call_id}, which is missing")
+        resp = _json(row[0])
+        text = None
+        if isinstance(resp, dict) and isinstance(resp.get("choices"), list) and resp["choices"]:
+            c0 = resp["choices"][0]
+            text = c0.get("text") if isinstance(c0, dict) else None
+        ids = None if row[1] is None else layout.unpack_ints(bytes(row[1]))
+        c = layout.continuation(style, text, ids)
+        if c is None:
+            raise LookupError(f"call {call_id} has no completion a prompt continues")
+        return c
 
     def _images(self, shas: Sequence[bytes]) -> dict[bytes, str]:
         """Base64 text of each image, by SHA-256."""

@@ -50,6 +50,7 @@ __all__ = [
     "b64_exact",
     "client_view",
     "compress",
+    "continuation",
     "cut",
     "decompress",
     "derive_upstream",
@@ -339,6 +340,31 @@ def _match(t: str, i: int, was: Sequence[tuple[str, bytes]], at: int) -> int:
         if k != at and _same(t, i, was[k][0]):
             return k
     return -1
+
+
+CONTINUATIONS = 4
+"""How a completions prompt writes the previous call's completion (``continuation``'s styles)."""
+
+
+def continuation(style: int, text: str | None, ids: Sequence[int] | None) -> str | None:
+    """The previous call's completion as the next prompt's JSON text carries it after the previous
+    prompt (its closing ``"`` / ``]`` dropped): a JSON string's inside (0: ``\\u`` escapes for
+    non-ASCII, as Python's ``json``; 1: raw UTF-8, as JavaScript, orjson, ``ensure_ascii=False``),
+    or the ids appended to an id list (2: ``,`` between ids; 3: ``, ``). None when ``style``
+    does not apply (no text, no ids). The standard library's ``json`` makes the escapes: what
+    a stored continuation means never changes."""
+    import json
+
+    if style in (0, 1):
+        if not isinstance(text, str) or not text:
+            return None
+        return json.dumps(text, ensure_ascii=style == 0)[1:-1]
+    if style in (2, 3):
+        if not ids:
+            return None
+        sep = "," if style == 2 else ", "
+        return sep + sep.join(str(int(i)) for i in ids)
+    return None
 
 
 def join_request(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[bytes, str]) -> str:

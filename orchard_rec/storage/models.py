@@ -146,6 +146,11 @@ class Blob(Base):
     """Digest of the session's blob this one continues (a growing completions prompt), or None."""
     base_len: Mapped[int | None] = mapped_column(BigInteger)
     """Characters of ``base``'s text that come first."""
+    base_call: Mapped[str | None] = mapped_column(String(32))
+    """A completions prompt that goes on with this call's completion after ``base``'s first
+    ``base_len`` characters (then ``data``): the completion is not stored twice."""
+    base_style: Mapped[int | None]
+    """How the prompt writes that completion (``layout.continuation``)."""
     images: Mapped[Bytes]
     """Where images were cut out of ``data``: (u32 character offset, 32-byte SHA-256) each
     (``layout.pack_holes``); their base64 text goes back there."""

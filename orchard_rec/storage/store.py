@@ -271,7 +271,7 @@ class Store:
         mark = "?" if self.dialect == "sqlite" else "%s"
         cols = "session_id, digest, data"
         if self.encoder.parts:
-            cols += ", base, base_len, images"
+            cols += ", base, base_len, images, base_call, base_style"
         marks = ", ".join([mark] * (cols.count(",") + 1))
         sql = f"INSERT INTO blobs ({cols}) VALUES ({marks}) ON CONFLICT (session_id, digest) DO NOTHING"
         db.connection().exec_driver_sql(sql, blobs)

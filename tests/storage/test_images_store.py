@@ -374,7 +374,8 @@ def _completion_session(store: Store, sid: str, calls: int, ints: bool = False) 
             prompt = prompt + new
         req = {"model": "m", "prompt": prompt, "max_tokens": 64, "temperature": 0.0}
         raw = STYLES[int(ints)](req)
-        completion = " ".join(rng.choice(words) for _ in range(40))
+        completion = " ".join(rng.choice(words) for _ in range(40)) + " “done” \\ \n"
+        comp_ids = [rng.randrange(50_000) for _ in range(50)]
         resp = {
             "id": f"c{n}",
             "object": "text_completion",
@@ -388,6 +389,7 @@ def _completion_session(store: Store, sid: str, calls: int, ints: bool = False) 
                     request=req,
                     request_text=raw,
                     response=resp,
+                    completion_ids=comp_ids,
                     received_at=float(n + 1),
                 )
             ]
@@ -396,8 +398,46 @@ def _completion_session(store: Store, sid: str, calls: int, ints: bool = False) 
         if not ints:
             prompt += completion
         else:
-            prompt = [*prompt, *(rng.randrange(50_000) for _ in range(50))]
+            prompt = [*prompt, *comp_ids]
     return sent
+
+
+@pytest.mark.parametrize("style", range(4))
+def test_a_completions_prompt_goes_on_with_the_previous_completion(db_url: str, style: int) -> None:
+    """Each way a client writes the prompt (escapes, id lists with or without spaces) is recognised:
+    the completion is referenced, not stored again, and the text comes back exact."""
+    store = Store(db_url)
+    store.upgrade()
+    ints = style >= 2
+    dump = [
+        lambda b: json.dumps(b),
+        lambda b: json.dumps(b, ensure_ascii=False, separators=(",", ":")),
+        lambda b: json.dumps(b, separators=(",", ":")),
+        lambda b: json.dumps(b),
+    ][style]
+    prompt: Any = list(range(300)) if ints else "Système: résous la tâche.\n" * 20
+    sent = []
+    for n in range(5):
+        prompt = (
+            [*prompt, *range(1000 * n, 1000 * n + 40)] if ints else prompt + f'\nObservation {n}: ✓ "ok"\t'
+        )
+        raw = dump({"model": "m", "prompt": prompt, "max_tokens": 8})
+        text_, ids = f"Ich prüfe «{n}»\n", [7, 8, 9 + n]
+        resp = {"choices": [{"index": 0, "text": text_, "finish_reason": "stop"}]}
+        rec = call(
+            "co", dialect=Dialect.COMPLETIONS, request=json.loads(raw), request_text=raw, response=resp
+        )
+        rec = __import__("dataclasses").replace(rec, completion_ids=tuple(ids), received_at=float(n + 1))
+        store.write_batch([rec])
+        sent.append(raw)
+        prompt = [*prompt, *ids] if ints else prompt + text_
+    assert [r.request_text for r in store.calls("co")] == sent
+    eng = create_engine(db_url)
+    with eng.connect() as c:
+        styles = [r[0] for r in c.execute(text("SELECT base_style FROM blobs WHERE base_call IS NOT NULL"))]
+    eng.dispose()
+    assert styles == [style] * 4
+    store.close()
 
 
 @pytest.mark.slow
@@ -433,6 +473,13 @@ def test_completions_prompts_grow_linearly_and_come_back_exact(db_url: str, ints
 
     before = based()
     assert before >= 98
+    eng = create_engine(db_url)
+    with eng.connect() as c:  # each prompt goes on with the previous completion, not stored again
+        conts = c.execute(
+            text("SELECT count(*) FROM blobs WHERE session_id = 'full' AND base_call IS NOT NULL")
+        )
+        assert conts.scalar_one() >= 98
+    eng.dispose()
     req = json.loads(full[-1])
     req["prompt"] = req["prompt"] + ([1, 2, 3] if ints else "and one more turn")
     raw = STYLES[int(ints)](req)
@@ -473,6 +520,7 @@ def test_0006_on_a_database_written_by_the_0005_schema(db_url: str) -> None:
         store.write_batch([_record(Dialect.CHAT, "mig", n, sent[n])])
     assert [r.request_text for r in store.calls("mig")] == sent
     assert 0 < store.image_stats()["images"] <= 8
+    prompts = _completion_session(store, "mig-c", 4)  # continuations, which the downgrade writes out
     eng = create_engine(db_url)
     with eng.connect() as c:
         assert c.execute(text("SELECT count(*) FROM blobs")).scalar_one() > before
@@ -492,6 +540,7 @@ def test_0006_on_a_database_written_by_the_0005_schema(db_url: str) -> None:
     migrate.upgrade(db_url)
     store = Store(db_url)
     assert [r.request_text for r in store.calls("mig")] == sent
+    assert [r.request_text for r in store.calls("mig-c")] == prompts
     store.close()
 
 

@@ -78,7 +78,7 @@ def _cut_existing_images() -> None:
             raw = bytes(data)
             if b"base64" not in raw:
                 continue
-            [(_, own, _, _, holes)], found = encoder.blob_rows(
+            [(_, own, _, _, holes, *_)], found = encoder.blob_rows(
                 SessionState(), {bytes(h): raw.decode("utf-8")}
             )
             if holes is None:
@@ -125,7 +125,7 @@ def downgrade() -> None:
             sa.select(blobs.c.session_id).where(parted).distinct().order_by(blobs.c.session_id)
         )
     ]
-    reader = Reader(conn)
+    reader = Reader(conn, continuations=False)  # the 0006 schema
     for sid in sessions:
         digests = [
             bytes(r[0])
