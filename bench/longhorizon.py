@@ -1015,7 +1015,7 @@ def _write(section: str, out: Path) -> None:
     if head in text:
         start = text.index(head)
         nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+        text = text[:start] + section.rstrip("\n") + "\n\n" + (text[nxt + 1 :] if nxt >= 0 else "")
     else:
         text = text.rstrip() + "\n\n" + section
     out.write_text(text)
@@ -1028,7 +1028,10 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
         f"`python bench/longhorizon.py --turns {a.turns} --concurrency {a.concurrency}` "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 2 shared cores). SWE-like sessions through "
         "`serve --mode token` (subprocess) against the demo upstream (subprocess), real openai SDK, "
-        "half the sessions streamed. Lower bound = final sample (tokens x 9 B) + final conversation JSON.",
+        + ("half the sessions streamed" if a.concurrency > 1 else "one non-stream session per length")
+        + ". Lower bound = final sample (tokens x 9 B) + final conversation JSON. Export: "
+        "`orchard-rec export --format jsonl --session` of one session, after the proxy stopped, started by"
+        " a small wrapper process whose `RUSAGE_CHILDREN` peak is the export's.",
         "",
         "| backend | turns | final context (tokens) | bytes / session | lower bound | ratio | export s | export peak RSS |",
         "|---|---|---|---|---|---|---|---|",
