@@ -37,7 +37,7 @@ __all__ = ["IMAGES_FIELD", "IMAGE_BATCH_BYTES", "hf_features", "with_images", "w
 IMAGES_FIELD = pa.field("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))
 """A ``datasets`` ``List(Image())`` column: each image's bytes and a name (or a remote URL)."""
 
-IMAGE_BATCH_BYTES = 64 << 20
+IMAGE_BATCH_BYTES = 16 << 20
 """A row group is written early once the buffered rows' images pass this many bytes."""
 
 _HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
@@ -100,7 +100,7 @@ class _Sink:
             scratch.seek(0)
             self.writer = pq.ParquetWriter(self.f, self.schema, compression="zstd")
             empty = pa.array([], IMAGES_FIELD.type)
-            for b in pq.ParquetFile(scratch).iter_batches(batch_size=512):
+            for b in pq.ParquetFile(scratch, pre_buffer=False).iter_batches(batch_size=512):
                 column = pa.array([[]] * b.num_rows, IMAGES_FIELD.type) if b.num_rows else empty
                 self.writer.write_table(pa.Table.from_arrays([*b.columns, column], schema=self.schema))
 

@@ -241,7 +241,9 @@ class VerlSftExporter:
             with atomic_output(Path(out)) as f:
                 writer = pq.ParquetWriter(f, schema, compression="zstd")
                 try:
-                    for batch in pq.ParquetFile(first).iter_batches(batch_size=32 if images else 512):
+                    for batch in pq.ParquetFile(first, pre_buffer=False).iter_batches(
+                        batch_size=32 if images else 512
+                    ):
                         tools = pa.array(
                             [orjson.loads(t) for t in batch.column("tools_json").to_pylist()], tools_type
                         )
