@@ -265,6 +265,27 @@ class Store:
                 split = layout.split_request(text, deltas=False)
                 if split.refs == st.refs:
                     st.split = split
+                    prompt = split.pieces.get("prompt")
+                    last = conn.execute(
+                        select(t.c.dialect, t.c.response, t.c.completion_ids).where(t.c.id == st.refs_id)
+                    ).first()
+                    if prompt and len(prompt) == 1 and last is not None and last.dialect == "completions":
+                        # what the session's next prompt may go on with (``Encoder._continue``)
+                        resp = _loads(last.response) if last.response is not None else None
+                        c0 = (resp.get("choices") or [None])[0] if isinstance(resp, dict) else None
+                        ctext = c0.get("text") if isinstance(c0, dict) else None
+                        cids = (
+                            None
+                            if last.completion_ids is None
+                            else layout.unpack_ints(bytes(last.completion_ids))
+                        )
+                        st.cont = (
+                            st.refs_id,
+                            ctext if isinstance(ctext, str) else None,
+                            None if cids is None else tuple(cids),
+                            prompt[0][0],
+                            prompt[0][1],
+                        )
         return st
 
     def _insert_blobs(self, db: Any, blobs: list[tuple[Any, ...]]) -> None:

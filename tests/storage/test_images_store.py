@@ -481,12 +481,21 @@ def test_completions_prompts_grow_linearly_and_come_back_exact(db_url: str, ints
         assert conts.scalar_one() >= 98
     eng.dispose()
     req = json.loads(full[-1])
-    req["prompt"] = req["prompt"] + ([1, 2, 3] if ints else "and one more turn")
+    last = again.calls("full")[-1]
+    went_on = list(last.completion_ids or ()) if ints else last.response["choices"][0]["text"]  # type: ignore[index]
+    req["prompt"] = req["prompt"] + went_on + ([1, 2, 3] if ints else "and one more turn")
     raw = STYLES[int(ints)](req)
     again.write_batch(
         [call("full", dialect=Dialect.COMPLETIONS, request=req, request_text=raw, received_at=1e4)]
     )
     assert based() == before + 1
+    eng = create_engine(db_url)
+    with eng.connect() as c:  # and it still refers to the completion before the restart
+        got = c.execute(
+            text("SELECT count(*) FROM blobs WHERE session_id = 'full' AND base_call IS NOT NULL")
+        )
+        assert got.scalar_one() == 100
+    eng.dispose()
     assert again.calls("full")[-1].request_text == raw
     again.close()
     store.close()
@@ -586,3 +595,41 @@ def test_odd_images_never_fail_a_batch(db_url: str) -> None:
     assert info is not None and info.mime is None and info.width is None and info.height == 144
     assert store.image(info.digest) == (None, bytes(png))
     store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_completions_agent_through_the_proxy_stores_each_completion_once(
+    upstream, proxy_factory, sqlite_url, stream
+) -> None:  # type: ignore[no-untyped-def]
+    """A client that appends each answer to its prompt, through ``serve --mode token``: every prompt
+    after the first refers to the previous call's completion (as the client received it)."""
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
+    prompt = "You are a careful agent. Résumé: " * 12
+    sent = []
+    for n in range(4):
+        prompt += f"\nObservation {n}: ok\n"
+        raw = json.dumps({"model": "demo", "prompt": prompt, "max_tokens": 12, "stream": stream})
+        req = urllib.request.Request(
+            f"{proxy.url}/s/co-{stream}/v1/completions",
+            data=raw.encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body_ = r.read().decode()
+        if stream:
+            chunks = [json.loads(line[6:]) for line in body_.splitlines() if line.startswith("data: {")]
+            answer = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+        else:
+            answer = json.loads(body_)["choices"][0]["text"]
+        assert answer
+        sent.append(raw)
+        prompt += answer
+    proxy.flush()
+    store = proxy.store()
+    assert [r.request_text for r in store.calls(f"co-{stream}")] == sent
+    store.close()
+    eng = create_engine(sqlite_url)
+    with eng.connect() as c:
+        conts = c.execute(text("SELECT count(*) FROM blobs WHERE base_call IS NOT NULL")).scalar_one()
+    eng.dispose()
+    assert conts == 3
