@@ -17,6 +17,7 @@ rows keep the references without ``path`` (a warning says so).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -80,8 +81,20 @@ class JsonlExporter:
         return stats
 
 
-def read_jsonl(path: Path) -> Iterator[Sample]:
+def read_jsonl(path: Path, *, images: bool = True) -> Iterator[Sample]:
+    """The samples of a jsonl export, streamed; ``images``: each image ref with a ``path`` gets its
+    bytes from the sidecar file (``ImageRef.data``), so the samples export again with their images."""
+    base = Path(path).resolve().parent
     with open(path, "rb") as f:
         for line in f:
             if line.strip():
-                yield Sample.from_dict(orjson.loads(line))
+                row = orjson.loads(line)
+                s = Sample.from_dict(row)
+                if images and s.images:
+                    s.images = [
+                        dataclasses.replace(ref, data=(base / entry["path"]).read_bytes())
+                        if entry.get("path") and (base / entry["path"]).is_file()
+                        else ref
+                        for ref, entry in zip(s.images, row["images"])
+                    ]
+                yield s

@@ -105,7 +105,7 @@ class OrchardIterableDataset(IterableDataset):
         if self.path is not None:
             from orchard_rec.exporters.jsonl import read_jsonl
 
-            yield from read_jsonl(Path(self.path))
+            yield from read_jsonl(Path(self.path), images=False)  # tensors only: no image bytes
             return
         from orchard_rec.pipeline import iter_samples
         from orchard_rec.storage.store import Store

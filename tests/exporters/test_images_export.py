@@ -213,6 +213,10 @@ def test_jsonl_sidecar_files_written_once_and_read_with_pil(tmp_path) -> None:  
                 got.append(im.convert("RGB"))
         want = _expected(r)
         assert len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want))
+    # read back, the samples carry the sidecar's bytes: they export again with their images
+    again = list(read_jsonl(tmp_path / "ref.jsonl"))
+    assert [[im.data for im in s.images] for s in again] == [[im.data for im in s.images] for s in _samples()]
+    assert all(im.data is None for s in read_jsonl(tmp_path / "ref.jsonl", images=False) for im in s.images)
     # a second export into the same folder rewrites nothing (names are content hashes)
     before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     _export("jsonl", tmp_path / "ref.jsonl")
