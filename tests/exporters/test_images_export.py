@@ -430,3 +430,68 @@ def test_the_trainers_processor_gives_grids_that_match_the_image_runs(tmp_path) 
         runs = [e - s for s, e in d["metadata"]["image_spans"]]
         assert [int(t * h * w) // 4 for t, h, w in out["image_grid_thw"].tolist()] == runs
         assert out["pixel_values"].shape[0] == sum(runs) * 4
+
+
+def test_verl_sft_places_tool_result_screenshots_of_messages_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Computer-use screenshots inside an Anthropic ``tool_result`` land in the tool message."""
+    import re
+
+    import pandas as pd
+
+    from orchard_rec.records import Dialect
+
+    b64 = [base64.b64encode(SHOTS[i][0]).decode() for i in (0, 1)]
+    image = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b}} for b in b64
+    ]
+    request = {
+        "model": "vlm",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "open the cart"}, image[0]]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "computer", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "ok"}, image[1]],
+                    }
+                ],
+            },
+        ],
+    }
+    response = {
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "model": "vlm",
+        "content": [{"type": "text", "text": "done"}],
+        "stop_reason": "end_turn",
+    }
+    c = call(
+        "anthropic",
+        prompt_ids=[1, *_image_ids(0), 5, 6, *_image_ids(1), 7],
+        completion_ids=[8, 2],
+        logprobs=[-0.1, -0.2],
+        dialect=Dialect.MESSAGES,
+        request=request,
+        response=response,
+    )
+    [s] = reconstruct(generations_of([c])[0], session_id="anthropic", image_token=PAD)
+    s.messages, s.tools = conversation_of(c)
+    _export("verl-sft", tmp_path / "a.parquet", [s])
+    row = pd.read_parquet(tmp_path / "a.parquet").iloc[0]
+    placed = [
+        (m["role"], seg)
+        for m in row["messages"]
+        for seg in re.split("(<image>)", m["content"] or "")
+        if seg == "<image>"
+    ]
+    assert [r for r, _ in placed] == ["user", "tool"]
+    got = [_verl_image(dict(i)) for i in row["images"]]
+    assert all(_same(a, _pixels(SHOTS[i][0])) for a, i in zip(got, (0, 1))) and len(got) == 2
