@@ -39,6 +39,7 @@ class Capture:
         "harness",
         "harness_session",
         "headers",
+        "id_cut",
         "metadata",
         "method",
         "outcome",
@@ -79,6 +80,9 @@ class Capture:
         """Raw stream bytes as relayed (streams only)."""
         self.body: bytes | None = None
         """Raw non-stream response body as relayed."""
+        self.id_cut: tuple[bytes, list[Any]] | None = None
+        """Token mode: ``body`` less its id arrays, and where they were (``idcut``), found on the
+        response path already."""
         self.bytes_in = 0
         self.bytes_out = 0
         self.metadata: dict[str, Any] = {}
@@ -122,7 +126,7 @@ class Capture:
         elif self.body is not None:
             try:
                 if ids is not None and self.body:
-                    upstream_obj, known = ids.load(self.body, self.session_id)
+                    upstream_obj, known = ids.load(self.body, self.session_id, self.id_cut)
                 else:
                     upstream_obj = orjson.loads(self.body) if self.body else None
             except orjson.JSONDecodeError:

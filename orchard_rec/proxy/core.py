@@ -153,6 +153,7 @@ class Call:
         cap.body = data
         if self.plan is not None:
             data, cap.client_response = self.plan.client_body_bytes(data, status)
+            cap.id_cut = self.plan.cut
         cap.bytes_out = len(data)
         return data
 

@@ -136,13 +136,19 @@ class IdParser:
         self.hits = 0
         self.misses = 0
 
-    def load(self, data: bytes, session: str | None) -> tuple[Any, list[tuple[list[Any], tuple[int, ...]]]]:
+    def load(
+        self, data: bytes, session: str | None, found: tuple[bytes, list[Span]] | None = None
+    ) -> tuple[Any, list[tuple[list[Any], tuple[int, ...]]]]:
         """``orjson.loads(data)``, and the id arrays it parsed as integers only, each with the same
-        ids as a tuple (no conversion needed). Raises ``orjson.JSONDecodeError`` as loads does."""
-        c = cut(data) if len(data) >= MIN_BYTES else None
-        if c is None:
-            return orjson.loads(data), []
-        _, obj, spans = c
+        ids as a tuple (no conversion needed). ``found``: what ``cut(data)`` gave already (the rest
+        and the spans), so ``data`` is not searched again. Raises ``orjson.JSONDecodeError`` as loads does."""
+        if found is not None:
+            obj, spans = orjson.loads(found[0]), found[1]
+        else:
+            c = cut(data) if len(data) >= MIN_BYTES else None
+            if c is None:
+                return orjson.loads(data), []
+            _, obj, spans = c
         ints: list[tuple[list[Any], tuple[int, ...]]] = []
         for path, s, e in spans:
             node = obj

@@ -50,6 +50,9 @@ class Plan:
         self.client_body = client_body
         self.inject_ids = inject_ids
         self.inject_logprobs = inject_logprobs
+        self.cut: tuple[bytes, list[idcut.Span]] | None = None
+        """The answer's id arrays as ``client_body_bytes`` cut them (the rest, and where they were),
+        for the record: the writer need not search the answer again."""
         self.suffix: bytes | None = None
         """Native calls whose client set neither injected key: the keys as JSON text, to append to
         the client's own bytes (``{..., "return_token_ids": true, ...}``) instead of re-encoding."""
@@ -84,7 +87,8 @@ class Plan:
         replaced by ``null`` (re-encoded from the small remainder only when logprobs are removed too)."""
         c = idcut.cut(data) if self.inject_ids and status < 400 else None
         if c is not None:
-            rest, obj, _ = c
+            rest, obj, spans = c
+            self.cut = (rest, spans)
             if self.client is Dialect.RESPONSES:
                 out = chat_to_responses(obj, self.client_body)
                 return orjson.dumps(out), out

@@ -229,3 +229,21 @@ def test_streamed_record_is_the_same_with_the_parser() -> None:
         assert got.prompt_ids == want.prompt_ids == tuple(prompt) and got.completion_ids == (7, 8)
         assert got.events == want.events and got.response == want.response
     assert ids.hits == 1
+
+
+def test_the_response_paths_cut_is_reused_for_the_record() -> None:
+    from orchard_rec.proxy.core import Call
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    ids = IdParser()
+    for prompt in (PROMPT, [*PROMPT, 1, 2]):
+        call = Call(Dialect.CHAT, "POST", "/v1/chat/completions", {})
+        call.name_session("s")
+        call.read(orjson.dumps(body), "application/json", "token")
+        call.response(200, "application/json")
+        data = orjson.dumps(answer(prompt))
+        call.body(data, 200)
+        assert call.cap.id_cut is not None and call.cap.id_cut[0] == cut(data)[0]  # type: ignore[index]
+        got, want = call.cap.to_record(ids), record(data, None)
+        assert got.prompt_ids == want.prompt_ids and got.response == want.response
+    assert ids.hits == 1
