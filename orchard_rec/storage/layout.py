@@ -24,8 +24,9 @@ Pure functions, no SQL. Four pieces:
   ``images`` table; the piece keeps (offset, SHA-256) holes. Only base64 that re-encodes to
   the identical text is cut, so the text comes back byte for byte.
 - **Upstream request derivation** (``derive_upstream`` / ``upstream_of``): what the proxy
-  sent upstream, as "the request's value" per key, the prompt-ids marker, or a literal;
-  translated message lists go to blobs like the request's.
+  sent upstream, as "the request's value" per key, the prompt-ids marker (also with image
+  runs collapsed: tito's ids for a VLM), or a literal; translated message lists and lists of
+  image parts (tito's ``content_parts``) go to blobs like the request's, images cut out.
 - **Client views** (``client_view``): the response and events as the client received
   them (the fields token mode injected are null again), with ids the id columns hold
   replaced by a restore note.
@@ -49,6 +50,7 @@ __all__ = [
     "Split",
     "b64_exact",
     "client_view",
+    "collapse_runs",
     "compress",
     "continuation",
     "cut",
@@ -386,6 +388,8 @@ def _image_payloads(v: Any, out: list[tuple[str, str | None]]) -> None:
             u = v.get("image_url")
             if isinstance(u, dict):
                 u = u.get("url")
+            elif u is None:  # vLLM's content parts: {"type": "image_url", "url": ...}
+                u = v.get("url")
             if isinstance(u, str) and u.startswith("data:"):
                 head, sep, payload = u.partition(",")
                 if sep and head.endswith(";base64"):
@@ -488,43 +492,81 @@ def paste(text: str, holes: Sequence[tuple[int, bytes]], b64: dict[bytes, str]) 
 def derive_upstream(
     upstream: Any, request: Any, prompt_ids: Sequence[int] | None
 ) -> tuple[Any, list[str] | None]:
-    """``(recipe, message texts)``: how to rebuild ``upstream`` from ``request``.
+    """``(recipe, texts)``: how to rebuild ``upstream`` from ``request``.
 
     The recipe is ``{"k": [[key, how, value?], ...]}`` in the upstream's key order, ``how``
-    being ``"r"`` (the request's value), ``"p"`` (the prompt ids), ``"m"`` (the message texts
-    returned alongside, stored as blobs) or ``"v"`` (the literal value). Not a dict: the
-    value itself as ``{"v": upstream}``.
+    being ``"r"`` (the request's value), ``"p"`` (the prompt ids), ``"c"`` (the prompt ids with
+    each run of image token ``value`` made one: tito's ids for vLLM's ``/inference/v1/generate``,
+    whose server-expanded prompt is what was recorded; checked here, else literal), ``"m"`` (a
+    translated message list), ``"b"`` (a list of ``value`` objects holding images, e.g.
+    ``content_parts``), ``"v"`` (the literal value). ``"m"`` and ``"b"`` values are returned as
+    ``texts`` (one JSON text per element, in recipe order) that are stored as blobs, where
+    images are cut out as everywhere. Not a dict: the value itself as ``{"v": upstream}``.
     """
     if not isinstance(upstream, dict):
         return {"v": upstream}, None
     req = request if isinstance(request, dict) else {}
     keys: list[list[Any]] = []
-    msgs: list[str] | None = None
+    texts: list[str] | None = None
+    msgs = False
+    plist: list[int] | None = None
     for k, v in upstream.items():
         if k in req and req[k] == v:
             keys.append([k, "r"])
-        elif (
-            prompt_ids is not None
-            and isinstance(v, list)
-            and len(v) == len(prompt_ids)
-            and v == list(prompt_ids)
-        ):
-            keys.append([k, "p"])
-        elif k == "messages" and isinstance(v, list) and msgs is None:
-            msgs = [orjson.dumps(m).decode() for m in v]
+            continue
+        if prompt_ids is not None and isinstance(v, list) and v:
+            if plist is None:
+                plist = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
+            if len(v) == len(plist) and v == plist:
+                keys.append([k, "p"])
+                continue
+            t = _collapsed_by(v, plist)
+            if t is not None:
+                keys.append([k, "c", t])
+                continue
+        if k == "messages" and isinstance(v, list) and not msgs:
+            msgs = True
+            texts = (texts or []) + [orjson.dumps(m).decode() for m in v]
             keys.append([k, "m"])
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and _holds_images(v):
+            texts = (texts or []) + [orjson.dumps(x).decode() for x in v]
+            keys.append([k, "b", len(v)])
         else:
             keys.append([k, "v", v])
-    return {"k": keys}, msgs
+    return {"k": keys}, texts
+
+
+def _collapsed_by(v: list[Any], prompt: list[int]) -> int | None:
+    """The token whose runs ``prompt`` has where ``v`` has one (``v == collapse_runs(prompt, t)``), or None."""
+    if len(v) >= len(prompt):
+        return None
+    n = common_prefix(v, prompt)
+    if n == 0 or n >= len(v) or prompt[n] != v[n - 1]:
+        return None
+    t = prompt[n]
+    if not isinstance(t, int) or isinstance(t, bool):
+        return None
+    return t if collapse_runs(prompt, t) == v else None
+
+
+def _holds_images(v: list[Any]) -> bool:
+    found: list[tuple[str, str | None]] = []
+    _image_payloads(v, found)
+    return any(len(p) >= IMAGE_MIN for p, _ in found)
 
 
 def upstream_of(
     recipe: Any, request: Any, prompt_ids: Sequence[int] | None, messages: Sequence[str] | None
 ) -> Any:
+    """``derive_upstream`` undone; ``messages``: its ``texts``."""
     if recipe is None:
         return None
     if "v" in recipe:
         return recipe["v"]
+    texts = messages or ()
+    # a message list takes the texts the image lists do not (recipes before "b" hold messages only)
+    in_lists = sum(e[2] for e in recipe["k"] if e[1] == "b")
+    at = 0
     out: dict[str, Any] = {}
     for entry in recipe["k"]:
         k, how = entry[0], entry[1]
@@ -532,8 +574,12 @@ def upstream_of(
             out[k] = request[k]
         elif how == "p":
             out[k] = None if prompt_ids is None else list(prompt_ids)
-        elif how == "m":
-            out[k] = [orjson.loads(m) for m in messages or ()]
+        elif how == "c":
+            out[k] = None if prompt_ids is None else collapse_runs(prompt_ids, entry[2])
+        elif how in ("m", "b"):
+            n = entry[2] if how == "b" else len(texts) - in_lists
+            out[k] = [orjson.loads(m) for m in texts[at : at + n]]
+            at += n
         else:
             out[k] = entry[2]
     return out
@@ -637,3 +683,23 @@ def restore_ids(
             node = node[step]
         node[path[-1]] = None if ids is None else list(ids)
     return response
+
+
+def collapse_runs(ids: Sequence[int], token: int) -> list[int]:
+    """``ids`` with each run of ``token`` made one (a server-expanded image run back to the one
+    placeholder tito sent, as ``proxy.tito.collapse_images``)."""
+    out: list[int] = []
+    i, n = 0, len(ids)
+    seq = ids if isinstance(ids, list) else list(ids)
+    while i < n:
+        try:
+            j = seq.index(token, i)
+        except ValueError:
+            out.extend(seq[i:])
+            break
+        out.extend(seq[i : j + 1])
+        j += 1
+        while j < n and seq[j] == token:
+            j += 1
+        i = j
+    return out
