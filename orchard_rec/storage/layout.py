@@ -540,7 +540,10 @@ def _collapsed_by(v: list[Any], prompt: list[int]) -> int | None:
     """The token whose runs ``prompt`` has where ``v`` has one (``v == collapse_runs(prompt, t)``), or None."""
     if len(v) >= len(prompt):
         return None
-    n = common_prefix(v, prompt)
+    n = 0  # the first difference, by chunks: usually the first image, near the start
+    while n < len(v) and v[n : n + 512] == prompt[n : n + 512]:
+        n += 512
+    n += common_prefix(v[n : n + 512], prompt[n : n + 512])
     if n == 0 or n >= len(v) or prompt[n] != v[n - 1]:
         return None
     t = prompt[n]

@@ -22,8 +22,6 @@ from orchard_rec.demo.gui import run_gui_agent
 from orchard_rec.demo.tokenizer import IMAGE_PAD, build_tokenizer
 from orchard_rec.storage import layout
 
-pytestmark = [pytest.mark.slow]  # two 10/20-call GUI sessions through tito with a HF tokenizer
-
 PAD = build_tokenizer().token_to_id(IMAGE_PAD)
 VERBS = ("click username", "type orchard", "click sign-in", "scroll down", "click cart")
 
@@ -67,6 +65,7 @@ def _session(proxy, up, sid: str, calls: int):  # type: ignore[no-untyped-def]
     return run, sent
 
 
+@pytest.mark.slow  # two 10/20-call GUI sessions through tito with a HF tokenizer: ~8 s
 def test_a_tito_gui_session_stores_flat_bytes_per_call_and_rebuilds_each_upstream_body(
     upstream_factory, proxy_factory, db_url
 ) -> None:  # type: ignore[no-untyped-def]
@@ -125,6 +124,7 @@ def _recipes(url: str, session_id: str) -> list[dict[str, list[Any]]]:
     return out
 
 
+@pytest.mark.slow  # the first tito proxy of a process loads transformers: seconds
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 def test_text_tito_upstream_bodies_are_derived_from_the_prompt_ids(
     upstream_factory, proxy_factory, sqlite_url, kind
@@ -183,6 +183,10 @@ def test_the_upstream_recipe_of_a_tito_images_body() -> None:
     recipe, texts = layout.derive_upstream(odd, {}, prompt)
     assert ["token_ids", "v", odd["token_ids"]] in recipe["k"]
     assert orjson.dumps(layout.upstream_of(recipe, {}, prompt, texts)) == orjson.dumps(odd)
+    # two images side by side (one run in the expanded ids): not recoverable, stays literal
+    side = {"token_ids": [1, PAD, PAD, 2]}
+    recipe, _ = layout.derive_upstream(side, {}, [1, PAD, PAD, PAD, PAD, 2])
+    assert recipe["k"] == [["token_ids", "v", [1, PAD, PAD, 2]]]
     # a translated message list and content parts together
     both = {"messages": [{"role": "user", "content": "hi"}], **up}
     recipe, texts = layout.derive_upstream(both, {}, prompt)
