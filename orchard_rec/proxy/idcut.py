@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from orchard_rec.storage.delta import Ids
+
 __all__ = ["Cut", "IdParser", "cut", "id_paths"]
 
 _KEYS = ((b'"prompt_token_ids":', "prompt_token_ids"), (b'"token_ids":', "token_ids"))
@@ -175,9 +177,10 @@ class IdParser:
                 if _only_ints(tail):
                     new = orjson.loads(b"[" + tail)
                     self.hits += 1
-                    ids = old + tuple(new)
-                    self._remember(session, data, s, e, ids)
-                    return ids, True
+                    # Ids: the writer's storage knows the prefix without comparing (``delta.Ids``)
+                    grown = Ids(old + tuple(new), old if isinstance(old, Ids) else None)
+                    self._remember(session, data, s, e, grown)
+                    return grown, True
             elif e - s == k + 1 and data.startswith(prefix, s):  # the same array again
                 self.hits += 1
                 self._cache.move_to_end(session)
@@ -185,7 +188,7 @@ class IdParser:
         if session is not None:
             self.misses += 1
         span = data[s:e]
-        ids = tuple(orjson.loads(span))
+        ids = Ids(orjson.loads(span)) if session is not None else tuple(orjson.loads(span))
         if not _only_ints(span):
             return ids, False
         if session is not None:

@@ -32,7 +32,7 @@ from orchard_rec.records import CallRecord
 from orchard_rec.storage import layout
 from orchard_rec.storage.models import Blob, Call, Image
 
-__all__ = ["BlobRow", "Encoder", "Reader", "SessionState"]
+__all__ = ["BlobRow", "Encoder", "Ids", "Reader", "SessionState"]
 
 BlobRow = tuple[bytes, bytes, bytes | None, int | None, bytes | None, str | None, int | None]
 """``(digest, data, base, base_len, images, base_call, base_style)`` of a ``blobs`` row (without the session)."""
@@ -41,15 +41,49 @@ _IMAGE_CACHE = 8
 """Images (base64 text + digest) a session's writer state remembers, most recent first."""
 
 
+class Ids(tuple[int, ...]):
+    """Token ids known to start with all of an earlier ``Ids``, the one whose ``mark`` is ``base``.
+
+    The proxy's id parser builds a prompt this way (the session's previous prompt + the ids new
+    to it), so the writer knows how much of the prompt is the previous one by identity, without
+    comparing 150k ids. ``mark`` is a fresh object per instance (it names these exact, immutable
+    ids); holding it keeps no ids alive, so a session's prompts never form a chain in memory.
+    Anything else treats it as the tuple it is (slices and sums are plain tuples)."""
+
+    mark: object
+    base: object | None
+
+    def __new__(cls, ids: Sequence[int], base: Ids | None = None) -> Ids:
+        self = super().__new__(cls, ids)
+        self.mark = object()
+        self.base = None if base is None else base.mark
+        return self
+
+
+def _prefix(prompt: Sequence[int], st: SessionState) -> int:
+    """Common prefix of ``prompt`` with the session's last prompt + completion."""
+    old = st.tokens
+    n = len(old)
+    known = prompt is old or (st.mark is not None and getattr(prompt, "base", None) is st.mark)
+    if not (known and len(prompt) >= n):
+        n = layout.common_prefix(prompt, old)  # not known: compared
+        if n < len(old):
+            return n
+    comp = st.completion
+    return n + layout.common_prefix(prompt[n : n + len(comp)], comp) if comp else n
+
+
 class SessionState:
     """What the writer remembers of one session: enough to encode its next call as a delta."""
 
     __slots__ = (
         "bases",
+        "completion",
         "cont",
         "conts",
         "images",
         "known",
+        "mark",
         "refs",
         "refs_id",
         "size",
@@ -62,8 +96,12 @@ class SessionState:
     )
 
     def __init__(self) -> None:
-        self.tokens: tuple[int, ...] = ()
-        """Prompt + completion of ``tokens_id``, the last call with ids."""
+        self.tokens: Sequence[int] = ()
+        """The prompt of ``tokens_id``, the last call with ids (as recorded: no copy)."""
+        self.completion: tuple[int, ...] = ()
+        """Its completion: a next prompt is based on the prompt + completion."""
+        self.mark: object | None = None
+        """``tokens.mark`` when ``tokens`` is ``Ids``: a prompt whose ``base`` it is extends it."""
         self.tokens_id: str | None = None
         self.refs: list[bytes] = []
         self.refs_id: str | None = None
@@ -88,7 +126,7 @@ class SessionState:
 
     def copy(self) -> SessionState:
         s = SessionState()
-        s.tokens, s.tokens_id = self.tokens, self.tokens_id
+        s.tokens, s.tokens_id, s.completion, s.mark = self.tokens, self.tokens_id, self.completion, self.mark
         s.refs, s.refs_id, s.split = self.refs, self.refs_id, self.split
         s.up_refs, s.up_refs_id, s.up_texts = self.up_refs, self.up_refs_id, self.up_texts
         s.known = set(self.known)
@@ -97,7 +135,11 @@ class SessionState:
         return s
 
     def measure(self) -> int:
-        n = 64 * len(self.tokens) + 64 * len(self.known) + 32 * (len(self.refs) + len(self.up_refs))
+        n = (
+            64 * (len(self.tokens) + len(self.completion))
+            + 64 * len(self.known)
+            + 32 * (len(self.refs) + len(self.up_refs))
+        )
         n += sum(len(t) + 80 for t in self.up_texts)
         held = {id(t) for t in self.up_texts}
         if self.split is not None:
@@ -160,10 +202,10 @@ class Encoder:
         prompt = r.prompt_ids
         prompt_col = None
         if prompt is not None:
-            n = layout.common_prefix(prompt, st.tokens) if st.tokens_id else 0
+            n = _prefix(prompt, st) if st.tokens_id else 0
             prompt_col = layout.pack_delta(st.tokens_id if n else None, n, layout.pack_ints(prompt[n:]))
-            st.tokens = tuple(prompt) + tuple(r.completion_ids or ())
-            st.tokens_id = r.call_id
+            st.tokens, st.completion = prompt, tuple(r.completion_ids or ())
+            st.tokens_id, st.mark = r.call_id, getattr(prompt, "mark", None)
         # the request: literal text around blobs (messages, tools), refs as a delta on the previous call's
         text = r.request_text
         if text is None and r.request is not None:

@@ -57,7 +57,13 @@ def record_to_json(r: CallRecord) -> bytes:
     d["dialect"] = r.dialect.value
     d["outcome"] = r.outcome.value
     d["headers"] = dict(r.headers)
-    return orjson.dumps(d)
+    return orjson.dumps(d, default=_tuple)
+
+
+def _tuple(v: Any) -> Any:
+    if isinstance(v, tuple):  # a tuple subclass (``delta.Ids``): orjson takes exact tuples only
+        return list(v)
+    raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 
 def record_from_json(line: bytes) -> CallRecord:

@@ -241,7 +241,7 @@ class Store:
         ).first()
         if last is not None:
             p, c = reader.tokens(last.id, last.prompt_ids, last.completion_ids)
-            st.tokens, st.tokens_id = (p or ()) + (c or ()), last.id
+            st.tokens, st.completion, st.tokens_id = p or (), c or (), last.id
         for col, attr in (("request_refs", "refs"), ("upstream_refs", "up_refs")):
             row = conn.execute(
                 select(t.c.id, t.c[col])

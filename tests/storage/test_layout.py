@@ -219,3 +219,37 @@ def test_lazy_session_reads_decode_one_call_at_a_time_and_match_the_lists(db_url
     assert [e for k, e in enumerate(eager) if k != 1] == lazy
     assert [s for s, _ in eager] == ["la", "lb", "lc"]
     store.close()
+
+
+def test_ids_built_on_the_previous_prompt_are_stored_as_the_same_deltas(db_url: str) -> None:
+    """``delta.Ids`` (the proxy's id parser: previous prompt + new ids) lets the writer skip the
+    comparison; only when its base is the session's last prompt, and the result is the same."""
+    from dataclasses import replace
+
+    from orchard_rec.storage.delta import Ids
+    from orchard_rec.storage.spool import record_from_json, record_to_json
+
+    store = Store(db_url)
+    store.upgrade()
+    p1 = Ids(range(1000, 1400))
+    p2 = Ids(p1 + (7, 8, 9, 50), p1)  # the completion, then new ids: compared past the known part
+    p3 = Ids(p2 + (51,), p2)
+    stray = Ids(range(5000, 5400))  # not the base the writer holds for the session next
+    p4 = Ids(stray + (1,), stray)
+    recs = [
+        call("k", prompt_ids=list(p), completion_ids=c, received_at=float(i))
+        for i, (p, c) in enumerate([(p1, [7, 8, 9]), (p2, [10]), (p3, [11]), (p4, [2])])
+    ]
+    recs = [replace(r, prompt_ids=p) for r, p in zip(recs, (p1, p2, p3, p4), strict=True)]
+    assert record_from_json(record_to_json(recs[1])).prompt_ids == tuple(p2)  # the spool takes Ids
+    store.write_batch(recs[:2])
+    store.write_batch(recs[2:])
+    got = store.calls("k")
+    assert [g.prompt_ids for g in got] == [tuple(p) for p in (p1, p2, p3, p4)]
+    eng = create_engine(db_url)
+    with eng.connect() as c:
+        sizes = dict(c.execute(select(Call.id, func.length(Call.prompt_ids))).all())
+    eng.dispose()
+    assert sizes[recs[1].call_id] < 64 and sizes[recs[2].call_id] < 64
+    assert sizes[recs[3].call_id] > 1600  # its base was never this session's: stored whole
+    store.close()
