@@ -348,11 +348,11 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     )
     finish = "tool_calls" if answer.get("tool_calls") else finish
     chat_obj = chat_completion(body.get("model"), answer, finish, len(seen), len(ids))
-    branch_index = None
-    if finish != "length":  # a cut-off turn is not a history the template would reproduce
-        branch_index = await asyncio.to_thread(
-            tito.commit, key, branch, version, prompt, ids, messages, answer, tools
-        )
+    # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
+    # the template's closing tokens come with the next turn's (``Tito.covered``)
+    branch_index = await asyncio.to_thread(
+        tito.commit, key, branch, version, prompt, ids, messages, answer, tools
+    )
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:
         cap.metadata["tito"]["images"] = len(images)

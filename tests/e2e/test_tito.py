@@ -81,3 +81,31 @@ def test_an_edited_history_starts_a_new_branch(upstream, proxy_factory, sqlite_u
     assert decisions[0]["branch"] == decisions[1]["branch"] != decisions[2]["branch"]
     samples = reconstruct_session(calls)
     assert len(samples) == 2  # one sample per branch, never a silently wrong prefix
+
+
+def test_a_turn_cut_at_max_tokens_is_continued_with_its_exact_ids(
+    upstream, proxy_factory, sqlite_url
+) -> None:  # type: ignore[no-untyped-def]
+    """A turn cut at ``max_tokens`` (finish ``length``) stays in the branch: the next prompt is its
+    exact prompt + generated ids, then the template's closing and new tokens, so the session is
+    still one sample (it used to fall back to the branch before the cut turn and re-encode it)."""
+    import openai
+
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo")
+    client = openai.OpenAI(base_url=f"{proxy.url}/s/cut/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]
+    r1 = client.chat.completions.create(model="m", messages=msgs, max_tokens=3)
+    assert r1.choices[0].finish_reason == "length"
+    msgs += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "go on"},
+    ]
+    client.chat.completions.create(model="m", messages=msgs)
+    proxy.flush()
+    a, b = proxy.store().calls("cut")
+    assert a.finish_reason == "length" and len(a.completion_ids) == 3
+    assert b.metadata["tito"]["fresh"] is False
+    head = list(a.prompt_ids) + list(a.completion_ids)
+    assert list(b.prompt_ids)[: len(head)] == head
+    [sample] = reconstruct_session([a, b])
+    assert sample.tokens == list(b.prompt_ids) + list(b.completion_ids)

@@ -182,8 +182,11 @@ def test_token_mode_sdks_record_vllms_ids(tap: Tap, proxy_factory, sqlite_url, s
         with oc.responses.stream(
             model=MODEL, input=RESP_INPUT, tools=[RESP_TOOL], max_output_tokens=MAX
         ) as s:  # type: ignore[arg-type]
-            list(s)
-            texts.append(s.get_final_response().output_text)
+            events = list(s)
+        # response.incomplete when the random model runs to max_output_tokens (the SDK's
+        # get_final_response wants response.completed): the last event carries the response
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        texts.append(events[-1].response.output_text)  # type: ignore[union-attr]
         with ac.messages.stream(model=MODEL, max_tokens=MAX, messages=ANTH_HISTORY, tools=[ANTH_TOOL]) as m:  # type: ignore[arg-type]
             list(m)
             final = m.get_final_message()
@@ -347,8 +350,11 @@ def test_tito_anthropic_and_responses(vllm_server, tap, proxy_factory, sqlite_ur
         kw2 = {"model": MODEL, "input": items, "tools": [RESP_TOOL], "max_output_tokens": MAX}
         if stream:
             with oc.responses.stream(**kw2) as rs:  # type: ignore[arg-type]
-                list(rs)
-                resp = rs.get_final_response()
+                events = list(rs)
+            # a turn cut at max_output_tokens ends with response.incomplete (the SDK's
+            # get_final_response wants response.completed): the last event carries the response
+            assert events[-1].type in ("response.completed", "response.incomplete")
+            resp = events[-1].response  # type: ignore[union-attr]
         else:
             resp = oc.responses.create(**kw2)  # type: ignore[arg-type]
         items = items + [o.model_dump(exclude_none=True) for o in resp.output]
