@@ -352,6 +352,8 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
     # start-up: no torch.compile (--enforce-eager) and the model runs in the engine process, not a
     # worker of its own (each vLLM process spends 15-35 s importing): ~70 s on a busy machine, not ~200
     args += ["--enforce-eager"]
+    # tito with images: vLLM's token-in endpoint POST /inference/v1/generate (ids + content_parts)
+    args += ["--enable-scale-out"]
     logs = tmp_path_factory.mktemp("vlm-server")
     with _vllm_process(model_dir, VLM_MODEL, args, logs, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) as (
         url,

@@ -27,7 +27,7 @@ from PIL import Image
 
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.protocol.assemble import assemble
-from orchard_rec.reconstruct import Sample, image_token_id, reconstruct_session
+from orchard_rec.reconstruct import Sample, image_runs, image_token_id, reconstruct_session
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
 
@@ -395,3 +395,51 @@ def test_responses_input_images(
     [s] = _samples(proxy, sid, vlm_server.tokenizer)
     assert len(s.turns) == 2
     _check_images(s, pad, pads, [(d, SIZES[1]), (e, SIZES[0]), (f, SIZES[1])])
+
+
+# -- (d) tito: the proxy renders, vLLM's token-in endpoint expands the images ----------------------
+
+
+def test_tito_browser_session_against_vllms_token_in_endpoint(
+    vlm_server: VLLMServer, vlm_tap: Tap, proxy_factory: Any, sqlite_url: str, pads: Pads, pad: int
+) -> None:
+    """tito with a VLM: the proxy renders the conversation with the model's template (one pad per
+    image), sends ids + images to ``/inference/v1/generate``, and records vLLM's expanded prompt;
+    each turn extends the last exactly while the screenshots stay, a dropped one starts a branch."""
+    proxy = proxy_factory(vlm_tap.url, sqlite_url, mode="tito", tokenizer=str(vlm_server.model_dir))
+    sid = "vlm-tito"
+    oc = openai.OpenAI(base_url=f"{proxy.url}/s/{sid}/v1", api_key="x", max_retries=0, timeout=300)
+    turns = KEEP + 1
+    shots = [screenshot(10 + i, SIZES[i % 2]) for i in range(turns)]
+    replies: list[str] = []
+    first = len(vlm_tap.log)
+    for t in range(turns):
+        msgs = _browser_messages(shots[: t + 1], replies)
+        r = oc.chat.completions.create(model=VLM_MODEL, messages=msgs, max_tokens=MAX, seed=t)  # type: ignore[arg-type]
+        replies.append(r.choices[0].message.content or "")
+    proxy.flush()
+    calls = proxy.store().calls(sid)
+    exes = vlm_tap.log[first:]
+    assert len(calls) == len(exes) == turns
+    sizes = [SIZES[i % 2] for i in range(turns)]
+    for t, (call, ex) in enumerate(zip(calls, exes)):
+        shown = list(range(max(0, t + 1 - KEEP), t + 1))
+        assert ex.path == "/inference/v1/generate" and ex.status == 200
+        sent = ex.request["token_ids"]
+        assert sent.count(pad) == len(shown)  # one placeholder per image, as the template writes it
+        assert [p["url"] for p in ex.request["content_parts"]] == [data_url(shots[i]) for i in shown]
+        answer = ex.json()
+        assert list(call.prompt_ids) == answer["prompt_token_ids"]  # the server's expanded prompt
+        assert list(call.completion_ids) == answer["choices"][0]["token_ids"]
+        runs = image_runs(list(call.prompt_ids), pad)
+        assert [e - s for s, e in runs] == [pads[sizes[i]] for i in shown]
+        assert call.metadata["tito"]["images"] == len(shown)
+    for t in range(1, KEEP):  # the screenshots stay: the exact history, then the new turn
+        prev = calls[t - 1]
+        head = list(prev.prompt_ids) + list(prev.completion_ids)
+        assert list(calls[t].prompt_ids)[: len(head)] == head and calls[t].metadata["tito"]["fresh"] is False
+    assert calls[KEEP].metadata["tito"]["fresh"] is True  # the oldest screenshot dropped: a new branch
+    samples = _samples(proxy, sid, vlm_server.tokenizer)
+    assert len(samples) == 2 and samples[1].metadata["images_dropped"] == 1
+    _check_images(samples[0], pad, pads, [(shots[i], sizes[i]) for i in range(KEEP)])
+    _check_images(samples[1], pad, pads, [(shots[i], sizes[i]) for i in range(1, KEEP + 1)])
