@@ -18,7 +18,11 @@ Layout and rules:
   and a new one started, so a database that is always a batch behind (a pipeline) never makes
   the spool grow without limit: closed segments are deleted once acknowledged.
 - Every line is one JSON object with a format version ``"_v"`` (``FORMAT``). Lines written
-  before versioning (no ``"_v"``) are read as version 0 (the same fields). A line that
+  before versioning (no ``"_v"``) are read as version 0 (the same fields). Version 2 holds each
+  token id array once: an id array of the response (or of an event) equal to the record's
+  ``prompt_ids`` / ``completion_ids`` is written as ``null`` and listed in ``"_ids"``
+  (``[event index or -1, path, "p"|"c"]``), put back as a list when read (a 150k-token answer's
+  line: ~1 MB less). A line that
   cannot be decoded (corrupt, torn by a crash, written by a newer version, a field this
   version does not know) is never dropped: it is moved to ``PATH.rejected`` (fsync'd), counted
   in ``rejected``, and logged; only then may the records around it be cleared.
@@ -43,7 +47,7 @@ __all__ = ["FORMAT", "Spool", "SpoolFormatError", "record_from_json", "record_to
 
 log = logging.getLogger("orchard_rec.spool")
 
-FORMAT = 1
+FORMAT = 2
 """The spool line format written by this version (``"_v"`` in every line)."""
 
 
@@ -57,7 +61,72 @@ def record_to_json(r: CallRecord) -> bytes:
     d["dialect"] = r.dialect.value
     d["outcome"] = r.outcome.value
     d["headers"] = dict(r.headers)
+    for k in ("prompt_ids", "completion_ids"):
+        v = d[k]
+        if v is not None and type(v) is not tuple:  # ``delta.Ids``: orjson takes exact tuples only
+            d[k] = tuple(v)
+    if r.prompt_ids is not None or r.completion_ids is not None:
+        shed: list[Any] = []
+        d["response"] = _shed(r.response, -1, r.prompt_ids, r.completion_ids, shed)
+        if r.events:
+            d["events"] = [
+                [e[0], _shed(e[1], k, r.prompt_ids, r.completion_ids, shed)]
+                if isinstance(e, list) and len(e) == 2
+                else e
+                for k, e in enumerate(r.events)
+            ]
+        if shed:
+            d["_ids"] = shed
     return orjson.dumps(d, default=_tuple)
+
+
+_ID_PATHS: tuple[tuple[tuple[Any, ...], str], ...] = (
+    (("prompt_token_ids",), "p"),
+    (("choices", 0, "prompt_token_ids"), "p"),
+    (("choices", 0, "token_ids"), "c"),
+)
+
+
+def _shed(obj: Any, where: int, prompt: Any, completion: Any, out: list[Any]) -> Any:
+    """``obj`` with the id arrays (vLLM's places) that equal the record's ids set to None
+    (copied where changed, never mutated), each noted in ``out``."""
+    if not isinstance(obj, dict):
+        return obj
+    for path, which in _ID_PATHS:
+        ids = prompt if which == "p" else completion
+        if ids is None:
+            continue
+        node: Any = obj
+        for step in path[:-1]:
+            if isinstance(step, int):
+                node = node[step] if isinstance(node, list) and len(node) > step else None
+            else:
+                node = node.get(step) if isinstance(node, dict) else None
+        v = node.get(path[-1]) if isinstance(node, dict) else None
+        if not (isinstance(v, list) and len(v) == len(ids) and v == list(ids)):
+            continue
+        if obj is not None and len(path) == 1:
+            obj = {**obj, path[0]: None}
+        else:
+            choices = list(obj["choices"])
+            choices[0] = {**choices[0], path[-1]: None}
+            obj = {**obj, "choices": choices}
+        out.append([where, list(path), which])
+    return obj
+
+
+def _unshed(d: dict[str, Any], shed: Any) -> None:
+    """Undo ``_shed`` on a decoded line (``prompt_ids`` etc. still lists)."""
+    if not isinstance(shed, list):
+        raise SpoolFormatError("_ids is not a list")
+    for where, path, which in shed:
+        ids = d.get("prompt_ids" if which == "p" else "completion_ids")
+        node = d["response"] if where == -1 else d["events"][where][1]
+        for step in path[:-1]:
+            node = node[step]
+        if ids is None or node.get(path[-1], 0) is not None:
+            raise SpoolFormatError(f"_ids names {path} of {where}, which holds no shed ids")
+        node[path[-1]] = list(ids)
 
 
 def _tuple(v: Any) -> Any:
@@ -75,19 +144,22 @@ def record_from_json(line: bytes) -> CallRecord:
     if not isinstance(d, dict):
         raise SpoolFormatError("not a JSON object")
     version = d.pop("_v", 0)
-    if version not in (0, FORMAT):
-        raise SpoolFormatError(f"spool format version {version!r}; this version reads 0 and {FORMAT}")
+    if version not in (0, 1, FORMAT):
+        raise SpoolFormatError(f"spool format version {version!r}; this version reads 0 to {FORMAT}")
+    shed = d.pop("_ids", None) if version == FORMAT else None
     unknown = set(d) - set(CallRecord.__dataclass_fields__)
     if unknown:  # a renamed or new field: decoding would drop data silently
         raise SpoolFormatError(f"unknown fields {sorted(unknown)}")
     try:
+        if shed is not None:
+            _unshed(d, shed)
         d["dialect"] = Dialect(d["dialect"])
         d["outcome"] = CallOutcome(d["outcome"])
         for k in ("prompt_ids", "completion_ids", "completion_logprobs"):
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         return CallRecord(**d)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise SpoolFormatError(f"{type(exc).__name__}: {exc}") from None
 
 

@@ -267,3 +267,29 @@ def test_group_commit_covers_concurrent_calls_with_few_fsyncs(upstream, sqlite_u
         assert rec.flush()
         assert rec.fsyncs < 64  # several calls per fsync
         assert len(Store(sqlite_url).calls("gc")) == 64
+
+
+def test_spool_lines_hold_token_ids_once_and_read_back_equal() -> None:
+    from dataclasses import replace
+
+    prompt, completion = tuple(range(100, 400)), (7, 8, 9)
+    response = {
+        "id": "x",
+        "prompt_token_ids": list(prompt),
+        "choices": [{"index": 0, "token_ids": list(completion), "prompt_token_ids": None}],
+    }
+    events = [["", {"prompt_token_ids": list(prompt), "choices": [{"token_ids": [7]}]}], ["", "[DONE]"]]
+    r = replace(
+        _record("f" * 32), prompt_ids=prompt, completion_ids=completion, response=response, events=events
+    )
+    line = record_to_json(r)
+    d = orjson.loads(line)
+    assert d["response"]["prompt_token_ids"] is None and d["events"][0][1]["prompt_token_ids"] is None
+    assert len(d["_ids"]) == 3 and line.count(b"399") == 1  # the prompt's ids once
+    assert response["prompt_token_ids"] == list(prompt)  # the record is not changed
+    back = record_from_json(line)
+    assert back == r
+    assert back.response["prompt_token_ids"] == list(prompt)
+    not_ids = replace(r, response={"prompt_token_ids": [1, 2]}, events=None)  # not its ids: kept
+    assert record_from_json(record_to_json(not_ids)) == not_ids
+    assert "_ids" not in orjson.loads(record_to_json(not_ids))
