@@ -142,7 +142,11 @@ class SessionState:
         )
         n += sum(len(t) + 80 for t in self.up_texts)
         held = {id(t) for t in self.up_texts}
-        if self.split is not None:
+        if self.split is not None and self.split.text is not None:
+            # its text and its pieces (copies of parts of it), without a pass over 600 pieces; the
+            # images' texts below may be pieces counted twice (at most ``_IMAGE_CACHE``)
+            n += 2 * len(self.split.text) + 80 * len(self.split.refs)
+        elif self.split is not None:
             n += sum(len(p) + 80 for pieces in self.split.pieces.values() for p, _ in pieces)
             held.update(id(p) for pieces in self.split.pieces.values() for p, _ in pieces)
         n += sum(120 + (0 if id(t) in held else len(t)) for t, _, _ in self.images.values())

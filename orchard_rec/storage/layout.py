@@ -215,7 +215,7 @@ def _skip(t: str, i: int) -> int:
 class Split:
     """One request text cut into literal text and blob references."""
 
-    __slots__ = ("bases", "blobs", "literals", "pieces", "refs")
+    __slots__ = ("bases", "blobs", "first", "literals", "pieces", "refs", "starts", "text")
 
     def __init__(self) -> None:
         self.literals: list[str] = []
@@ -229,6 +229,12 @@ class Split:
         self.bases: dict[bytes, tuple[bytes, int]] = {}
         """New blobs that continue the previous split's piece of the same key: digest -> (that piece's
         digest, characters they share)."""
+        self.text: str | None = None
+        """The text split (the next call's split compares runs of pieces with it at once)."""
+        self.starts: list[int] = []
+        """Where each of ``refs`` starts in ``text``."""
+        self.first: dict[str, int] = {}
+        """Per array key, the index in ``refs`` of its first piece (-1: the key came twice)."""
 
 
 def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) -> Split:
@@ -239,6 +245,7 @@ def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) 
     value that continues ``prev``'s value of the same key is noted in ``bases``.
     """
     out = Split()
+    out.text = text
     try:
         _split(text, prev, out, deltas)
     except (_Malformed, IndexError):
@@ -256,6 +263,31 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
     lits, refs = out.literals, out.refs
     old = prev.pieces if prev is not None else {}
 
+    def run(key: str, i: int, k0: int) -> int:
+        """The previous split's pieces ``k0`` to the last of ``key``'s array, when ``t`` has the
+        same text at ``i`` (one comparison, not one per message): taken at once, their end returned;
+        else -1. Identical text from an element's start parses into the identical elements."""
+        nonlocal cur
+        was: Sequence[tuple[str, bytes]] = old.get(key, ())
+        g = prev.first.get(key, -1) if prev is not None else -1
+        if prev is None or prev.text is None or g < 0 or k0 + 2 > len(was):
+            return -1
+        g0, gl = g + k0, g + len(was) - 1
+        if gl >= len(prev.refs) or prev.refs[g0] != was[k0][1] or prev.refs[gl] != was[-1][1]:
+            return -1
+        a, b = prev.starts[g0], prev.starts[gl] + len(was[-1][0])
+        if not t.startswith(prev.text[a:b], i):
+            return -1
+        if key not in out.first:
+            out.first[key] = len(refs)
+        lits.append(t[cur:i])
+        lits.extend(prev.literals[g0 + 1 : gl + 1])
+        refs.extend(prev.refs[g0 : gl + 1])
+        out.starts.extend([x + i - a for x in prev.starts[g0 : gl + 1]])
+        out.pieces.setdefault(key, []).extend(was[k0:])
+        cur = i + b - a
+        return cur
+
     def blob(key: str, start: int, end: int, j: int, reuse: bytes | None) -> None:
         nonlocal cur
         piece = t[start:end]
@@ -265,6 +297,7 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             out.blobs[h] = piece
         lits.append(t[cur:start])
         refs.append(h)
+        out.starts.append(start)
         out.pieces.setdefault(key, []).append((piece, h))
         cur = end
 
@@ -281,14 +314,29 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             raise _Malformed
         i = _ws(t, i + 1)
         was = old.get(key, ())
+        if key in out.pieces:
+            out.first[key] = -1  # a key twice: its pieces are not one run
         if key in ARRAY_KEYS and t[i] == "[":
             i = _ws(t, i + 1)
             j = shift = 0
+            if key not in out.first:
+                out.first[key] = len(refs)
             if t[i] == "]":
                 i += 1
             else:
                 while True:
                     reuse = None
+                    end = run(key, i, j + shift)
+                    if end >= 0:
+                        j = len(was) - shift
+                        i = _ws(t, end)
+                        if t[i] == ",":
+                            i = _ws(t, i + 1)
+                            continue
+                        if t[i] != "]":
+                            raise _Malformed
+                        i += 1
+                        break
                     k = _match(t, i, was, j + shift)
                     if k >= 0:
                         end, reuse = i + len(was[k][0]), was[k][1]

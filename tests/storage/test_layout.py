@@ -253,3 +253,37 @@ def test_ids_built_on_the_previous_prompt_are_stored_as_the_same_deltas(db_url: 
     assert sizes[recs[1].call_id] < 64 and sizes[recs[2].call_id] < 64
     assert sizes[recs[3].call_id] > 1600  # its base was never this session's: stored whole
     store.close()
+
+
+def test_a_split_on_the_previous_one_equals_a_split_from_scratch() -> None:
+    """Runs of the previous call's messages are taken at once (one text comparison): the result is
+    what a split without the previous one gives, for growth, edits, drops and odd spacing."""
+    msgs = [{"role": "user" if k % 2 else "assistant", "content": f"message {k} " * 20} for k in range(40)]
+
+    def body(ms: list[Any], sep: str = ",", tools: bool = True) -> str:
+        inner = sep.join(json.dumps(m) for m in ms)
+        extra = ',"tools":[' + ",".join(['{"name":"t","description":"' + "d" * 300 + '"}']) + "]"
+        return '{"model":"m","messages":[' + inner + "]" + (extra if tools else "") + "}"
+
+    texts = [
+        body(msgs[:10]),
+        body(msgs[:12]),
+        body(msgs[:12]),  # the same again
+        body(msgs[:3] + msgs[4:14]),  # one dropped
+        body(msgs[:2] + [{"role": "user", "content": "edited"}] + msgs[3:16]),  # one edited
+        body(msgs[:16], sep=", "),  # other spacing
+        body(msgs[:20], tools=False),
+        '{"messages":[' + json.dumps(msgs[0]) + "]," + '"messages":[' + json.dumps(msgs[1]) + "]}",
+        body(msgs[:25]),
+    ]
+    prev = None
+    for t in texts:
+        got = layout.split_request(t, prev)
+        want = layout.split_request(t)
+        assert got.literals == want.literals and got.refs == want.refs and got.pieces == want.pieces
+        assert got.starts == want.starts and got.first == want.first
+        assert (
+            layout.join_request(got.literals, got.refs, {h: p for ps in got.pieces.values() for p, h in ps})
+            == t
+        )
+        prev = got
