@@ -71,10 +71,17 @@ def run_agent(
     return messages
 
 
-def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+def _call(
+    client: openai.OpenAI,
+    model: str,
+    messages: list[dict[str, Any]],
+    stream: bool,
+    tool: dict[str, Any] = SHELL_TOOL,
+) -> dict[str, Any]:
+    """One chat call, streamed or not; the assistant message as the client keeps it in its history."""
     completions: Any = client.chat.completions  # plain dicts in, SDK objects out
     if not stream:
-        r = completions.create(model=model, messages=messages, tools=[SHELL_TOOL])
+        r = completions.create(model=model, messages=messages, tools=[tool])
         m = r.choices[0].message
         out: dict[str, Any] = {"role": "assistant", "content": m.content}
         if m.tool_calls:
@@ -89,7 +96,7 @@ def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], str
         return out
     content = ""
     calls: dict[int, dict[str, Any]] = {}
-    for ch in completions.create(model=model, messages=messages, tools=[SHELL_TOOL], stream=True):
+    for ch in completions.create(model=model, messages=messages, tools=[tool], stream=True):
         if not ch.choices:
             continue
         d = ch.choices[0].delta

@@ -18,6 +18,8 @@ from typing import Any
 
 import openai
 
+from orchard_rec.demo.agent import _call
+
 __all__ = ["COMPUTER_TOOL", "GuiRun", "run_gui_agent", "screenshot"]
 
 COMPUTER_TOOL = {
@@ -130,7 +132,7 @@ def run_gui_agent(
                 if p.get("type") == "image_url"
             ]
         )
-        msg = _call(client, model, run.messages, (n % 2 == 1) if stream is None else stream)
+        msg = _call(client, model, run.messages, (n % 2 == 1) if stream is None else stream, COMPUTER_TOOL)
         run.messages.append(msg)
         if not msg.get("tool_calls"):
             break
@@ -142,41 +144,3 @@ def run_gui_agent(
         run.shots.append(shot)
         run.messages.append(_shot_message(f"Screenshot after step {len(actions)}", shot))
     return run
-
-
-def _call(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
-    completions: Any = client.chat.completions
-    if not stream:
-        m = completions.create(model=model, messages=messages, tools=[COMPUTER_TOOL]).choices[0].message
-        out: dict[str, Any] = {"role": "assistant", "content": m.content}
-        if m.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": t.id,
-                    "type": "function",
-                    "function": {"name": t.function.name, "arguments": t.function.arguments},
-                }
-                for t in m.tool_calls
-            ]
-        return out
-    content = ""
-    calls: dict[int, dict[str, Any]] = {}
-    for ch in completions.create(model=model, messages=messages, tools=[COMPUTER_TOOL], stream=True):
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        content += d.content or ""
-        for t in d.tool_calls or ():
-            c = calls.setdefault(
-                t.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
-            if t.id:
-                c["id"] = t.id
-            if t.function and t.function.name:
-                c["function"]["name"] += t.function.name
-            if t.function and t.function.arguments:
-                c["function"]["arguments"] += t.function.arguments
-    out = {"role": "assistant", "content": content or None}
-    if calls:
-        out["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return out

@@ -53,6 +53,7 @@ import orjson
 from orchard_rec.errors import BadRequest, UpstreamProtocolError
 from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.protocol.images import decode_data_url
+from orchard_rec.reconstruct.vision import image_token_id
 from orchard_rec.records import Dialect
 
 __all__ = [
@@ -68,8 +69,6 @@ __all__ = [
     "synth_chunks",
 ]
 
-IMAGE_TOKENS = ("<|image_pad|>", "<image>", "<|image|>", "<image_soft_token>", "<|IMAGE|>")
-"""Image placeholder tokens of common VLM families (Qwen2/2.5/3-VL first)."""
 _IMAGE_PARTS = ("image_url", "input_image")
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.S)
@@ -125,7 +124,7 @@ class TitoSessions:
 
     def __init__(self, tokenizer: Any, *, max_sessions: int = 10_000, max_branches: int = 16) -> None:
         self.tok = tokenizer
-        self.image_token = image_token_of(tokenizer)
+        self.image_token = image_token_id(tokenizer)
         """The VLM's image placeholder id; None for a text model (image parts then dropped)."""
         self.max_sessions = max_sessions
         self.max_branches = max_branches
@@ -318,21 +317,6 @@ def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
             raise BadRequest("messages: a list of message objects is required", param="messages")
         return body
     return to_chat(dialect, body)
-
-
-def image_token_of(tokenizer: Any) -> int | None:
-    """The tokenizer's image placeholder id (a VLM's), or None."""
-    explicit = getattr(tokenizer, "image_token_id", None)
-    if isinstance(explicit, int):
-        return explicit
-    try:
-        vocab = tokenizer.get_vocab()
-    except (AttributeError, TypeError):
-        return None
-    for name in IMAGE_TOKENS:
-        if name in vocab:
-            return int(vocab[name])
-    return None
 
 
 def _part_url(p: dict[str, Any]) -> str | None:

@@ -89,12 +89,9 @@ class Plan:
         if c is not None:
             rest, obj, spans = c
             self.cut = (rest, spans)
-            if self.client is Dialect.RESPONSES:
-                out = chat_to_responses(obj, self.client_body)
-                return orjson.dumps(out), out
-            if self.client is Dialect.MESSAGES:
-                out = chat_to_messages(obj, self.client_body)
-                return orjson.dumps(out), out
+            translated = self._translated(obj)
+            if translated is not None:
+                return translated
             if self._strip(obj):
                 return orjson.dumps(obj), None
             return rest, None
@@ -111,15 +108,22 @@ class Plan:
                 out = anthropic.error_object("invalid_request_error" if status < 500 else "api_error", msg)
                 return orjson.dumps(out), out
             return data, None
-        if self.client is Dialect.RESPONSES:
-            out = chat_to_responses(obj, self.client_body)
-            return orjson.dumps(out), out
-        if self.client is Dialect.MESSAGES:
-            out = chat_to_messages(obj, self.client_body)
-            return orjson.dumps(out), out
+        translated = self._translated(obj)
+        if translated is not None:
+            return translated
         if self._strip(obj):
             return orjson.dumps(obj), None
         return data, None
+
+    def _translated(self, obj: dict[str, Any]) -> tuple[bytes, Any] | None:
+        """The chat answer in a Responses / Messages client's dialect (None for a chat client)."""
+        if self.client is Dialect.RESPONSES:
+            out = chat_to_responses(obj, self.client_body)
+        elif self.client is Dialect.MESSAGES:
+            out = chat_to_messages(obj, self.client_body)
+        else:
+            return None
+        return orjson.dumps(out), out
 
     def _strip(self, obj: dict[str, Any]) -> bool:
         """Undo what we injected: the fields read as vLLM writes them when not asked (null).
