@@ -217,6 +217,7 @@ def test_spool_segments_do_not_grow_while_the_database_keeps_up(tmp_path: Path) 
     reopened.close()
 
 
+@pytest.mark.slow  # 4-5 s: fills a queue to its byte bound
 def test_back_pressure_is_bounded_in_bytes(upstream, sqlite_url, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "1.0")  # a slow database
     cfg = ProxyConfig(

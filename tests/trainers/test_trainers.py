@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 from argparse import Namespace
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from orchard_rec.exporters import read_jsonl
 from orchard_rec.exporters.contracts import SlimeSample
@@ -20,6 +20,9 @@ from orchard_rec.exporters.pipeline import export
 from orchard_rec.trainers import slime as slime_plugins
 from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
 from orchard_rec.trainers.verl import RecordedAgentLoop, agent_loop_output
+
+if TYPE_CHECKING:
+    import torch  # imported where used: collecting the fast tier should not load torch (~4 s)
 
 pytestmark = pytest.mark.slow  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine); torch training
 
@@ -40,6 +43,8 @@ def test_plugin_signatures_match_what_slime_calls() -> None:
 
 
 def test_slime_rollout_function_serves_groups_equal_to_the_slime_export(recorded_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
     torch_file = tmp_path / "r.pt"
     export(recorded_db, "slime", torch_file, group_by="task")
     exported = torch.load(torch_file, weights_only=False)["samples"]
@@ -111,6 +116,7 @@ def test_dataset_tensors_equal_the_jsonl_export(recorded_db, tmp_path) -> None: 
 
 
 def _tiny_model(vocab: int) -> torch.nn.Module:
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -127,6 +133,8 @@ def _tiny_model(vocab: int) -> torch.nn.Module:
 
 
 def test_sft_trains_only_credited_tokens_and_the_loss_falls(recorded_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
     from orchard_rec.demo.tokenizer import build_tokenizer
     from orchard_rec.reconstruct import Sample, SampleBuilder
     from orchard_rec.trainers.dataset import sample_tensors

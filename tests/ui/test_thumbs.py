@@ -69,6 +69,7 @@ def test_remote_images_are_named_not_fetched() -> None:
 
 
 @pytest.mark.browser
+@pytest.mark.slow  # starts a headless Chromium (~2.5 s)
 def test_thumbnails_decode_in_chromium(gui_page, page) -> None:  # type: ignore[no-untyped-def]
     html, samples = gui_page
     page.page.set_content(html)
