@@ -324,35 +324,22 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             if t[i] == "]":
                 i += 1
             else:
-                while True:
-                    reuse = None
+                closed = False
+                while not closed:
                     end = run(key, i, j + shift)
                     if end >= 0:
                         j = len(was) - shift
-                        i = _ws(t, end)
-                        if t[i] == ",":
-                            i = _ws(t, i + 1)
-                            continue
-                        if t[i] != "]":
-                            raise _Malformed
-                        i += 1
-                        break
-                    k = _match(t, i, was, j + shift)
-                    if k >= 0:
-                        end, reuse = i + len(was[k][0]), was[k][1]
-                        shift = k - j  # a harness that dropped or inserted messages: the rest shifts too
                     else:
-                        end = _skip(t, i)
-                    blob(key, i, end, j, reuse)
-                    j += 1
-                    i = _ws(t, end)
-                    if t[i] == ",":
-                        i = _ws(t, i + 1)
-                        continue
-                    if t[i] != "]":
-                        raise _Malformed
-                    i += 1
-                    break
+                        reuse = None
+                        k = _match(t, i, was, j + shift)
+                        if k >= 0:
+                            end, reuse = i + len(was[k][0]), was[k][1]
+                            shift = k - j  # a harness that dropped or inserted messages: the rest shifts too
+                        else:
+                            end = _skip(t, i)
+                        blob(key, i, end, j, reuse)
+                        j += 1
+                    i, closed = _next_element(t, end)
         else:
             if was and t.startswith(was[0][0], i) and was[0][0][:1] in ("{", "[", '"'):
                 blob(key, i, i + len(was[0][0]), 0, was[0][1])
@@ -374,6 +361,17 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             raise _Malformed
         break
     lits.append(t[cur:])
+
+
+def _next_element(t: str, i: int) -> tuple[int, bool]:
+    """After an array element ending at ``t[i]``: where the next element starts, or (the array
+    ended) the index past its ``]``; and whether it ended."""
+    i = _ws(t, i)
+    if t[i] == ",":
+        return _ws(t, i + 1), False
+    if t[i] != "]":
+        raise _Malformed
+    return i + 1, True
 
 
 def _same(t: str, i: int, piece: str) -> bool:
