@@ -6,7 +6,8 @@ Parsing and re-encoding that on every call made the proxy's cost per call grow w
 Here:
 
 - ``cut(data)`` finds every ``"prompt_token_ids":`` / ``"token_ids":`` key in the raw bytes
-  (a C-speed search), checks each value is ``null`` or a flat array (no string, object or nested
+  (one C-speed forward search that jumps over each array found: the bytes outside the arrays are
+  searched for the keys, each array only for its end and for ``"``, ``{``, ``[``), checks each value is ``null`` or a flat array (no string, object or nested
   array before its first ``]``), and parses the body with those arrays replaced by ``null`` (what
   remains is small). It is used only when the keys found are exactly the keys at the places
   vLLM writes them (root ``prompt_token_ids``, ``choices[i].token_ids`` /
@@ -31,7 +32,8 @@ from orchard_rec.storage.delta import Ids
 
 __all__ = ["Cut", "IdParser", "cut", "id_paths"]
 
-_KEYS = ((b'"prompt_token_ids":', "prompt_token_ids"), (b'"token_ids":', "token_ids"))
+_TAIL = b'token_ids":'
+"""What both keys end with (``"prompt_token_ids":``, ``"token_ids":``)."""
 _WS = frozenset(b" \t\r\n")
 _INT_CHARS = b"0123456789,- \t\r\n[]"
 MIN_BYTES = 16 * 1024
@@ -46,21 +48,29 @@ object, and ``(path in the object, start, end)`` of each array in the original b
 
 def _find(data: bytes) -> list[tuple[int, str, int, int]] | None:
     """Every id key in ``data`` in byte order: ``(key position, name, value start, value end)``;
-    a ``null`` value has start == end. None when a value is neither null nor a flat array."""
-    hits: list[tuple[int, str, int]] = []
-    for pat, name in _KEYS:
-        i = data.find(pat)
-        while i >= 0:
-            hits.append((i, name, i + len(pat)))
-            i = data.find(pat, i + len(pat))
-    hits.sort()
+    a ``null`` value has start == end. None when a value is neither null nor a flat array.
+
+    One forward search for the keys' common tail ``token_ids":`` that jumps over each array it
+    finds (an array with no quote in it cannot hold a key), so the multi-byte search covers what
+    is not ids (a few kB of a 1 MB answer) and each array is checked by single-byte searches
+    (``memchr``) only; a tail after another name (``"my_token_ids":``) is not a key of ours."""
     out = []
     n = len(data)
-    for i, name, s in hits:
+    i = data.find(_TAIL)
+    while i >= 0:
+        s = i + len(_TAIL)
+        if data[i - 1 : i] == b'"':
+            hit = (i - 1, "token_ids")
+        elif data[i - 8 : i] == b'"prompt_':
+            hit = (i - 8, "prompt_token_ids")
+        else:
+            i = data.find(_TAIL, s)
+            continue
         while s < n and data[s] in _WS:
             s += 1
         if data.startswith(b"null", s):
-            out.append((i, name, s, s))
+            out.append((*hit, s, s))
+            i = data.find(_TAIL, s + 4)
             continue
         if not data.startswith(b"[", s):
             return None
@@ -72,7 +82,8 @@ def _find(data: bytes) -> list[tuple[int, str, int, int]] | None:
             or data.find(b"[", s + 1, e) >= 0
         ):
             return None
-        out.append((i, name, s, e + 1))
+        out.append((*hit, s, e + 1))
+        i = data.find(_TAIL, e + 1)
     return out
 
 

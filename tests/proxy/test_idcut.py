@@ -60,6 +60,14 @@ def test_cut_finds_vllm_arrays_and_nothing_else() -> None:
     assert orjson.loads(rest) == obj
 
 
+def test_other_keys_ending_like_ours_are_left_alone() -> None:
+    data = orjson.dumps(answer(my_token_ids=[1, 2, 3], extra={"xprompt_token_ids": [4]}))
+    c = cut(data)
+    assert c is not None
+    assert c[1]["my_token_ids"] == [1, 2, 3] and c[1]["extra"] == {"xprompt_token_ids": [4]}
+    assert [p for p, _, _ in c[2]] == [("choices", 0, "token_ids"), ("prompt_token_ids",)]
+
+
 @pytest.mark.parametrize(
     "data",
     [
