@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
-from orchard_rec.proxy.idcut import MIN_BYTES, IdParser
+from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.storage.delta import Ids
 
 __all__ = ["Capture"]
 
@@ -108,13 +110,13 @@ class Capture:
         new to the session, when it has seen the session's previous prompt)."""
         events: list[Any] | None = None
         upstream_obj: Any = None
-        known: list[tuple[list[Any], tuple[int, ...]]] = []
+        known: list[Known] = []
         if self.stream:
             parsed = []
             for name, data in parse_sse(self.chunks):
                 try:
                     if ids is not None and len(data) >= MIN_BYTES:
-                        obj, more = ids.load(data.encode(), self.session_id)
+                        obj, more = ids.load(data.encode(), self.session_id, views=False)
                         known += more
                     else:
                         obj = orjson.loads(data) if data and data != "[DONE]" else data
@@ -145,6 +147,8 @@ class Capture:
                 response = self.client_response
             if isinstance(response, dict):
                 finish = response.get("stop_reason") or response.get("status") or finish
+        prompt, completion = _ints(prompt_ids, known), _ints(completion_ids, known)
+        _settle(response, known, prompt)
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         model = None
@@ -173,14 +177,31 @@ class Capture:
             events=events,
             error=self.error,
             usage=usage if isinstance(usage, dict) else None,
-            prompt_ids=_ints(prompt_ids, known),
-            completion_ids=_ints(completion_ids, known),
+            prompt_ids=prompt,  # type: ignore[arg-type]  # ``Ids``: a sequence, equal to the tuple
+            completion_ids=None if completion is None else tuple(completion),
             completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             metadata=self.metadata,
         )
+
+
+def _settle(response: Any, known: list[Known], prompt: Any) -> None:
+    """Leave a prompt's ``Ids`` in the answer only where it is the record's prompt and where
+    storage and the spool write it as ``null`` by identity (``prompt_token_ids`` of the answer or
+    of its first choice); anywhere else it becomes the list it stands for."""
+    keep: list[Any] = []
+    if isinstance(response, dict):
+        keep.append(response)
+        choices = response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            keep.append(choices[0])
+    for val, _, node, key in known:
+        if isinstance(val, Ids) and not (
+            val is prompt and key == "prompt_token_ids" and any(node is k for k in keep)
+        ):
+            node[key] = list(val)
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -192,14 +213,17 @@ def _text(raw: bytes | None) -> str | None:
         return None
 
 
-def _ints(v: Any, known: list[tuple[list[Any], tuple[int, ...]]] | None = None) -> tuple[int, ...] | None:
-    """``v`` as a tuple of ints; ``known``: lists ``IdParser`` parsed as ints only, with their
-    tuples (no conversion needed). A stream's reassembly copies the list: compared then, at
-    pointer speed (the same int objects)."""
+def _ints(v: Any, known: list[Known] | None = None) -> Sequence[int] | None:
+    """``v`` as a tuple of ints; ``known``: arrays ``IdParser`` parsed as ints only, with their
+    ids (no conversion needed: a prompt's ``Ids`` as it is). A stream's reassembly copies the
+    list: compared then, at pointer speed (the same int objects)."""
+    for val, t, _, _ in known or ():
+        if v is val:
+            return t
     if not isinstance(v, list):
         return None
-    for lst, t in known or ():
-        if v is lst or (len(v) == len(lst) and v == lst):
+    for val, t, _, _ in known or ():
+        if isinstance(val, list) and len(v) == len(val) and v == val:
             return t
     try:
         return tuple(map(int, v))

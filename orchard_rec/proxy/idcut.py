@@ -17,20 +17,22 @@ Here:
   so the search cannot hit message text.
 - ``IdParser`` (the writer thread) parses the arrays themselves, reusing the previous call's ids
   of the same session when this call's prompt array starts with the same bytes (an agent's next
-  prompt is its last prompt plus what came since): only the new ids are parsed, and the result's
-  ids are the same int objects, so storage's prefix comparison runs at pointer speed too.
+  prompt is its last prompt plus what came since): only the new ids are parsed, appended to the
+  list the session's previous prompt is a view of (``delta.Ids``), so nothing it does per call
+  grows with the context but one ``memcmp`` of the shared bytes.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from orchard_rec.storage.delta import Ids
 
-__all__ = ["Cut", "IdParser", "cut", "id_paths"]
+__all__ = ["Cut", "IdParser", "Known", "cut", "id_paths"]
 
 _TAIL = b'token_ids":'
 """What both keys end with (``"prompt_token_ids":``, ``"token_ids":``)."""
@@ -42,6 +44,9 @@ MIN_BYTES = 16 * 1024
 Path = tuple[Any, ...]
 Span = tuple[Path, int, int]
 Cut = tuple[bytes, Any, list[Span]]
+Known = tuple[Any, Sequence[int], Any, Any]
+"""``(value, ids, node, key)``: an id array ``IdParser.load`` parsed as ints only: the value it put
+at ``node[key]`` (a list, or the prompt's ``Ids``) and the same ids for the record."""
 """``(rest, parsed rest, spans)``: the body with each id array replaced by ``null``, its parsed
 object, and ``(path in the object, start, end)`` of each array in the original bytes."""
 
@@ -140,21 +145,32 @@ class IdParser:
     """Parses id arrays for the writer thread, with the last prompt's ids of each session kept
     (least recently used first out, bounded in bytes) so that the next call parses only its new ids.
 
+    A session's prompts are ``delta.Ids`` sharing one list that grows by each call's new ids: no
+    call copies the ids it shares with the previous one, and the answer's array is that ``Ids``
+    itself (``views``), not a list of it (storage and the spool write it as ``null``, knowing it by
+    identity). The bytes a prompt is compared with are the previous answer's own (a view, no copy).
+
     One thread uses it (the recorder's writer)."""
 
     def __init__(self, max_bytes: int = 128 << 20) -> None:
         self.max_bytes = max_bytes
-        self._cache: OrderedDict[str, tuple[bytes, tuple[int, ...], int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[memoryview, Ids, int]] = OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
 
     def load(
-        self, data: bytes, session: str | None, found: tuple[bytes, list[Span]] | None = None
-    ) -> tuple[Any, list[tuple[list[Any], tuple[int, ...]]]]:
-        """``orjson.loads(data)``, and the id arrays it parsed as integers only, each with the same
-        ids as a tuple (no conversion needed). ``found``: what ``cut(data)`` gave already (the rest
-        and the spans), so ``data`` is not searched again. Raises ``orjson.JSONDecodeError`` as loads does."""
+        self,
+        data: bytes,
+        session: str | None,
+        found: tuple[bytes, list[Span]] | None = None,
+        *,
+        views: bool = True,
+    ) -> tuple[Any, list[Known]]:
+        """``orjson.loads(data)``, and the id arrays it parsed as integers only (``Known``).
+        ``found``: what ``cut(data)`` gave already (the rest and the spans), so ``data`` is not
+        searched again. ``views``: a session's prompt array is put in the object as its ``Ids``
+        (else as a list). Raises ``orjson.JSONDecodeError`` as loads does."""
         if found is not None:
             obj, spans = orjson.loads(found[0]), found[1]
         else:
@@ -162,34 +178,37 @@ class IdParser:
             if c is None:
                 return orjson.loads(data), []
             _, obj, spans = c
-        ints: list[tuple[list[Any], tuple[int, ...]]] = []
+        ints: list[Known] = []
         for path, s, e in spans:
             node = obj
             for step in path[:-1]:
                 node = node[step]
-            key = session if path[-1] == "prompt_token_ids" else None
-            ids, exact = self._array(data, s, e, key)
-            lst = list(ids)
-            node[path[-1]] = lst
-            if exact:
-                ints.append((lst, ids))
+            key = path[-1]
+            got, exact = self._array(data, s, e, session if key == "prompt_token_ids" else None)
+            if isinstance(got, Ids):
+                val: Any = got if views else list(got)
+                ints.append((val, got, node, key))
+            else:
+                val = got
+                if exact:
+                    ints.append((val, tuple(got), node, key))
+            node[key] = val
         return obj, ints
 
-    def _array(self, data: bytes, s: int, e: int, session: str | None) -> tuple[tuple[Any, ...], bool]:
-        """The array ``data[s:e]`` as a tuple, and whether every element is an int."""
+    def _array(self, data: bytes, s: int, e: int, session: str | None) -> tuple[Ids | list[Any], bool]:
+        """The array ``data[s:e]``: an ``Ids`` for a session's prompt of ints, else a list; and
+        whether every element is an int."""
         hit = self._cache.get(session) if session is not None else None
         if hit is not None and session is not None:
             prefix, old, _ = hit
             k = len(prefix)
             # the same bytes up to just before the old closing bracket, then a separator: the old
             # ids are the first ones, parse the rest
-            if e - s > k and data.startswith(prefix, s) and data[s + k] == 0x2C:  # ","
+            if e - s > k and data[s + k] == 0x2C and data.startswith(prefix, s):  # ","
                 tail = data[s + k + 1 : e]
                 if _only_ints(tail):
-                    new = orjson.loads(b"[" + tail)
                     self.hits += 1
-                    # Ids: the writer's storage knows the prefix without comparing (``delta.Ids``)
-                    grown = Ids(old + tuple(new), old if isinstance(old, Ids) else None)
+                    grown = old.extend(orjson.loads(b"[" + tail))
                     self._remember(session, data, s, e, grown)
                     return grown, True
             elif e - s == k + 1 and data.startswith(prefix, s):  # the same array again
@@ -199,22 +218,23 @@ class IdParser:
         if session is not None:
             self.misses += 1
         span = data[s:e]
-        ids = Ids(orjson.loads(span)) if session is not None else tuple(orjson.loads(span))
+        lst = orjson.loads(span)
         if not _only_ints(span):
-            return ids, False
-        if session is not None:
-            self._remember(session, data, s, e, ids)
+            return lst, False
+        if session is None:
+            return lst, True
+        ids = Ids(lst)
+        self._remember(session, data, s, e, ids)
         return ids, True
 
-    def _remember(self, session: str, data: bytes, s: int, e: int, ids: tuple[int, ...]) -> None:
-        prefix = data[s : e - 1]
-        size = len(prefix) + 40 * len(ids)  # bytes, the tuple, its int objects
+    def _remember(self, session: str, data: bytes, s: int, e: int, ids: Ids) -> None:
+        size = len(data) + 40 * len(ids)  # the answer the prefix is a view of, the ids' int objects
         old = self._cache.pop(session, None)
         if old is not None:
             self._bytes -= old[2]
         if size > self.max_bytes:
             return
-        self._cache[session] = (prefix, ids, size)
+        self._cache[session] = (memoryview(data)[s : e - 1], ids, size)
         self._bytes += size
         while self._bytes > self.max_bytes:
             _, (_, _, n) = self._cache.popitem(last=False)

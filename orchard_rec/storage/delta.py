@@ -22,6 +22,7 @@ import threading
 from base64 import b64encode
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -41,23 +42,73 @@ _IMAGE_CACHE = 8
 """Images (base64 text + digest) a session's writer state remembers, most recent first."""
 
 
-class Ids(tuple[int, ...]):
-    """Token ids known to start with all of an earlier ``Ids``, the one whose ``mark`` is ``base``.
+class Ids(Sequence[int]):
+    """Token ids known to start with all of an earlier ``Ids``, the one whose ``mark`` is ``base``:
+    an immutable sequence of ints read as the first ``len`` items of a list that only ever grows.
 
-    The proxy's id parser builds a prompt this way (the session's previous prompt + the ids new
-    to it), so the writer knows how much of the prompt is the previous one by identity, without
-    comparing 150k ids. ``mark`` is a fresh object per instance (it names these exact, immutable
-    ids); holding it keeps no ids alive, so a session's prompts never form a chain in memory.
-    Anything else treats it as the tuple it is (slices and sums are plain tuples)."""
+    The proxy's id parser builds a session's prompts this way: the next prompt (the previous one +
+    the ids new to it) appends the new ids to the same list (``extend``), so neither the parser
+    nor the writer copies the 150k ids a late prompt shares with the previous one, and the writer
+    knows how much of the prompt is the previous one by identity, without comparing them. ``mark``
+    is a fresh object per instance (it names these exact ids); holding it keeps no ids alive.
+    Equal to a tuple or list of the same ints; slices and sums are plain tuples."""
 
-    mark: object
-    base: object | None
+    __slots__ = ("_buf", "_n", "base", "mark")
 
-    def __new__(cls, ids: Sequence[int], base: Ids | None = None) -> Ids:
-        self = super().__new__(cls, ids)
+    def __init__(self, ids: Sequence[int], base: Ids | None = None) -> None:
+        self._buf: list[int] = ids if type(ids) is list else list(ids)
+        """Owned: only ``extend`` appends to it, and only past every view's end."""
+        self._n = len(self._buf)
         self.mark = object()
         self.base = None if base is None else base.mark
-        return self
+
+    def extend(self, new: list[int]) -> Ids:
+        """These ids + ``new``, based on these (sharing the list when these are its end)."""
+        if self._n == len(self._buf):
+            self._buf.extend(new)
+            out = Ids.__new__(Ids)
+            out._buf, out._n, out.mark, out.base = self._buf, len(self._buf), object(), self.mark
+            return out
+        return Ids([*self._buf[: self._n], *new], self)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._n)
+            if step == 1:
+                return tuple(self._buf[start:stop])
+            return tuple(self._buf[: self._n][i])
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("Ids index out of range")
+        return self._buf[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(self._buf, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Ids):
+            return self._n == other._n and (
+                self._buf is other._buf or self._buf[: self._n] == other._buf[: other._n]
+            )
+        if isinstance(other, (tuple, list)):
+            return self._n == len(other) and self._buf[: self._n] == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other: Any) -> tuple[int, ...]:
+        return tuple(self) + tuple(other)
+
+    def __radd__(self, other: Any) -> tuple[int, ...]:
+        return tuple(other) + tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Ids({tuple(self)!r})"
 
 
 def _prefix(prompt: Sequence[int], st: SessionState) -> int:

@@ -699,7 +699,11 @@ def client_view(
     if isinstance(response, dict) and (prompt_ids is not None or completion_ids is not None):
 
         def same(v: Any, ids: Sequence[int] | None) -> bool:  # without building a list unless it may match
-            return ids is not None and isinstance(v, list) and len(v) == len(ids) and v == list(ids)
+            if ids is None:
+                return False
+            if v is ids:  # the proxy's ``delta.Ids``, in the answer as it is
+                return True
+            return isinstance(v, list) and len(v) == len(ids) and v == list(ids)
 
         response = dict(response)
         if same(response.get("prompt_token_ids"), prompt_ids):

@@ -103,7 +103,7 @@ def _shed(obj: Any, where: int, prompt: Any, completion: Any, out: list[Any]) ->
             else:
                 node = node.get(step) if isinstance(node, dict) else None
         v = node.get(path[-1]) if isinstance(node, dict) else None
-        if not (isinstance(v, list) and len(v) == len(ids) and v == list(ids)):
+        if not (v is ids or (isinstance(v, list) and len(v) == len(ids) and v == list(ids))):
             continue
         if obj is not None and len(path) == 1:
             obj = {**obj, path[0]: None}

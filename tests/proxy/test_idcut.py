@@ -255,3 +255,68 @@ def test_the_response_paths_cut_is_reused_for_the_record() -> None:
         got, want = call.cap.to_record(ids), record(data, None)
         assert got.prompt_ids == want.prompt_ids and got.response == want.response
     assert ids.hits == 1
+
+
+def test_ids_is_a_view_equal_to_its_tuple() -> None:
+    from orchard_rec.storage.delta import Ids
+
+    a = Ids([1, 2, 3])
+    b = a.extend([4, 5])
+    c = a.extend([9])  # ``a`` is no longer the list's end: a copy
+    assert b._buf is a._buf and c._buf is not a._buf and b.base is a.mark and c.base is a.mark
+    assert a == (1, 2, 3) == a and (1, 2, 3) == a and [1, 2, 3] == a and a != (1, 2)
+    assert b == (1, 2, 3, 4, 5) and c == (1, 2, 3, 9) and b == Ids([1, 2, 3, 4, 5]) and a != b
+    assert len(a) == 3 and list(a) == [1, 2, 3] and tuple(b) == (1, 2, 3, 4, 5)
+    assert a[-1] == 3 and a[1:] == (2, 3) and a[::-1] == (3, 2, 1) and b[3:9] == (4, 5) and a[5:] == ()
+    assert hash(a) == hash((1, 2, 3)) and a + (7,) == (1, 2, 3, 7) and (0,) + a == (0, 1, 2, 3)
+    with pytest.raises(IndexError):
+        a[3]
+
+
+def test_parsed_records_write_and_read_as_parsed_whole(tmp_path: Any) -> None:
+    """The parser's records carry a prompt as ``Ids``, in the answer too (no list of it): the spool
+    lines and what storage gives back are the same as for records parsed whole."""
+    from orchard_rec.storage import Store
+    from orchard_rec.storage.delta import Ids
+    from orchard_rec.storage.spool import record_to_json
+
+    grown = [*PROMPT, 7, 8, 42, 43]
+    prompts = [PROMPT, grown, grown, [*PROMPT[:100], 5, *PROMPT[200:]], [*grown, 1, 2]]
+    ids = IdParser()
+    stores = {k: Store(f"sqlite:///{tmp_path / k}.db") for k in ("parsed", "whole")}
+    for st in stores.values():
+        st.upgrade()
+    for k, prompt in enumerate(prompts):
+        data = orjson.dumps(answer(prompt))
+        got, want = record(data, ids), record(data, None)
+        assert isinstance(got.prompt_ids, Ids) and got.response["prompt_token_ids"] is got.prompt_ids
+        for r in (got, want):
+            for f, v in (("call_id", f"c{k}"), ("received_at", 1.0), ("done_at", 2.0)):
+                object.__setattr__(r, f, v)
+        assert record_to_json(got) == record_to_json(want)
+        stores["parsed"].write_batch([got])
+        stores["whole"].write_batch([want])
+    back = {
+        k: [orjson.dumps(c.response) + orjson.dumps(c.prompt_ids) for c in s.calls("s")]
+        for k, s in stores.items()
+    }
+    assert back["parsed"] == back["whole"] and len(back["whole"]) == len(prompts)
+
+
+def test_an_ids_anywhere_else_is_a_list_in_the_record() -> None:
+    """Completions with n=2: both choices carry the prompt; only choice 0's may stay an ``Ids``."""
+    from orchard_rec.storage.spool import record_from_json, record_to_json
+
+    obj = {
+        "id": "c",
+        "object": "text_completion",
+        "choices": [
+            {"index": i, "text": "x", "finish_reason": "stop", "prompt_token_ids": PROMPT, "token_ids": [i]}
+            for i in range(2)
+        ],
+    }
+    cap = Capture(Dialect.COMPLETIONS, "POST", "/v1/completions", "s")
+    cap.status_code, cap.body = 200, orjson.dumps(obj)
+    rec = cap.to_record(IdParser())
+    assert rec.prompt_ids == tuple(PROMPT) and type(rec.response["choices"][1]["prompt_token_ids"]) is list
+    assert record_from_json(record_to_json(rec)).response == obj
