@@ -48,6 +48,7 @@ class Capture:
         "path",
         "received_at",
         "request",
+        "request_base",
         "request_raw",
         "session_id",
         "status_code",
@@ -70,6 +71,11 @@ class Capture:
         self.request: Any = None
         self.request_raw: bytes | None = None
         """The client's body as sent (decoded to text on the writer thread, in ``to_record``)."""
+        self.request_base: tuple[str, int, int] | None = None
+        """``(call_id, P, S)`` when the body repeats an earlier call's (``base_raw``, that call's
+        ``request_raw``): ``request_raw == base_raw[:P] + request_raw[P:len(request_raw) - S] +
+        base_raw[len(base_raw) - S:]`` (``proxy.reqparse``; the base may be a call of another
+        session with the same bytes, or one that was refused later and never recorded)."""
         self.upstream_request: Any = None
         self.stream = False
         self.status_code: int | None = None

@@ -1,0 +1,317 @@
+"""Reading a request body in O(what is new): the previous body of the conversation, reused.
+
+Every call of an agent session resends the whole history: body N+1 is usually body N with
+messages appended, the bytes before and after the conversation array unchanged. Parsing it
+whole costs O(context) on the event loop and allocates thousands of containers the garbage
+collector then scans. ``RequestCache.parse`` keeps recent bodies with their parsed objects and
+where their conversation array's elements end (byte offsets); a new body that repeats an
+earlier one's bytes up to the end of some element and from the array's closing ``]`` on is
+that body's object with the elements in between parsed alone (``orjson``), the earlier
+elements' objects shared.
+
+The result always equals ``orjson.loads(raw)`` (a body that does not fit is parsed whole; a
+malformed one raises ``orjson.JSONDecodeError`` as orjson does), so a "wrong" base (another
+conversation sharing the cache key) is harmless: any base whose bytes match gives the same
+object. Why the reuse is exact: JSON values are context-free, so if ``raw[:e]`` equals a
+base's bytes up to the end of its element ``k`` (the parser then sits inside the array, after a
+value) and ``raw`` ends with the base's bytes from the array's ``]`` on (which close the array
+and the object exactly as in the base), then ``raw`` is valid iff the bytes in between are
+``, value, value ...`` (or nothing), and its object is the base's with elements ``k..`` replaced
+by those values. The values are parsed wrapped as ``{"":[...]}``, at the depth they have in
+the body (orjson's nesting limit counts alike). A conversation key present twice at the top
+level is never cached (the last one wins, so the offsets would not be the object's).
+
+Offsets: a body parsed whole gets them from the standard library's C scanner walking the top
+level of its Latin-1 decoding (one character per byte, so positions are byte offsets; JSON's
+structure is ASCII and UTF-8's multi-byte sequences are all >= 0x80, never a quote or a
+backslash); a body read incrementally gets them from the base's and from the same scanner
+over the new bytes only.
+
+Sharing: the returned dict is fresh, its conversation list fresh, but the elements' objects
+(and the other top-level values) are the cached ones, shared with other calls of the session.
+Consumers must not mutate a parsed request in place (tests check every recording path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from json.scanner import make_scanner
+from typing import Any, NamedTuple, cast
+
+import orjson
+
+__all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
+
+CONVERSATION_KEYS = ("messages", "input")
+"""Top-level keys whose array value is a conversation (chat / Messages, Responses)."""
+
+_WS = re.compile(r"[ \t\n\r]*")
+_ws = cast(Callable[[str, int], "re.Match[str]"], _WS.match)
+"""JSON whitespace from an offset (always matches)."""
+_WSB = b" \t\n\r"
+_scan_once = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
+
+MIN_BYTES = 2048
+"""Bodies shorter than this are parsed whole and not cached (nothing to gain)."""
+CANDIDATES = 8
+"""Bases kept per cache key (sub-agents sharing a session, sessions sharing an opening)."""
+HASH_WINDOW = 1024
+"""Without a session name, the key is a hash of the body's first bytes (the same through a conversation)."""
+
+
+class Parsed(NamedTuple):
+    """A parse: the object, and the base it reused (``(call_id, P, S)``) or None."""
+
+    obj: Any
+    base: tuple[str, int, int] | None
+
+
+class _Entry:
+    """One cached body: its bytes, its object (never handed out), its conversation array's
+    key, the end offset of each element, the offset just after its ``[`` and of its ``]``."""
+
+    __slots__ = ("call_id", "close", "ends", "key", "obj", "open", "raw", "tail")
+
+    def __init__(
+        self, raw: bytes, obj: dict[str, Any], key: str, open_: int, ends: list[int], close: int, call_id: str
+    ) -> None:
+        self.raw = raw
+        self.obj = obj
+        self.key = key
+        self.open = open_
+        self.ends = ends
+        self.close = close
+        self.call_id = call_id
+        self.tail = memoryview(raw)[close:]
+
+    @property
+    def cost(self) -> int:
+        """Bytes charged against the cache's bound: the raw body and (roughly) its objects."""
+        return 3 * len(self.raw)
+
+    def handed_out(self) -> dict[str, Any]:
+        out = dict(self.obj)
+        out[self.key] = list(self.obj[self.key])
+        return out
+
+
+def scan_offsets(raw: bytes) -> tuple[str, int, list[int], int] | None:
+    """Where a JSON object's conversation array is: ``(key, offset after its '[', end offset of
+    each element, offset of its ']')`` (``messages`` first, else ``input``); None when it has none
+    (or the key twice: the last one wins, so the first's offsets would lie), or ``raw`` is not an
+    object. ``raw`` must be valid JSON (orjson parsed it)."""
+    try:
+        return _top_level(raw.decode("latin-1"))
+    except RecursionError:  # nested deeper than the stdlib scanner goes: not cached
+        return None
+
+
+def _top_level(s: str) -> tuple[str, int, list[int], int] | None:
+    ws = _ws
+    i = ws(s, 0).end()
+    if s[i : i + 1] != "{":
+        return None
+    i = ws(s, i + 1).end()
+    if s[i] == "}":
+        return None
+    found: dict[str, tuple[str, int, list[int], int] | None] = {}
+    while True:
+        key, i = _scanstring(s, i + 1)  # s[i] == '"'
+        i = ws(s, ws(s, i).end() + 1).end()  # past ':'
+        if key in CONVERSATION_KEYS:
+            if s[i] == "[":
+                ends, close = _elements(s, i + 1)
+                found[key] = None if key in found else (key, i + 1, ends, close)
+                i = close + 1
+            else:
+                found[key] = None
+                _, i = _scan_once(s, i)
+        else:
+            _, i = _scan_once(s, i)
+        i = ws(s, i).end()
+        if s[i] == "}":
+            break
+        i = ws(s, i + 1).end()  # past ','
+    if "messages" in found:
+        return found["messages"]
+    return found.get("input")
+
+
+def _elements(s: str, i: int) -> tuple[list[int], int]:
+    """The end offsets of the values of the array whose contents start at ``i``, and the offset of its ']'."""
+    ws = _ws
+    ends: list[int] = []
+    i = ws(s, i).end()
+    if s[i] == "]":
+        return ends, i
+    while True:
+        _, i = _scan_once(s, i)
+        ends.append(i)
+        i = ws(s, i).end()
+        if s[i] == "]":
+            return ends, i
+        i = ws(s, i + 1).end()  # ','
+
+
+class RequestCache:
+    """Recent bodies by key (a session name, else a hash of the body's opening), bounded in bytes."""
+
+    def __init__(self, max_bytes: int, min_bytes: int = MIN_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self._keys: OrderedDict[str, list[_Entry]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        """Bodies read from a base (equal, appended or partly reused)."""
+        self.misses = 0
+
+    def key_for(self, raw: bytes, session: str | None) -> str:
+        if session is not None:
+            return "s:" + session
+        return "h:" + hashlib.blake2b(raw[:HASH_WINDOW], digest_size=16).hexdigest()
+
+    def parse(self, raw: bytes, session: str | None = None, call_id: str = "") -> Parsed:
+        """``orjson.loads(raw)`` (same result, same errors), reusing a cached base when one fits;
+        the body is cached for the next call, tagged with ``call_id``."""
+        if type(raw) is not bytes:
+            raw = bytes(raw)  # kept: must not change under us
+        if self.max_bytes <= 0 or len(raw) < self.min_bytes:
+            return Parsed(orjson.loads(raw), None)
+        key = self.key_for(raw, session)
+        with self._lock:
+            cands = list(self._keys.get(key, ()))
+        best: tuple[_Entry, int] | None = None
+        for e in cands:
+            k = _reusable(e, raw)
+            if k is None:
+                continue
+            if k == len(e.ends) + 1:  # the same bytes
+                self.hits += 1
+                return Parsed(e.handed_out(), (e.call_id, len(raw), 0))
+            if best is None or k > best[1]:
+                best = (e, k)
+                if k == len(e.ends):
+                    break
+        if best is not None:
+            got = _extend(best[0], best[1], raw, call_id)
+            if got is not None:
+                obj, entry, base = got
+                self.hits += 1
+                if entry is None:
+                    return Parsed(obj, base)
+                self._put(key, entry, best[0])
+                return Parsed(entry.handed_out(), base)
+        self.misses += 1
+        obj = orjson.loads(raw)
+        if isinstance(obj, dict):
+            where = scan_offsets(raw)
+            if where is not None:
+                ckey, open_, ends, close = where
+                own = dict(obj)
+                own[ckey] = list(obj[ckey])
+                self._put(key, _Entry(raw, own, ckey, open_, ends, close, call_id), None)
+        return Parsed(obj, None)
+
+    def _put(self, key: str, entry: _Entry, replaces: _Entry | None) -> None:
+        if entry.cost > self.max_bytes // 4:
+            return
+        with self._lock:
+            lst = self._keys.pop(key, None) or []
+            if replaces is not None and replaces in lst:
+                lst.remove(replaces)
+                self._bytes -= replaces.cost
+            lst.insert(0, entry)
+            self._bytes += entry.cost
+            while len(lst) > CANDIDATES:
+                self._bytes -= lst.pop().cost
+            self._keys[key] = lst
+            while self._bytes > self.max_bytes and self._keys:
+                _, old = self._keys.popitem(last=False)
+                self._bytes -= sum(e.cost for e in old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+            self._bytes = 0
+
+    @property
+    def size(self) -> int:
+        return self._bytes
+
+
+def _reusable(e: _Entry, raw: bytes) -> int | None:
+    """How many of ``e``'s elements ``raw`` repeats byte for byte, ``len(e.ends) + 1`` when it is
+    ``e``'s body itself; None when it does not even share the bytes before the array and after it."""
+    base = e.raw
+    if len(raw) == len(base) and raw == base:
+        return len(e.ends) + 1
+    if not raw.endswith(e.tail):
+        return None
+    ends = e.ends
+    if ends and raw.startswith(memoryview(base)[: ends[-1]]):
+        return len(ends)
+    if not raw.startswith(memoryview(base)[: e.open]):
+        return None
+    lo, hi = 0, len(ends) - 1  # the largest k with base[:ends[k-1]] a prefix of raw (ends[-1] is not)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if raw.startswith(memoryview(base)[: ends[mid - 1]]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _extend(
+    e: _Entry, k: int, raw: bytes, call_id: str
+) -> tuple[dict[str, Any], _Entry | None, tuple[str, int, int]] | None:
+    """``raw`` read as ``e``'s first ``k`` elements then what follows them: its object, its entry
+    (None when its offsets cannot be had) and its base; None when the bytes between do not read
+    as ``, value, ...`` (the caller then parses whole, for orjson's verdict)."""
+    p = e.ends[k - 1] if k else e.open
+    s = len(e.raw) - e.close
+    stop = len(raw) - s
+    if stop < p:
+        return None
+    mid = raw[p:stop]
+    body = mid.lstrip(_WSB)
+    if k and body:
+        if body[0] != 0x2C:  # ","
+            return None
+        body = body[1:]
+        if not body.strip(_WSB):
+            return None  # a trailing comma
+    try:
+        new = orjson.loads(b'{"":[' + body + b"]}")[""] if body else []
+    except orjson.JSONDecodeError:
+        return None
+    old = e.obj[e.key]
+    obj = dict(e.obj)
+    obj[e.key] = old[:k] + new if k < len(old) else old + new
+    ends = e.ends[:k]
+    base = (e.call_id, p, s)
+    if new:
+        first = p + (len(mid) - len(body))  # where the first new value's bytes begin
+        try:
+            more, _ = _elements(raw[first:stop].decode("latin-1") + "]", 0)
+        except RecursionError:  # nested deeper than the stdlib scanner goes: not cached
+            return obj, None, base
+        ends += [first + x for x in more]
+    return obj, _Entry(raw, obj, e.key, e.open, ends, stop, call_id), base
+
+
+def _env_bytes() -> int:
+    return int(float(os.environ.get("ORCHARD_REQUEST_CACHE_MB", "256")) * (1 << 20))
+
+
+cache = RequestCache(_env_bytes())
+"""The process's cache (both front doors read through it). ``ORCHARD_REQUEST_CACHE_MB`` bounds
+it (default 256; 0 turns reuse off)."""
