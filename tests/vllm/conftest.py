@@ -17,6 +17,7 @@ clients got against what vLLM really sent.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -37,7 +38,9 @@ import pytest
 from aiohttp import web
 
 from orchard_rec.demo.tokenizer import save_tokenizer
+from orchard_rec.protocol.assemble import assemble
 from orchard_rec.proxy.server import BackgroundServer
+from orchard_rec.records import Dialect
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("ORCHARD_VLLM_VENV", Path.home() / ".cache" / "orchard-rec" / "vllm"))
@@ -68,6 +71,63 @@ class VLLMServer:
     tokenizer: Any
 
 
+@contextmanager
+def _vllm_process(model_dir: Path, served: str, args: list[str], logs: Path) -> Iterator[tuple[str, float]]:
+    """A vLLM OpenAI server on ``model_dir`` (log in ``logs/vllm.log``): yields (root URL, start-up s).
+
+    Started for a fast start-up: no torch.compile (``--enforce-eager``) and the model runs in the
+    engine process, not a worker of its own (each vLLM process spends 15-35 s importing).
+    """
+    port = _free_port()
+    log = open(logs / "vllm.log", "wb")
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
+    env.pop("PYTHONPATH", None)
+    cmd = [
+        str(VENV / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+    ]
+    cmd += ["--served-model-name", served, "--dtype", "float32", "--seed", "0", "--enforce-eager", *args]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("vLLM exited during start-up:\n" + (logs / "vllm.log").read_text()[-4000:])
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > t0 + 600:
+                raise RuntimeError("vLLM did not start within 600 s")
+            time.sleep(0.5)
+        startup = time.monotonic() - t0
+        sys.stderr.write(f"\n[vllm {served}] start-up {startup:.1f} s\n")
+        (logs / "startup_seconds").write_text(f"{startup:.1f}\n")
+        yield url, startup
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     running = os.environ.get("ORCHARD_VLLM_URL")  # a server already up: URL;MODEL_DIR (development)
@@ -79,82 +139,16 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
         return
     subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
-    py = VENV / "bin" / "python"
     model_dir = tmp_path_factory.mktemp("vllm-model")
     save_tokenizer(model_dir)
     # the weights with the venv's own transformers, so vLLM reads the config it wrote
-    subprocess.run([str(py), str(HERE / "model.py"), str(model_dir)], check=True)
-    port = _free_port()
-    log = open(model_dir / "vllm.log", "wb")
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    env.pop("PYTHONPATH", None)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [
-            str(py),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model_dir),
-            "--served-model-name",
-            MODEL,
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "4096",
-            "--seed",
-            "0",
-            "--enable-auto-tool-choice",
-            "--tool-call-parser",
-            "hermes",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = t0 + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    "vLLM exited during start-up:\n" + (model_dir / "vllm.log").read_text()[-4000:]
-                )
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("vLLM did not start within 600 s")
-            time.sleep(0.5)
-        startup = time.monotonic() - t0
-        sys.stderr.write(f"\n[vllm] start-up {startup:.1f} s\n")
-        (model_dir / "startup_seconds").write_text(f"{startup:.1f}\n")
+    subprocess.run([str(VENV / "bin" / "python"), str(HERE / "model.py"), str(model_dir)], check=True)
+    args = ["--max-model-len", "4096", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with _vllm_process(model_dir, MODEL, args, model_dir) as (url, startup):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         yield VLLMServer(url + "/v1", model_dir, startup, tok)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 @dataclass
@@ -167,14 +161,45 @@ class Exchange:
 
     def events(self) -> list[Any]:
         """The ``data:`` objects of a streamed answer (``[DONE]`` left out)."""
-        out = []
-        for line in self.body.split(b"\n"):
-            if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
-                out.append(orjson.loads(line[6:]))
-        return out
+        return sse_events(self.body)
 
     def json(self) -> Any:
         return orjson.loads(self.body)
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """The ``data:`` objects of a server-sent event stream (``[DONE]`` left out)."""
+    return [
+        orjson.loads(line[6:])
+        for line in raw.split(b"\n")
+        if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]"
+    ]
+
+
+def vllm_answer(ex: Exchange) -> dict[str, Any]:
+    """vLLM's chat completion (streamed answers assembled)."""
+    if ex.content_type == "text/event-stream":
+        return assemble(Dialect.CHAT, [(None, e) for e in ex.events()])
+    return dict(ex.json())
+
+
+def vllm_tokens(ex: Exchange) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, generated ids, logprobs) as vLLM sent them on its chat endpoint."""
+    obj = vllm_answer(ex)
+    c = obj["choices"][0]
+    return obj["prompt_token_ids"], c["token_ids"], [e["logprob"] for e in c["logprobs"]["content"]]
+
+
+def strip_injected(obj: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's chat answer (or chunk) as the client must get it: the fields token mode injected, nulled."""
+    out = json.loads(json.dumps(obj))
+    if "prompt_token_ids" in out:
+        out["prompt_token_ids"] = None
+    for c in out.get("choices") or ():
+        for k in ("token_ids", "prompt_token_ids", "logprobs"):
+            if k in c:
+                c[k] = None
+    return out
 
 
 @dataclass
@@ -233,61 +258,6 @@ def tap(vllm_server: VLLMServer) -> Iterator[Tap]:
 VLM_MODEL = "tiny-qwen2-vl"
 VLM_MAX_IMAGES = 4
 """Images per prompt vLLM accepts (``--limit-mm-per-prompt``): the tests' clients keep at most 3."""
-
-
-@contextmanager
-def _vllm_process(
-    model_dir: Path, served: str, args: list[str], logs: Path, extra_env: dict[str, str] | None = None
-) -> Iterator[tuple[str, float]]:
-    """A vLLM OpenAI server on ``model_dir`` (log in ``logs/vllm.log``): yields (root URL, start-up s)."""
-    port = _free_port()
-    log = open(logs / "vllm.log", "wb")
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **(extra_env or {}),
-    }
-    env.pop("PYTHONPATH", None)
-    cmd = [
-        str(VENV / "bin" / "python"),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-    ]
-    cmd += ["--served-model-name", served, "--dtype", "float32", "--seed", "0", *args]
-    cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("vLLM exited during start-up:\n" + (logs / "vllm.log").read_text()[-4000:])
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > t0 + 600:
-                raise RuntimeError("vLLM did not start within 600 s")
-            time.sleep(0.5)
-        startup = time.monotonic() - t0
-        sys.stderr.write(f"\n[vllm {served}] start-up {startup:.1f} s\n")
-        (logs / "startup_seconds").write_text(f"{startup:.1f}\n")
-        yield url, startup
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def _vlm_model_dir(scratch: Path) -> Path:
@@ -349,16 +319,10 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
         "--tool-call-parser",
         "hermes",
     ]
-    # start-up: no torch.compile (--enforce-eager) and the model runs in the engine process, not a
-    # worker of its own (each vLLM process spends 15-35 s importing): ~70 s on a busy machine, not ~200
-    args += ["--enforce-eager"]
     # tito with images: vLLM's token-in endpoint POST /inference/v1/generate (ids + content_parts)
     args += ["--enable-scale-out"]
     logs = tmp_path_factory.mktemp("vlm-server")
-    with _vllm_process(model_dir, VLM_MODEL, args, logs, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}) as (
-        url,
-        startup,
-    ):
+    with _vllm_process(model_dir, VLM_MODEL, args, logs) as (url, startup):
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         yield VLLMServer(url + "/v1", model_dir, startup, tok)
 

@@ -9,7 +9,6 @@ each uncut session is one sample, and text, usage and errors are vLLM's.
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 from typing import Any
@@ -24,7 +23,7 @@ from orchard_rec.protocol.translate import template_message
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome, Dialect
 
-from .conftest import MODEL, Exchange, Tap, VLLMServer
+from .conftest import MODEL, Tap, VLLMServer, sse_events, strip_injected, vllm_tokens
 
 TOOL = {
     "type": "function",
@@ -91,36 +90,6 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None)
         return e.code, e.read()
 
 
-def _sse(raw: bytes) -> list[Any]:
-    return [
-        orjson.loads(line[6:])
-        for line in raw.split(b"\n")
-        if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]"
-    ]
-
-
-def _vllm_tokens(ex: Exchange) -> tuple[list[int], list[int], list[float]]:
-    """(prompt ids, generated ids, logprobs) as vLLM sent them on its chat endpoint."""
-    obj = (
-        assemble(Dialect.CHAT, [(None, e) for e in ex.events()])
-        if ex.content_type == "text/event-stream"
-        else ex.json()
-    )
-    c = obj["choices"][0]
-    return obj["prompt_token_ids"], c["token_ids"], [e["logprob"] for e in c["logprobs"]["content"]]
-
-
-def _strip_injected(obj: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(obj))
-    if "prompt_token_ids" in out:
-        out["prompt_token_ids"] = None
-    for c in out.get("choices") or ():
-        for k in ("token_ids", "prompt_token_ids", "logprobs"):
-            if k in c:
-                c[k] = None
-    return out
-
-
 def _calls(proxy: Any, sid: str) -> list[Any]:
     proxy.flush()
     return proxy.store().calls(sid)
@@ -149,10 +118,10 @@ def test_token_mode_chat_is_vllms_answer_and_ids(tap: Tap, proxy_factory, sqlite
         [ex] = tap.log[n:]
         assert ex.request["return_token_ids"] is True and ex.request["logprobs"] is True
         if stream:  # every event vLLM sent, less exactly the injected fields
-            assert _sse(raw) == [_strip_injected(e) for e in ex.events()]
-            obj = assemble(Dialect.CHAT, [(None, e) for e in _sse(raw)])
+            assert sse_events(raw) == [strip_injected(e) for e in ex.events()]
+            obj = assemble(Dialect.CHAT, [(None, e) for e in sse_events(raw)])
         else:
-            assert orjson.loads(raw) == _strip_injected(ex.json())
+            assert orjson.loads(raw) == strip_injected(ex.json())
             obj = orjson.loads(raw)
         msg = obj["choices"][0]["message"]
         msgs = msgs + [
@@ -162,7 +131,7 @@ def test_token_mode_chat_is_vllms_answer_and_ids(tap: Tap, proxy_factory, sqlite
     calls = _calls(proxy, sid)
     assert len(calls) == 3 and all(c.outcome is CallOutcome.OK for c in calls)
     for call, ex in zip(calls, tap.log[-3:]):
-        prompt, ids, lps = _vllm_tokens(ex)
+        prompt, ids, lps = vllm_tokens(ex)
         assert list(call.prompt_ids) == prompt
         assert list(call.completion_ids) == ids
         assert list(call.completion_logprobs) == lps
@@ -201,7 +170,7 @@ def test_token_mode_sdks_record_vllms_ids(tap: Tap, proxy_factory, sqlite_url, s
     exes = tap.log[-2:]
     for sid, ex, text in zip(("tok-resp", "tok-msg"), exes, texts):
         [call] = _calls(proxy, sid)
-        prompt, ids, lps = _vllm_tokens(ex)
+        prompt, ids, lps = vllm_tokens(ex)
         assert (list(call.prompt_ids), list(call.completion_ids), list(call.completion_logprobs)) == (
             prompt,
             ids,
@@ -211,7 +180,7 @@ def test_token_mode_sdks_record_vllms_ids(tap: Tap, proxy_factory, sqlite_url, s
         msg = obj["choices"][0]["message"]
         if not msg.get("tool_calls"):
             assert text == (msg.get("content") or "")
-    assert final.usage.input_tokens == len(_vllm_tokens(exes[1])[0])
+    assert final.usage.input_tokens == len(vllm_tokens(exes[1])[0])
 
 
 # -- passthrough ---------------------------------------------------------------------------------

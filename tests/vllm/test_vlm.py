@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,16 @@ from orchard_rec.reconstruct import Sample, image_runs, image_token_id, reconstr
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
 
-from .conftest import VLM_MODEL, Exchange, Tap, VLLMServer
+from .conftest import (
+    VLM_MODEL,
+    Exchange,
+    Tap,
+    VLLMServer,
+    sse_events,
+    strip_injected,
+    vllm_answer,
+    vllm_tokens,
+)
 
 MAX = 48  # tokens per turn; the model ends turns after ~40 on average
 KEEP = 3  # screenshots the browser agent keeps in its history (older ones become a note)
@@ -86,39 +94,6 @@ def _pads_per_image(model_dir: Path) -> Pads:
     return out
 
 
-def _strip_injected(obj: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's chat answer as the client must get it: the fields token mode injected, nulled."""
-    out = json.loads(json.dumps(obj))
-    if "prompt_token_ids" in out:
-        out["prompt_token_ids"] = None
-    for c in out.get("choices") or ():
-        for k in ("token_ids", "prompt_token_ids", "logprobs"):
-            if k in c:
-                c[k] = None
-    return out
-
-
-def _sse(raw: bytes) -> list[Any]:
-    return [
-        orjson.loads(line[6:])
-        for line in raw.split(b"\n")
-        if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]"
-    ]
-
-
-def _vllm_answer(ex: Exchange) -> dict[str, Any]:
-    """vLLM's chat completion (streamed answers assembled)."""
-    if ex.content_type == "text/event-stream":
-        return assemble(Dialect.CHAT, [(None, e) for e in ex.events()])
-    return dict(ex.json())
-
-
-def _vllm_tokens(ex: Exchange) -> tuple[list[int], list[int], list[float]]:
-    obj = _vllm_answer(ex)
-    c = obj["choices"][0]
-    return obj["prompt_token_ids"], c["token_ids"], [e["logprob"] for e in c["logprobs"]["content"]]
-
-
 def _check_recorded(proxy: Any, sid: str, exes: list[Exchange]) -> list[Any]:
     """Every call of the session recorded with exactly vLLM's ids and logprobs; returns the calls."""
     proxy.flush()
@@ -126,7 +101,7 @@ def _check_recorded(proxy: Any, sid: str, exes: list[Exchange]) -> list[Any]:
     assert len(calls) == len(exes) and all(c.outcome is CallOutcome.OK for c in calls)
     for call, ex in zip(calls, exes):
         assert ex.request["return_token_ids"] is True and ex.request["logprobs"] is True
-        prompt, ids, lps = _vllm_tokens(ex)
+        prompt, ids, lps = vllm_tokens(ex)
         assert list(call.prompt_ids) == prompt
         assert list(call.completion_ids) == ids
         assert list(call.completion_logprobs) == lps
@@ -227,12 +202,14 @@ def test_browser_session_keeping_last_screenshots(
             with oc.chat.completions.with_streaming_response.create(**kwargs, stream=True) as r:
                 raw = r.read()
             [ex] = vlm_tap.log[n:]
-            assert _sse(raw) == [_strip_injected(e) for e in ex.events()]
-            text = assemble(Dialect.CHAT, [(None, e) for e in _sse(raw)])["choices"][0]["message"]["content"]
+            assert sse_events(raw) == [strip_injected(e) for e in ex.events()]
+            text = assemble(Dialect.CHAT, [(None, e) for e in sse_events(raw)])["choices"][0]["message"][
+                "content"
+            ]
         else:
             resp = oc.chat.completions.with_raw_response.create(**kwargs)
             [ex] = vlm_tap.log[n:]
-            assert orjson.loads(resp.http_response.content) == _strip_injected(ex.json())
+            assert orjson.loads(resp.http_response.content) == strip_injected(ex.json())
             text = resp.parse().choices[0].message.content
         assert ex.request["messages"] == msgs  # the screenshots reached vLLM untouched
         replies.append(text or "")
@@ -321,10 +298,10 @@ def test_anthropic_image_blocks_and_tool_result_screenshot(
         else:
             final = ac.messages.create(model=VLM_MODEL, max_tokens=MAX, messages=history, tools=[ANTH_TOOL])  # type: ignore[arg-type]
         ex = vlm_tap.log[-1]
-        msg = _vllm_answer(ex)["choices"][0]["message"]
+        msg = vllm_answer(ex)["choices"][0]["message"]
         text = "".join(blk.text for blk in final.content if blk.type == "text")
         assert text == (msg.get("content") or "") and not msg.get("tool_calls")
-        assert final.usage.input_tokens == len(_vllm_tokens(ex)[0])
+        assert final.usage.input_tokens == len(vllm_tokens(ex)[0])
         texts.append(text)
     # the tool result's screenshot reached the model where the result sits
     tool_msg = next(m for m in vlm_tap.log[first].request["messages"] if m["role"] == "tool")
@@ -389,7 +366,7 @@ def test_responses_input_images(
             text = oc.responses.create(
                 model=VLM_MODEL, input=items, tools=[tool], max_output_tokens=MAX
             ).output_text  # type: ignore[arg-type]
-        msg = _vllm_answer(vlm_tap.log[-1])["choices"][0]["message"]
+        msg = vllm_answer(vlm_tap.log[-1])["choices"][0]["message"]
         assert text == (msg.get("content") or "") and not msg.get("tool_calls")
     _check_recorded(proxy, sid, vlm_tap.log[first:])
     [s] = _samples(proxy, sid, vlm_server.tokenizer)
