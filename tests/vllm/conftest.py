@@ -128,15 +128,28 @@ def _vllm_process(model_dir: Path, served: str, args: list[str], logs: Path) -> 
         log.close()
 
 
+def _served(url: str, model_dir: Path, startup: float) -> VLLMServer:
+    """The server at root ``url`` serving ``model_dir``, with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return VLLMServer(url.rstrip("/") + "/v1", model_dir, startup, tok)
+
+
+def _running(var: str) -> VLLMServer | None:
+    """The server already up that ``$var`` names (``http://HOST:PORT;MODEL_DIR``, while developing)."""
+    running = os.environ.get(var)
+    if not running:
+        return None
+    url, _, folder = running.partition(";")
+    return _served(url, Path(folder), 0.0)
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    running = os.environ.get("ORCHARD_VLLM_URL")  # a server already up: URL;MODEL_DIR (development)
-    if running:
-        from transformers import AutoTokenizer
-
-        url, _, folder = running.partition(";")
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
+    running = _running("ORCHARD_VLLM_URL")
+    if running is not None:
+        yield running
         return
     subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
     model_dir = tmp_path_factory.mktemp("vllm-model")
@@ -145,10 +158,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     subprocess.run([str(VENV / "bin" / "python"), str(HERE / "model.py"), str(model_dir)], check=True)
     args = ["--max-model-len", "4096", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     with _vllm_process(model_dir, MODEL, args, model_dir) as (url, startup):
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        yield VLLMServer(url + "/v1", model_dir, startup, tok)
+        yield _served(url, model_dir, startup)
 
 
 @dataclass
@@ -240,17 +250,23 @@ def _tap_app(target: str, tap: Tap) -> web.Application:
     return app
 
 
-@pytest.fixture
-def tap(vllm_server: VLLMServer) -> Iterator[Tap]:
-    """A fresh tap in front of the session's vLLM; its ``url`` ends in ``/v1``."""
-    target = vllm_server.url[: -len("/v1")]
+@contextmanager
+def _tap_on(server: VLLMServer) -> Iterator[Tap]:
+    """A fresh tap in front of ``server``; its ``url`` ends in ``/v1``."""
     t = Tap("")
-    srv = BackgroundServer(lambda: _tap_app(target, t)).start()
+    srv = BackgroundServer(lambda: _tap_app(server.url[: -len("/v1")], t)).start()
     t.url = srv.url + "/v1"
     try:
         yield t
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def tap(vllm_server: VLLMServer) -> Iterator[Tap]:
+    """A fresh tap in front of the session's vLLM; its ``url`` ends in ``/v1``."""
+    with _tap_on(vllm_server) as t:
+        yield t
 
 
 # -- the vision-language server (issue 21) ------------------------------------------------------
@@ -300,13 +316,9 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
     run beside the session's text server (each holds a 1 GiB KV cache; ~2.5 GB resident).
     ``ORCHARD_VLLM_VLM_URL="http://HOST:PORT;MODEL_DIR"`` uses a server already running.
     """
-    from transformers import AutoTokenizer
-
-    running = os.environ.get("ORCHARD_VLLM_VLM_URL")
-    if running:
-        url, _, folder = running.partition(";")
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        yield VLLMServer(url.rstrip("/") + "/v1", Path(folder), 0.0, tok)
+    running = _running("ORCHARD_VLLM_VLM_URL")
+    if running is not None:
+        yield running
         return
     subprocess.run(["bash", str(HERE / "install.sh"), str(VENV)], check=True)
     model_dir = _vlm_model_dir(tmp_path_factory.mktemp("vlm-build"))
@@ -323,17 +335,11 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]
     args += ["--enable-scale-out"]
     logs = tmp_path_factory.mktemp("vlm-server")
     with _vllm_process(model_dir, VLM_MODEL, args, logs) as (url, startup):
-        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        yield VLLMServer(url + "/v1", model_dir, startup, tok)
+        yield _served(url, model_dir, startup)
 
 
 @pytest.fixture
 def vlm_tap(vlm_server: VLLMServer) -> Iterator[Tap]:
     """A fresh tap in front of the module's VLM server; its ``url`` ends in ``/v1``."""
-    t = Tap("")
-    srv = BackgroundServer(lambda: _tap_app(vlm_server.url[: -len("/v1")], t)).start()
-    t.url = srv.url + "/v1"
-    try:
+    with _tap_on(vlm_server) as t:
         yield t
-    finally:
-        srv.stop()
