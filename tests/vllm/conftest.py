@@ -1,7 +1,7 @@
 """One real vLLM CPU server per test session, and a tap that records what it sent.
 
 The venv comes from ``tests/vllm/install.sh`` (``~/.cache/orchard-rec/vllm``, built on first
-use, reused after); the model is built offline here (``model.py``). Start-up takes 35-85 s,
+use, reused after); the model is built offline here (``model.py``). Start-up takes 25-55 s,
 so every test of this folder shares one server (``vllm_server``) and is marked ``vllm`` and
 ``slow``. ``ORCHARD_VLLM_URL="http://HOST:PORT;MODEL_DIR"`` points the tests at a server
 already running (while developing), skipping the start-up.
@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if Path(str(item.fspath)).parent == HERE:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.slow)
-            # the first test also waits for the server's start-up (35-85 s idle, minutes on a busy machine)
+            # the first test also waits for the server's start-up (25-55 s, minutes on a busy machine)
             item.add_marker(pytest.mark.timeout(1200))
 
 
