@@ -1,7 +1,9 @@
-"""Builders of call records for tests (like mitmproxy's tflow)."""
+"""Builders for tests: call records (like mitmproxy's tflow), image data URLs, free loopback ports."""
 
 from __future__ import annotations
 
+import base64
+import socket
 import time
 import uuid
 from typing import Any
@@ -52,3 +54,15 @@ def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
         gen = {i for t in s.turns for i in range(t.start, t.end)}
         assert {i for i, m in enumerate(s.loss_mask) if m} <= gen
     assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server started in a subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def data_url(png: bytes) -> str:
+    """``png`` as the ``data:image/png;base64,...`` URL clients send images inline as."""
+    return "data:image/png;base64," + base64.b64encode(png).decode()

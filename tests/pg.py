@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from factories import free_port
 
 
 def _bindir() -> Path:
@@ -32,12 +32,6 @@ def _bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PgCluster:
     def __init__(self, *, durable: bool = False) -> None:
         self.durable = durable
@@ -45,7 +39,7 @@ class PgCluster:
         self.bindir = _bindir()
         self.root = Path(tempfile.mkdtemp(prefix="orchard-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "postgres"
         self._as: list[str] = []
         if os.geteuid() == 0:

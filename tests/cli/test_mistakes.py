@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from factories import call
+from factories import call, free_port
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
@@ -62,12 +62,6 @@ def db(tmp_path: Path) -> str:
     )
     store.close()
     return url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- configuration mistakes: checked before anything is created or listens -------------------------
@@ -138,7 +132,7 @@ def test_port_in_use_is_reported_before_the_banner_and_leaves_no_database(tmp_pa
 
 
 def test_postgresql_down_is_one_line(tmp_path: Path) -> None:
-    url = f"postgresql+psycopg://nobody@127.0.0.1:{_free_port()}/none"
+    url = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"
     rc, out = cli("serve", "--upstream", "http://127.0.0.1:9/v1", "--db", url, "--port", "0", cwd=tmp_path)
     assert rc == 1 and "cannot reach PostgreSQL" in out, out
     assert_short(out)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import free_port
 
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.proxy.server import BackgroundServer
@@ -24,12 +24,6 @@ from orchard_rec.storage import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.network]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, Any]:
@@ -49,7 +43,7 @@ def _get(url: str) -> Any:
 
 
 def _serve(tmp_path: Path, upstream: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    port = _port()
+    port = free_port()
     p = subprocess.Popen(
         [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--port", str(port),
          "--db", f"sqlite:///{tmp_path / 'o.db'}", "--spool", str(tmp_path / "o.spool"), *extra],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import data_url
 from PIL import Image
 
 from orchard_rec.demo.gui import SIZES, run_gui_agent
@@ -37,10 +38,6 @@ def png(size: tuple[int, int], color: tuple[int, int, int] = (200, 30, 30)) -> b
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def data_url(b: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(b).decode()
 
 
 def sha(b: bytes) -> str:

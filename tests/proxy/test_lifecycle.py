@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from factories import free_port
 
 from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
@@ -48,16 +48,10 @@ def test_client_disconnect_mid_stream_is_recorded_aborted_and_cancels_upstream(
     assert up.fake.aborted == 1  # the upstream request was cancelled, not run to the end
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # a proxy subprocess stopped with SIGTERM mid-load: ~15 s
 def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.01)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -11,7 +11,7 @@ from PIL import Image
 from orchard_rec.protocol.images import decode_data_url, images_of
 from orchard_rec.reconstruct import Sample, image_runs, reconstruct_session
 from orchard_rec.records import Dialect
-from tests.factories import call
+from tests.factories import call, data_url
 
 PAD = 99
 
@@ -20,10 +20,6 @@ def png(color: tuple[int, int, int], size: tuple[int, int] = (112, 84)) -> bytes
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def data_url(b: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(b).decode()
 
 
 A, B, C, D = png((255, 0, 0)), png((0, 255, 0), (224, 168)), png((0, 0, 255)), png((9, 9, 9))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from factories import free_port
 from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
@@ -105,14 +106,6 @@ def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path
     assert len(Store(f"sqlite:///{path}").calls("lk")) == 11
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen:  # type: ignore[type-arg]
     """``serve`` with its default durability (no ``--durability``: the durable path)."""
     p = subprocess.Popen(
@@ -146,7 +139,7 @@ def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen: 
 def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'k.db'}"
     spool = tmp_path / "k.spool"
-    port = _free_port()
+    port = free_port()
     proc = _serve(upstream.url, db, port, spool)
     base = f"http://127.0.0.1:{port}"
     assert json.loads(_get(base + "/healthz")[1])["durability"] == "wal"  # the default

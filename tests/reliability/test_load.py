@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from factories import free_port
 
 from orchard_rec.storage import Store
 
@@ -30,16 +30,10 @@ def _rss_peak_mb(pid: int) -> float:
     return 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.002)
     db = f"sqlite:///{tmp_path / 'load.db'}"
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

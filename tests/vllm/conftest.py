@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from factories import free_port
 
 from orchard_rec.demo.tokenizer import save_tokenizer
 from orchard_rec.protocol.assemble import assemble
@@ -56,12 +56,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(1200))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class VLLMServer:
     url: str
@@ -78,7 +72,7 @@ def _vllm_process(model_dir: Path, served: str, args: list[str], logs: Path) -> 
     Started for a fast start-up: no torch.compile (``--enforce-eager``) and the model runs in the
     engine process, not a worker of its own (each vLLM process spends 15-35 s importing).
     """
-    port = _free_port()
+    port = free_port()
     log = open(logs / "vllm.log", "wb")
     env = {
         **os.environ,

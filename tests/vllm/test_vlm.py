@@ -22,6 +22,7 @@ import anthropic
 import openai
 import orjson
 import pytest
+from factories import data_url
 from PIL import Image
 
 from orchard_rec.pipeline import iter_samples
@@ -72,10 +73,6 @@ def screenshot(i: int, size: tuple[int, int]) -> bytes:
     buf = io.BytesIO()
     im.save(buf, format="PNG")
     return buf.getvalue()
-
-
-def data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def digest(png: bytes) -> str:
