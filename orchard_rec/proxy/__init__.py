@@ -6,7 +6,8 @@ plan, what the client receives, end of stream, errors in the caller's dialect), 
 call collects; ``to_record`` on the writer thread), ``request`` and ``identity`` (caller, session
 ids, stored headers), ``token`` (token-mode ``Plan``/``StreamFilter``), ``idcut`` (token-id
 arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
-sessions), ``recorder`` (the writer thread), ``app`` (aiohttp routes driving the core), ``server``,
+sessions), ``recorder`` (the writer threads), ``capline`` (the spool's capture lines under ``wal``:
+a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 
 ``build_app(ProxyConfig(...))`` gives the aiohttp application; ``run_forever`` and

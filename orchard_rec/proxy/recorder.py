@@ -6,12 +6,17 @@ down. A writer thread drains the queue in batches and turns each ``Capture`` int
 ``CallRecord`` there, so SSE parsing and reassembly never run on the response path.
 
 Durability (``--durability``):
-- ``wal`` (the default, durable): the handler holds the client's last byte until the record
-  is appended to the local spool and fsync'd (``await durable(cap)``). Group commit: the
-  spool thread takes every call queued while its previous fsync ran and covers them all with
-  one fsync; a second thread writes the spooled batches to the database meanwhile (a
-  pipeline: the database's latency is never on the response path) and acknowledges them in
-  the spool, which deletes only what the database has acknowledged. A failed database write
+- ``wal`` (the default, durable): the handler holds the client's last byte until the call
+  is appended to the local spool and fsync'd (``await durable(cap)``). What is appended is a
+  *capture line* (``capline``): the call's raw material, with what it repeats of its session's
+  earlier calls written as references, so the work on the client's wait is O(what is new in
+  the call), not O(context); no record is built there. Group commit: the spool thread takes
+  every call queued while its previous fsync ran and covers them all with one fsync; a second
+  thread (niced) builds the records from the ``Capture`` objects still in memory (``to_record``)
+  and writes them to the database meanwhile (a pipeline: neither the record's cost nor the
+  database's latency is on the response path) and acknowledges them in the spool, which
+  deletes only what the database has acknowledged. A replay decodes the lines back into
+  ``Capture`` objects and builds the records the same way, so they equal the live ones. A failed database write
   leaves its batch in the spool, and every later batch behind it, until a replay stores them
   all (the spool is the truth until then). Guarantee: every call whose response the client
   fully received is in the database or the spool, even after ``kill -9``.
@@ -38,10 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
-from orchard_rec.storage.spool import Spool
+from orchard_rec.storage.spool import Spool, SpoolFormatError, load_line, record_from_dict, record_to_json
 from orchard_rec.storage.store import Store
 
 __all__ = ["Recorder"]
@@ -131,6 +137,11 @@ class Recorder:
         ids (``ORCHARD_IDS_CACHE_MB``, default 128) so a call parses only the ids new to it."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
+        self.lines = capline.Encoder()
+        """wal: writes each call's capture line (the spool thread's own)."""
+        self.spooled_bytes = 0
+        """Bytes appended to the spool so far (lines and newlines)."""
+        self.spooled_calls = 0
 
     @property
     def depth(self) -> int:
@@ -248,7 +259,7 @@ class Recorder:
                 except queue.Empty:
                     break
                 held += items[-1][3]
-            batch: list[CallRecord] = []
+            batch: list[Any] = []
             acks: list[Ack] = []
             db_acks: list[Ack] = []
             nbytes = 0
@@ -257,10 +268,13 @@ class Recorder:
                     stop = True
                     continue
                 nbytes += size
-                try:
-                    batch.append(it.to_record(self.ids) if isinstance(it, Capture) else it)
-                except Exception:  # a record we cannot build must not take the writer down
-                    log.exception("could not build record for call %s", getattr(it, "call_id", "?"))
+                if wal:
+                    batch.append(capline.snapshot(it) if isinstance(it, Capture) else it)
+                else:
+                    try:
+                        batch.append(it.to_record(self.ids) if isinstance(it, Capture) else it)
+                    except Exception:  # a record we cannot build must not take the writer down
+                        log.exception("could not build record for call %s", getattr(it, "call_id", "?"))
                 if ack is not None:
                     (db_acks if committed else acks).append(ack)
             try:
@@ -283,18 +297,38 @@ class Recorder:
             except (AttributeError, OSError):  # pragma: no cover - not Linux, or not permitted
                 pass
 
-    def _spool_batch(self, batch: list[CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int) -> None:
+    def _line(self, item: Capture | CallRecord) -> bytes | None:
+        """The spool line of a call: a capture line, or a record line for a record submitted as one."""
+        if isinstance(item, CallRecord):
+            return record_to_json(item)
+        try:
+            return self.lines.encode(item)
+        except Exception:  # never leave a call unspooled for a bug here: its whole record instead
+            log.exception("could not write the capture line of call %s; spooling its record", item.call_id)
+            try:
+                return record_to_json(item.to_record())
+            except Exception:
+                log.exception("could not build the record of call %s either", item.call_id)
+                return None
+
+    def _spool_batch(
+        self, batch: list[Capture | CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int
+    ) -> None:
         """wal: one append + fsync for the whole batch (group commit), release the clients, hand
-        the batch to the database thread."""
+        the batch (``Capture`` snapshots: their records are built there) to the database thread."""
         assert self.spool is not None
         start = self.spool.end
         end: int | None
+        lines = [line for line in map(self._line, batch) if line is not None]
         try:
-            end = self.spool.append(batch)  # durable before any client gets its last byte
+            end = self.spool.append_lines(lines)  # durable before any client gets its last byte
             self.fsyncs += 1
+            self.spooled_calls += len(lines)
+            self.spooled_bytes += sum(map(len, lines)) + len(lines)
         except OSError as exc:  # disk full, I/O error: keep serving, the database may still take it
             self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
             log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
+            self.lines.reset()  # what they were written against may not be on disk
             end = None
         for ack in acks:
             ack()
@@ -336,11 +370,12 @@ class Recorder:
             batch, start, end, db_acks, nbytes = item
             try:
                 if end is None:  # not in the spool: the database is its only way
-                    if not self._store(batch, first=True):
-                        self._retry_in_memory(batch)
+                    records = self._records(batch)
+                    if not self._store(records, first=True):
+                        self._retry_in_memory(records)
                 elif end <= self.spool.acked or self.spool_pending:
                     pass  # stored by a replay already, or the next replay carries it from the spool
-                elif self._store(batch, first=start >= self.spool.acked):
+                elif self._store(self._records(batch), first=start >= self.spool.acked):
                     self.spool.ack(end)
                 else:
                     self.spool_pending = True  # the spool keeps it, and everything after it
@@ -351,6 +386,15 @@ class Recorder:
                 self._dbq.task_done()
         if self.spool_pending:
             self._replay()
+
+    def _records(self, batch: list[Capture | CallRecord]) -> list[CallRecord]:
+        out: list[CallRecord] = []
+        for it in batch:
+            try:
+                out.append(it.to_record(self.ids) if isinstance(it, Capture) else it)
+            except Exception:  # a record we cannot build must not take the writer down
+                log.exception("could not build record for call %s", it.call_id)
+        return out
 
     # -- shared ------------------------------------------------------------------------------------
 
@@ -383,17 +427,54 @@ class Recorder:
             delay = min(delay * 2, 2.0)
 
     def _replay(self) -> None:
-        """Store everything the spool holds that the database has not acknowledged, then
-        acknowledge it; on a failure nothing is acknowledged and the next replay starts over
-        (idempotent writes: each call is stored once)."""
+        """Store everything the spool holds that the database has not acknowledged, acknowledging
+        it as it goes (in batches); on a failure the rest stays, and the next replay starts over
+        from what was not acknowledged (idempotent writes: each call is stored once). Capture
+        lines become ``Capture`` objects again and their records are built as live calls' are."""
         if self.spool is None:
             return
-        records, end = self.spool.pending()
-        for k in range(0, len(records), 500):
-            if not self._store(records[k : k + 500]):
+        lines, end = self.spool.lines()
+        dec = capline.Decoder(self.store)
+        batch: list[CallRecord] = []
+        held = done = 0
+        for idx, line in lines:
+            try:
+                rec = self._decode(dec, line)
+            except SpoolFormatError as exc:
+                self.spool.set_aside(idx, line, str(exc))
+                continue
+            except Exception as exc:  # the database failed while a base was read: retry later
+                self.write_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                log.warning("spool replay paused (reading a base from the database): %s", self.last_error)
                 self.spool_pending = True
                 return
+            batch.append(rec)
+            held += rec.bytes_in + rec.bytes_out
+            if len(batch) >= 500 or held >= self.batch_bytes:
+                if not self._store(batch):
+                    self.spool_pending = True
+                    return
+                self.spool.ack(idx + 1)
+                dec.prune()
+                done += len(batch)
+                batch, held = [], 0
+        if not self._store(batch):
+            self.spool_pending = True
+            return
+        done += len(batch)
         self.spool.ack(end)
         self.spool_pending = False
-        if records:
-            log.info("replayed %d spooled calls into the database", len(records))
+        if done:
+            log.info("replayed %d spooled calls into the database (%d bases read from it)", done, dec.from_db)
+
+    def _decode(self, dec: capline.Decoder, line: bytes) -> CallRecord:
+        """A spool line's record: a capture line's built by ``to_record`` as a live call's is."""
+        d = load_line(line)
+        if not capline.is_capture_line(d):
+            return record_from_dict(d)
+        cap = dec.capture(d)
+        try:
+            return cap.to_record(self.ids)
+        except Exception as exc:
+            raise SpoolFormatError(f"its record cannot be built: {type(exc).__name__}: {exc}") from None

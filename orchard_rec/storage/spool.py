@@ -22,10 +22,17 @@ Layout and rules:
   token id array once: an id array of the response (or of an event) equal to the record's
   ``prompt_ids`` / ``completion_ids`` is written as ``null`` and listed in ``"_ids"``
   (``[event index or -1, path, "p"|"c"]``), put back as a list when read (a 150k-token answer's
-  line: ~1 MB less). A line that
+  line: ~1 MB less). Version 3 adds *capture lines* (``"_k": "cap"``), what ``wal`` durability
+  writes: a call's raw material with what it repeats of earlier calls of its session written as
+  references to them (``proxy.capline``; at a 150k-token context tens of kB instead of ~1.8 MB).
+  This module stores and hands back lines; capture lines are decoded by the caller's ``decode``
+  (``pending(decode)``: storage does not import the proxy), record lines by ``record_from_json``
+  (version 3 record lines are version 2's). A build older than version 3 meets a version 3 line
+  as "written by a newer version" and sets it aside (below), as it always did. A line that
   cannot be decoded (corrupt, torn by a crash, written by a newer version, a field this
-  version does not know) is never dropped: it is moved to ``PATH.rejected`` (fsync'd), counted
-  in ``rejected``, and logged; only then may the records around it be cleared.
+  version does not know, a capture line whose base is in neither the spool nor the database)
+  is never dropped: it is moved to ``PATH.rejected`` (fsync'd), counted in ``rejected``, and
+  logged; only then may the records around it be cleared.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -43,12 +50,23 @@ import orjson
 
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 
-__all__ = ["FORMAT", "Spool", "SpoolFormatError", "record_from_json", "record_to_json"]
+__all__ = [
+    "CAPTURE",
+    "FORMAT",
+    "Spool",
+    "SpoolFormatError",
+    "load_line",
+    "record_from_dict",
+    "record_from_json",
+    "record_to_json",
+]
 
 log = logging.getLogger("orchard_rec.spool")
 
-FORMAT = 2
+FORMAT = 3
 """The spool line format written by this version (``"_v"`` in every line)."""
+CAPTURE = "cap"
+"""``"_k"`` of a capture line."""
 
 
 class SpoolFormatError(ValueError):
@@ -135,18 +153,32 @@ def _tuple(v: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 
-def record_from_json(line: bytes) -> CallRecord:
-    """Decode one spool line; raises ``SpoolFormatError`` for anything it cannot read faithfully."""
+def load_line(line: bytes) -> dict[str, Any]:
+    """A spool line's JSON object, its version checked; raises ``SpoolFormatError``."""
     try:
         d = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise SpoolFormatError(f"not JSON: {exc}") from None
     if not isinstance(d, dict):
         raise SpoolFormatError("not a JSON object")
-    version = d.pop("_v", 0)
-    if version not in (0, 1, FORMAT):
+    version = d.get("_v", 0)
+    if version not in (0, 1, 2, FORMAT):
         raise SpoolFormatError(f"spool format version {version!r}; this version reads 0 to {FORMAT}")
-    shed = d.pop("_ids", None) if version == FORMAT else None
+    return d
+
+
+def record_from_json(line: bytes) -> CallRecord:
+    """Decode one spool record line; raises ``SpoolFormatError`` for anything it cannot read
+    faithfully (a capture line too: ``proxy.capline`` decodes those)."""
+    return record_from_dict(load_line(line))
+
+
+def record_from_dict(d: dict[str, Any]) -> CallRecord:
+    """``record_from_json`` of a line ``load_line`` read already (changes ``d``)."""
+    version = d.pop("_v", 0)
+    if d.get("_k") == CAPTURE:
+        raise SpoolFormatError("a capture line: only the proxy's replay decodes it (proxy.capline)")
+    shed = d.pop("_ids", None) if version >= 2 else None
     unknown = set(d) - set(CallRecord.__dataclass_fields__)
     if unknown:  # a renamed or new field: decoding would drop data silently
         raise SpoolFormatError(f"unknown fields {sorted(unknown)}")
@@ -208,8 +240,8 @@ class Spool:
         """Index one past the last record appended."""
         self.acked = 0
         """Every record below this index is in the database."""
-        self._replayed_upto = 0
-        """Lines below this index were decoded (or moved aside) by ``pending`` already."""
+        self._aside: set[int] = set()
+        """Indexes of the lines moved aside by this process (a replay pass meets them again)."""
 
     def _scan(self, seg: _Segment) -> None:
         """Count a segment's complete lines; a torn tail (a crash mid-append, never acknowledged)
@@ -233,9 +265,13 @@ class Spool:
     def append(self, records: Sequence[CallRecord]) -> int:
         """Append and fsync: when this returns, the records survive a crash. Returns ``end``:
         the index one past the last of them (what ``ack`` takes once the database has them)."""
-        if not records:
+        return self.append_lines([record_to_json(r) for r in records])
+
+    def append_lines(self, lines: Sequence[bytes]) -> int:
+        """``append`` of lines encoded already (each one JSON object, no newline)."""
+        if not lines:
             return self.end
-        data = b"".join(record_to_json(r) + b"\n" for r in records)
+        data = b"\n".join(lines) + b"\n"
         with self._lock:
             seg = self._segments[-1]
             if self.acked == self.end and (seg.size or len(self._segments) > 1):
@@ -247,9 +283,9 @@ class Spool:
             seg.f.write(data)
             seg.f.flush()
             os.fsync(seg.f.fileno())
-            seg.count += len(records)
+            seg.count += len(lines)
             seg.size += len(data)
-            self.end += len(records)
+            self.end += len(lines)
             return self.end
 
     def _rotate(self) -> _Segment:
@@ -296,10 +332,9 @@ class Spool:
                     seg.path.unlink(missing_ok=True)
                     self._segments.remove(seg)
 
-    def pending(self) -> tuple[list[CallRecord], int]:
-        """``(records not yet acknowledged, end)``: decodable records from ``acked`` up to
-        ``end``, in order; ``ack(end)`` once the database has them. Lines that cannot be decoded
-        are moved to ``rejected_path`` first (so acknowledging past them loses nothing)."""
+    def lines(self) -> tuple[list[tuple[int, bytes]], int]:
+        """``(lines not yet acknowledged, end)``: ``(index, line)`` from ``acked`` up to ``end``, in
+        order, undecoded (the caller decodes them without holding up appends)."""
         with self._lock:
             end = self.end
             lines: list[tuple[int, bytes]] = []
@@ -309,22 +344,34 @@ class Spool:
                 seg.f.seek(0)
                 for k, line in enumerate(seg.f):
                     idx = seg.start + k
+                    if idx >= end:
+                        break
                     if idx >= self.acked and line.endswith(b"\n"):
                         lines.append((idx, line))
-            out: list[CallRecord] = []
-            bad: list[bytes] = []
-            reasons: list[str] = []
-            for idx, line in lines:
-                try:
-                    out.append(record_from_json(line))
-                except SpoolFormatError as exc:
-                    if idx >= self._replayed_upto:
-                        bad.append(line)
-                        reasons.append(str(exc))
-            if bad:
-                self._reject(bad, reasons[0])
-            self._replayed_upto = max(self._replayed_upto, end)
-            return out, end
+            return lines, end
+
+    def set_aside(self, idx: int, line: bytes, reason: str) -> None:
+        """Line ``idx`` cannot be decoded: move it to ``rejected_path`` (once; a later pass that
+        meets it again only skips it), so that acknowledging past it loses nothing."""
+        if idx in self._aside:
+            return
+        self._aside.add(idx)
+        self._reject([line], reason)
+
+    def pending(
+        self, decode: Callable[[bytes], CallRecord] = record_from_json
+    ) -> tuple[list[CallRecord], int]:
+        """``(records not yet acknowledged, end)``: decodable records from ``acked`` up to
+        ``end``, in order; ``ack(end)`` once the database has them. Lines that cannot be decoded
+        are moved to ``rejected_path`` first (so acknowledging past them loses nothing)."""
+        lines, end = self.lines()
+        out: list[CallRecord] = []
+        for idx, line in lines:
+            try:
+                out.append(decode(line))
+            except SpoolFormatError as exc:
+                self.set_aside(idx, line, str(exc))
+        return out, end
 
     def _reject(self, lines: list[bytes], reason: str) -> None:
         with open(self.rejected_path, "ab") as f:

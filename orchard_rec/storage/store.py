@@ -543,6 +543,29 @@ class Store:
             row = db.get(Call, call_id)
             return None if row is None else _record(row, Reader(db.connection()))
 
+    def request_text(self, call_id: str) -> str | None:
+        """The call's request exactly as the client sent it (as ``get_call`` rebuilds it), without
+        the rest of its record; None if the call or its text is not stored (the spool's replay)."""
+        with self._sessions() as db:
+            row = db.get(Call, call_id)
+            if row is None or row.request_skel is None:
+                return None
+            reader = Reader(db.connection())
+            literals = layout.decompress(bytes(row.request_skel))
+            refs = (
+                reader.refs("request_refs", row.id, row.request_refs) if row.request_refs is not None else []
+            )
+            blobs = reader.blobs(row.session_id, refs) if refs else {}
+            return layout.join_request(literals, refs, blobs)
+
+    def prompt_ids(self, call_id: str) -> tuple[int, ...] | None:
+        """The call's prompt ids alone; None if the call or its ids are not stored."""
+        with self._sessions() as db:
+            row = db.execute(select(Call.prompt_ids, Call.completion_ids).where(Call.id == call_id)).first()
+            if row is None or row[0] is None:
+                return None
+            return Reader(db.connection()).tokens(call_id, row[0], row[1])[0]
+
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
             return db.scalar(select(Call.seq).where(Call.id == call_id))

@@ -6,6 +6,8 @@
   ``PATH.rejected``, never cleared unreplayed, and ``/healthz`` and the log say so (bug 7).
 - Back-pressure is bounded in bytes of queued records: 429 in the caller's dialect (issue 16).
 - Group commit: one fsync covers many calls under concurrency.
+- ``kill -9`` in a long growing session (capture lines written against earlier calls, their
+  bases in the spool and in the database): every answered call is stored, with its exact ids.
 """
 
 from __future__ import annotations
@@ -294,3 +296,97 @@ def test_spool_lines_hold_token_ids_once_and_read_back_equal() -> None:
     not_ids = replace(r, response={"prompt_token_ids": [1, 2]}, events=None)  # not its ids: kept
     assert record_from_json(record_to_json(not_ids)) == not_ids
     assert "_ids" not in orjson.loads(record_to_json(not_ids))
+
+
+def _serve(upstream: str, db: str, port: int, spool: Path, env: dict[str, str]) -> Any:
+    """``orchard-rec serve`` (token mode, wal: the defaults) in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db]
+        + ["--port", str(port), "--spool", str(spool)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(400):
+        try:
+            _health(base)
+            return p
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    raise RuntimeError("proxy did not start")
+
+
+@pytest.mark.slow
+def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """40 growing turns of one session (stream and not), the database slow (lines pile up in
+    the spool, later ones written against earlier ones), ``kill -9`` mid-run: after a restart
+    every answered call is stored, its request byte for byte and its ids exact (as the model
+    server gives them for that body)."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = f"sqlite:///{tmp_path / 'long.db'}"
+    spool = tmp_path / "long.spool"
+    proc = _serve(upstream.url, db, port, spool, {"ORCHARD_FAULT_WRITE_DELAY_S": "0.25"})
+    base = f"http://127.0.0.1:{port}"
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    hist: list[dict[str, Any]] = []
+    answered: list[bytes] = []
+    kill_after = 28
+    for t in range(40):
+        hist.append(
+            {"role": "user", "content": f"turn {t}: " + " ".join(words[(t + k) % 12] for k in range(300))}
+        )
+        body = json.dumps({"model": "m", "messages": hist, "stream": t % 2 == 1}).encode()
+        if t == kill_after - 6:  # the database catches up (the spool empties), then falls behind again
+            _wait(lambda: _health(base)["spool_depth"] == 0)
+        if t == kill_after:  # kill -9 while this call is in flight
+            threading.Timer(0.005, os.kill, (proc.pid, signal.SIGKILL)).start()
+        req = urllib.request.Request(
+            base + "/s/long/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                data = r.read()
+        except (OSError, urllib.error.URLError):
+            break
+        if t % 2 == 0 or data.endswith(b"data: [DONE]\n\n"):
+            answered.append(body)
+        hist.append({"role": "assistant", "content": f"ran turn {t}"})
+    proc.wait(10)
+    assert len(answered) >= kill_after
+    lines = [orjson.loads(x) for x in spool.read_bytes().splitlines() if x.endswith(b"}")]
+    in_spool = {d["call_id"] for d in lines}
+    refs = {p[2] for d in lines for p in [*d["request"], *(d["answer"] or [])] if p[0] == "ref"}
+    assert refs - in_spool and refs & in_spool  # bases in the database and in the spool both
+    restarted = _serve(upstream.url, db, port, spool, {})
+    try:
+        _wait(lambda: _health(base)["spool_depth"] == 0, timeout=60)
+        assert _health(base).get("spool_rejected", 0) == 0
+    finally:
+        restarted.terminate()
+        restarted.wait(30)
+    store = Store(db)
+    stored = {c.request_text: c for c in store.calls("long")}
+    assert len({c.call_id for c in stored.values()}) == len(stored)
+    for body in answered:
+        call = stored.get(body.decode())
+        assert call is not None, f"an answered call of {len(body)} bytes is not stored"
+        direct = json.loads(body)
+        direct.update(stream=False, return_token_ids=True, logprobs=True)
+        _, out = _post(upstream.url + "/chat/completions", direct)
+        want = json.loads(out)
+        assert list(call.prompt_ids or ()) == want["prompt_token_ids"]
+        assert list(call.completion_ids or ()) == want["choices"][0]["token_ids"]
+    store.close()

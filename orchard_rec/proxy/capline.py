@@ -1,0 +1,560 @@
+"""Capture lines: what the spool holds of a call under ``wal`` durability (format 3).
+
+Under ``wal`` the client's last byte waits for its call's spool line to be fsync'd, so the line
+must cost O(what is new in the call), not O(context): at a 150k-token context a whole record's
+line was ~1.8 MB (4 ms to encode, ~5 ms to fsync). A capture line holds the ``Capture``'s raw
+material instead of the record, with the big byte strings written as deltas against calls of the
+same session that this process spooled earlier (their *bases*):
+
+- the request's raw bytes: "the first ``P`` and last ``S`` bytes of the base's request" plus the
+  bytes in between (``cap.request_base`` when the request parser found the base, else a
+  memcmp-speed prefix/suffix search against the session's previous request);
+- the upstream request: token mode's native plans as their recipe (the request plus the injected
+  keys), anything else (translated plans, tito) as a delta of its JSON bytes;
+- the answer (the body, or the stream's chunks joined): literal bytes, except the prompt's
+  ``"prompt_token_ids":[...]`` array, written as "the base's array less its ``]``" plus the new
+  bytes when it extends the base's (as ``idcut.IdParser`` reuses a prefix);
+- tito's ``tokens``: the prompt as a reference to the upstream request's ids when it is them.
+
+The parsed request is not written (``orjson.loads(raw)`` again at replay). The live path never
+decodes a line: the recorder hands the ``Capture`` objects themselves to the database thread.
+
+A line is one JSON object, ``"_v": 3, "_k": "cap"``; each byte string is a list of parts:
+``["t", text]`` (UTF-8 bytes as text), ``["b", base64]``, and ``["ref", kind, call_id, n, start,
+end(, crc)]``: bytes ``start:end`` of call ``call_id``'s ``kind`` base (``req``: its raw request,
+``ids``: its prompt-ids array, ``up``: its upstream request's JSON), which is ``n`` bytes long
+(and whose first ``end`` bytes have that CRC-32: an ids base read back from the database). What a
+line offers as bases to later lines is in its ``"bases"``.
+
+At replay (``Decoder``) a line's bases are found among the lines decoded before it, else in the
+database (the base's line was acknowledged, so its call is there): the request text as stored
+(byte-exact), the prompt ids rendered compactly (``[1,2,3]``: an ids base is only ever a compact
+array, checked at O(new) cost as it grows), the upstream request re-encoded. A base that cannot
+be found, or whose length or CRC differs, makes the line undecodable (``SpoolFormatError``): the
+spool moves it to ``.rejected`` with a log line, never drops it silently.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from orchard_rec.proxy import idcut
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.records import CallOutcome, Dialect
+from orchard_rec.storage.spool import FORMAT, SpoolFormatError
+from orchard_rec.storage.store import Store
+
+__all__ = ["KIND", "Decoder", "Encoder", "is_capture_line", "snapshot"]
+
+log = logging.getLogger("orchard_rec.capline")
+
+KIND = "cap"
+"""``"_k"`` of a capture line (a line without it is a record line)."""
+_INJECTED = ("return_token_ids", "logprobs")
+"""The keys token mode adds to a native chat/completions request (``token.plan_for``)."""
+_BLOCK = 1 << 16
+_COMPACT = b"0123456789,-[]"
+_SMALL = 4096
+"""Byte strings shorter than this are written whole: a delta saves nothing worth its base."""
+
+_SLOTS: tuple[str, ...] = tuple(Capture.__slots__)
+
+
+def snapshot(cap: Capture) -> Capture:
+    """A shallow copy of ``cap`` as it is now (its chunk list and metadata copied): what its spool
+    line says, so the record the database thread builds later from it is the record a replay of
+    the line builds, whatever the handler does to ``cap`` afterwards."""
+    c = Capture.__new__(Capture)
+    for name in _SLOTS:
+        try:
+            setattr(c, name, getattr(cap, name))
+        except AttributeError:  # a slot never set
+            pass
+    c.chunks = list(cap.chunks)
+    c.metadata = dict(cap.metadata)
+    if c.done_at is None:
+        c.done_at = time.time()
+    return c
+
+
+def is_capture_line(d: dict[str, Any]) -> bool:
+    return d.get("_k") == KIND
+
+
+# -- byte helpers --------------------------------------------------------------------------------
+
+
+def _same(a: bytes, i: int, b: memoryview, j: int, n: int) -> bool:
+    """``a[i:i+n] == b[j:j+n]`` at memcmp speed, without copying."""
+    return a.startswith(b[j : j + n], i)
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    mb = memoryview(b)
+    k = 0
+    while k < n:
+        step = min(_BLOCK, n - k)
+        if not _same(a, k, mb, k, step):
+            lo, hi = k, k + step  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _same(a, lo, mb, lo, mid - lo):
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        k += step
+    return n
+
+
+def common_suffix(a: bytes, b: bytes, limit: int) -> int:
+    """The length of the longest common suffix of ``a`` and ``b``, at most ``limit``."""
+    la, lb = len(a), len(b)
+    mb = memoryview(b)
+    k = 0
+    while k < limit:
+        step = min(_BLOCK, limit - k)
+        if not _same(a, la - k - step, mb, lb - k - step, step):
+            lo, hi = k, k + step  # the last lo bytes are equal, the last hi are not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _same(a, la - mid, mb, lb - mid, mid - lo):
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        k += step
+    return limit
+
+
+def _lit(data: bytes | memoryview) -> list[Any]:
+    b = bytes(data)
+    try:
+        return ["t", b.decode("utf-8")]
+    except UnicodeDecodeError:
+        return ["b", base64.b64encode(b).decode("ascii")]
+
+
+def _compact(data: bytes) -> bool:
+    return not data.translate(None, _COMPACT)
+
+
+# -- encoding (the spool thread) -------------------------------------------------------------------
+
+
+class _Bases:
+    """Per session, the last base of one kind: ``(call_id, data, start, end, crc)``, least
+    recently used first out, bounded in bytes (shared by all kinds)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[tuple[str, str], tuple[str, bytes, int, int, int]] = OrderedDict()
+        self._by_id: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def get(self, kind: str, session: str) -> tuple[str, bytes, int, int, int] | None:
+        return self._d.get((kind, session))
+
+    def by_id(self, kind: str, call_id: str) -> tuple[str, bytes, int, int, int] | None:
+        key = self._by_id.get((kind, call_id))
+        return None if key is None else self._d.get(key)
+
+    def put(self, kind: str, session: str, entry: tuple[str, bytes, int, int, int]) -> None:
+        key = (kind, session)
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old[1])
+            self._by_id.pop((kind, old[0]), None)
+        size = len(entry[1])
+        if size > self.max_bytes:
+            return
+        self._d[key] = entry
+        self._by_id[(kind, entry[0])] = key
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            (k, _), e = self._d.popitem(last=False)
+            self._by_id.pop((k, e[0]), None)
+            self.bytes -= len(e[1])
+
+    def drop(self, kind: str, session: str) -> None:
+        old = self._d.pop((kind, session), None)
+        if old is not None:
+            self.bytes -= len(old[1])
+            self._by_id.pop((kind, old[0]), None)
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._by_id.clear()
+        self.bytes = 0
+
+
+class Encoder:
+    """Writes capture lines on the spool thread (one thread uses it). ``encode`` remembers each
+    call's bases at once (a later call of the same batch may use them: it is decoded after it);
+    ``reset`` forgets them all, after an append that failed (those lines may not be on disk)."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        if max_bytes is None:
+            max_bytes = int(float(os.environ.get("ORCHARD_SPOOL_BASES_MB", "256")) * (1 << 20))
+        self.bases = _Bases(max_bytes)
+        self.whole = 0
+        """Byte strings written whole (no base, or it did not match): a session's first call, mostly."""
+
+    def reset(self) -> None:
+        self.bases.clear()
+
+    def encode(self, cap: Capture) -> bytes:
+        sid = cap.session_id
+        offers: dict[str, Any] = {}
+        d: dict[str, Any] = {
+            "_v": FORMAT,
+            "_k": KIND,
+            "call_id": cap.call_id,
+            "session_id": sid,
+            "dialect": cap.dialect.value,
+            "upstream_dialect": cap.upstream_dialect.value,
+            "method": cap.method,
+            "path": cap.path,
+            "headers": cap.headers,
+            "harness": cap.harness,
+            "harness_session": cap.harness_session,
+            "stream": cap.stream,
+            "status_code": cap.status_code,
+            "outcome": cap.outcome.value,
+            "error": cap.error,
+            "received_at": cap.received_at,
+            "first_byte_at": cap.first_byte_at,
+            "done_at": cap.done_at,
+            "bytes_in": cap.bytes_in,
+            "bytes_out": cap.bytes_out,
+            "metadata": cap.metadata,
+            "parsed": cap.request is not None,
+            "request": self._request(cap, sid, offers),
+            "client_response": cap.client_response,
+            "client_events": cap.client_events,
+        }
+        d["upstream"] = self._upstream(cap, sid, offers)
+        d["tokens"] = self._tokens(cap)
+        if cap.stream:
+            answer: bytes | None = b"".join(cap.chunks)
+        else:
+            answer = cap.body
+        d["answer"] = None if answer is None else self._answer(cap, answer, sid, offers)
+        if offers:
+            d["bases"] = offers
+        return orjson.dumps(d, default=_default)
+
+    # the request's raw bytes
+    def _request(self, cap: Capture, sid: str | None, offers: dict[str, Any]) -> list[Any] | None:
+        raw = cap.request_raw
+        if raw is None:
+            return None
+        out: list[Any] | None = None
+        if cap.request is not None and len(raw) >= _SMALL:
+            base = None
+            hint = getattr(cap, "request_base", None)
+            if hint is not None:
+                base = self.bases.by_id("req", hint[0])
+            if base is None and sid is not None:
+                base = self.bases.get("req", sid)
+            if base is not None:
+                out = _delta("req", base, raw)
+        if out is None:
+            self.whole += len(raw) >= _SMALL
+            out = [_lit(raw)]
+        if cap.request is not None and sid is not None:  # the database has its text: a base
+            self.bases.put("req", sid, (cap.call_id, raw, 0, len(raw), 0))
+            offers["req"] = True
+        return out
+
+    # what went upstream
+    def _upstream(self, cap: Capture, sid: str | None, offers: dict[str, Any]) -> Any:
+        up = cap.upstream_request
+        if up is None:
+            return None
+        recipe = _recipe(cap.request, up)
+        if recipe is not None:
+            return {"recipe": recipe}
+        data = orjson.dumps(up)
+        out: list[Any] | None = None
+        if sid is not None and len(data) >= _SMALL:
+            base = self.bases.get("up", sid)
+            if base is not None:
+                out = _delta("up", base, data)
+        if out is None:
+            self.whole += len(data) >= _SMALL
+            out = [_lit(data)]
+        if sid is not None:
+            self.bases.put("up", sid, (cap.call_id, data, 0, len(data), 0))
+            offers["up"] = True
+        return {"bytes": out}
+
+    def _tokens(self, cap: Capture) -> Any:
+        t = cap.tokens
+        if t is None:
+            return None
+        prompt, rest = t[0], list(t[1:])
+        up = cap.upstream_request
+        if isinstance(up, dict) and prompt is not None:
+            for key in ("prompt", "input_ids", "token_ids"):
+                if up.get(key) is prompt:  # tito sends the prompt it records: once in the line
+                    return {"prompt_from": key, "rest": rest}
+        return {"prompt": prompt, "rest": rest}
+
+    # the answer, its prompt-ids array as a delta
+    def _answer(self, cap: Capture, answer: bytes, sid: str | None, offers: dict[str, Any]) -> list[Any]:
+        span = _prompt_span(cap, answer) if sid is not None and len(answer) >= idcut.MIN_BYTES else None
+        if span is None:
+            return [_lit(answer)]
+        s, e = span
+        assert sid is not None
+        out: list[Any] = [_lit(memoryview(answer)[:s])]
+        base = self.bases.get("ids", sid)
+        crc = -1
+        if base is not None:
+            bid, bdata, bs, be, bcrc = base
+            k = be - bs - 1  # the base's array less its "]"
+            if e - s > k and _same(answer, s, memoryview(bdata), bs, k) and answer[s + k] in (0x2C, 0x5D):
+                tail = answer[s + k : e]  # ",new,ids]" (or "]": the same array)
+                if _compact(tail):
+                    out.append(["ref", "ids", bid, be - bs, 0, k, bcrc])
+                    out.append(_lit(tail))
+                    crc = zlib.crc32(tail[:-1], bcrc)
+        if crc < 0:
+            arr = answer[s:e]
+            out.append(_lit(arr))
+            self.whole += 1
+            if _compact(arr):
+                crc = zlib.crc32(memoryview(arr)[:-1])
+        if crc >= 0:
+            self.bases.put("ids", sid, (cap.call_id, answer, s, e, crc))
+            offers["ids"] = [s, e]
+        else:
+            self.bases.drop("ids", sid)
+        out.append(_lit(memoryview(answer)[e:]))
+        return out
+
+
+def _delta(kind: str, base: tuple[str, bytes, int, int, int], data: bytes) -> list[Any] | None:
+    """``data`` as the base's first ``P`` bytes + new bytes + the base's last ``S`` bytes, or None
+    when they share too little to be worth it."""
+    bid, bdata, bs, be, _ = base
+    b = bdata if (bs, be) == (0, len(bdata)) else bdata[bs:be]
+    n = len(b)
+    p = common_prefix(data, b)
+    s = common_suffix(data, b, min(len(data), n) - p)
+    if p + s < _SMALL:
+        return None
+    # cut at character boundaries: the new bytes are then text of their own
+    while p and p < len(data) and (data[p] & 0xC0) == 0x80:
+        p -= 1
+    while s and (data[len(data) - s] & 0xC0) == 0x80:
+        s -= 1
+    out: list[Any] = []
+    if p:
+        out.append(["ref", kind, bid, n, 0, p])
+    if len(data) - s > p:
+        out.append(_lit(memoryview(data)[p : len(data) - s]))
+    if s:
+        out.append(["ref", kind, bid, n, n - s, n])
+    return out
+
+
+def _recipe(request: Any, up: Any) -> dict[str, Any] | None:
+    """Token mode's native plan: ``up`` is the request with ``_INJECTED`` keys set (``plan_for``),
+    as ``{key: value}`` to set on a copy of the request; None when it is anything else."""
+    if type(request) is not dict or type(up) is not dict or up is request:
+        return None
+    extra: dict[str, Any] = {}
+    for k, v in up.items():
+        if k in request and request[k] is v:
+            continue
+        if k not in _INJECTED or isinstance(v, dict | list):
+            return None
+        extra[k] = v
+    rebuilt = dict(request)
+    rebuilt.update(extra)
+    if len(rebuilt) != len(up) or list(rebuilt) != list(up):
+        return None
+    return extra
+
+
+def _prompt_span(cap: Capture, answer: bytes) -> tuple[int, int] | None:
+    """Where the answer's (first) prompt-ids array is: from ``cap.id_cut`` (token mode found it on
+    the response path), else searched (``idcut._find``: C-speed). None if it has none."""
+    if not cap.stream and cap.id_cut is not None and cap.body is answer:
+        for path, s, e in cap.id_cut[1]:
+            if path and path[-1] == "prompt_token_ids":
+                return s, e
+        return None
+    found = idcut._find(answer)
+    for _, name, s, e in found or ():
+        if name == "prompt_token_ids" and e - s > 2:
+            return s, e
+    return None
+
+
+def _default(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return list(v)
+    raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
+
+
+# -- decoding (replay) -------------------------------------------------------------------------------
+
+
+class Decoder:
+    """Turns capture lines back into ``Capture`` objects, in spool order (one replay pass).
+
+    Bases come from the lines decoded before (kept until ``prune``) or from ``store``. Errors:
+    ``SpoolFormatError`` for a line that cannot be rebuilt (set it aside); anything the database
+    raises while a base is read propagates (the database is down: retry the pass later)."""
+
+    def __init__(self, store: Store | None) -> None:
+        self.store = store
+        self._bases: dict[tuple[str, str], bytes] = {}
+        """``(kind, call id)`` -> the base's bytes, from lines of this pass."""
+        self._latest: dict[tuple[str, str | None], str] = {}
+        self.from_db = 0
+
+    def prune(self) -> None:
+        """Everything decoded so far is in the database: keep only each session's latest bases."""
+        keep = {(kind, cid) for (kind, _), cid in self._latest.items()}
+        for key in [k for k in self._bases if k not in keep]:
+            del self._bases[key]
+
+    def capture(self, d: dict[str, Any]) -> Capture:
+        try:
+            return self._capture(d)
+        except SpoolFormatError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
+            raise SpoolFormatError(f"capture line: {type(exc).__name__}: {exc}") from None
+
+    def _capture(self, d: dict[str, Any]) -> Capture:
+        cap = Capture(Dialect(d["dialect"]), d["method"], d["path"], d["session_id"])
+        cap.call_id = d["call_id"]
+        cap.upstream_dialect = Dialect(d["upstream_dialect"])
+        cap.headers = d["headers"]
+        cap.harness = d["harness"]
+        cap.harness_session = d["harness_session"]
+        cap.stream = d["stream"]
+        cap.status_code = d["status_code"]
+        cap.outcome = CallOutcome(d["outcome"])
+        cap.error = d["error"]
+        cap.received_at = d["received_at"]
+        cap.first_byte_at = d["first_byte_at"]
+        cap.done_at = d["done_at"]
+        cap.bytes_in = d["bytes_in"]
+        cap.bytes_out = d["bytes_out"]
+        cap.metadata = d["metadata"]
+        cap.client_response = d["client_response"]
+        cap.client_events = d["client_events"]
+        offers = d.get("bases") or {}
+        sid = cap.session_id
+        if d["request"] is not None:
+            raw = self._bytes(d["request"])
+            cap.request_raw = raw
+            if d["parsed"]:
+                cap.request = orjson.loads(raw)
+            if offers.get("req"):
+                self._offer("req", sid, cap.call_id, raw)
+        up = d["upstream"]
+        if up is not None:
+            if "recipe" in up:
+                if not isinstance(cap.request, dict):
+                    raise SpoolFormatError("an upstream recipe without a parsed request")
+                rebuilt = dict(cap.request)
+                rebuilt.update(up["recipe"])
+                cap.upstream_request = rebuilt
+            else:
+                data = self._bytes(up["bytes"])
+                cap.upstream_request = orjson.loads(data)
+                if offers.get("up"):
+                    self._offer("up", sid, cap.call_id, data)
+        t = d["tokens"]
+        if t is not None:
+            prompt = cap.upstream_request[t["prompt_from"]] if "prompt_from" in t else t["prompt"]
+            cap.tokens = (prompt, *t["rest"])
+        if d["answer"] is not None:
+            answer = self._bytes(d["answer"])
+            if cap.stream:
+                cap.chunks = [answer]
+            else:
+                cap.body = answer
+            span = offers.get("ids")
+            if span:
+                self._offer("ids", sid, cap.call_id, answer[span[0] : span[1]])
+        return cap
+
+    def _offer(self, kind: str, sid: str | None, call_id: str, data: bytes) -> None:
+        self._bases[(kind, call_id)] = data
+        self._latest[(kind, sid)] = call_id
+
+    def _bytes(self, parts: list[Any]) -> bytes:
+        out: list[bytes] = []
+        for p in parts:
+            tag = p[0]
+            if tag == "t":
+                out.append(p[1].encode("utf-8"))
+            elif tag == "b":
+                out.append(base64.b64decode(p[1], validate=True))
+            elif tag == "ref":
+                kind, cid, n, start, end = p[1:6]
+                base = self._base(kind, cid, n, p[6] if len(p) > 6 else None)
+                out.append(base[start:end])
+            else:
+                raise SpoolFormatError(f"capture line: unknown part {tag!r}")
+        return b"".join(out)
+
+    def _base(self, kind: str, cid: str, n: int, crc: int | None) -> bytes:
+        data = self._bases.get((kind, cid))
+        if data is not None:  # the bytes of a line of this pass: exact by construction
+            if len(data) != n:
+                raise SpoolFormatError(
+                    f"its {kind} base, call {cid}, is not the bytes it was written against"
+                )
+            return data
+        data = self._from_db(kind, cid)
+        if data is None:
+            raise SpoolFormatError(
+                f"its {kind} base, call {cid}, is neither in the spool nor in the database "
+                "(was the database replaced?)"
+            )
+        if len(data) != n or (crc is not None and zlib.crc32(memoryview(data)[: n - 1]) != crc):
+            raise SpoolFormatError(
+                f"its {kind} base, call {cid}, reads back from the database other than it was written"
+            )
+        self._bases[(kind, cid)] = data
+        self.from_db += 1
+        return data
+
+    def _from_db(self, kind: str, cid: str) -> bytes | None:
+        if self.store is None:
+            return None
+        try:
+            return self._read(kind, cid)
+        except LookupError as exc:  # the database's own chain is broken there
+            raise SpoolFormatError(f"its {kind} base, call {cid}, cannot be read: {exc}") from None
+
+    def _read(self, kind: str, cid: str) -> bytes | None:
+        assert self.store is not None
+        if kind == "req":
+            text = self.store.request_text(cid)
+            return None if text is None else text.encode("utf-8")
+        if kind == "ids":
+            ids = self.store.prompt_ids(cid)
+            return None if ids is None else orjson.dumps(list(ids))
+        if kind == "up":
+            rec = self.store.get_call(cid)
+            return None if rec is None or rec.upstream_request is None else orjson.dumps(rec.upstream_request)
+        raise SpoolFormatError(f"capture line: unknown base kind {kind!r}")

@@ -1,0 +1,226 @@
+"""Capture lines (spool format 3, ``proxy.capline``): what ``wal`` durability spools of a call.
+
+- A replay rebuilds exactly the record the live path built: every line of a session decoded in
+  order (bases from the lines before), and each line alone (bases read from the database), for
+  chat, completions, Responses, Messages, stream and not, and tito.
+- Through a real proxy whose database fails mid-session: what the replay stores reads back equal
+  to what the live records store.
+- A line holds what is new: a growing session's later lines are a fraction of its request.
+- A line whose base is gone (the database replaced) goes to ``.rejected`` with a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from orchard_rec.proxy import capline
+from orchard_rec.proxy.app import RECORDER, build_app
+from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.idcut import IdParser
+from orchard_rec.proxy.server import BackgroundServer
+from orchard_rec.records import CallRecord
+from orchard_rec.storage import Store
+from orchard_rec.storage.spool import Spool
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+
+def _text(turn: int, n: int = 400) -> str:
+    return " ".join(WORDS[(turn * 7 + k * 3) % len(WORDS)] + str(k % 10) for k in range(n))
+
+
+def _body(dialect: str, turns: int, stream: bool) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """``(path, body, headers)`` of a session's call after ``turns`` exchanges (it grows each turn)."""
+    hist: list[dict[str, Any]] = []
+    for t in range(turns):
+        hist.append({"role": "user", "content": f"turn {t}: {_text(t)}"})
+        hist.append({"role": "assistant", "content": f"done with turn {t}"})
+    hist.append({"role": "user", "content": f"turn {turns}: {_text(turns)}"})
+    if dialect == "chat":
+        return "v1/chat/completions", {"model": "m", "messages": hist, "stream": stream}, {}
+    if dialect == "completions":
+        prompt = "\n".join(m["content"] for m in hist)
+        return "v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24, "stream": stream}, {}
+    if dialect == "responses":
+        return "v1/responses", {"model": "m", "input": hist, "stream": stream}, {}
+    return (
+        "v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": hist, "stream": stream},
+        {"anthropic-version": "2023-06-01"},
+    )
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
+        return bytes(r.read())
+
+
+class Taps:
+    """Wraps a real ``Store`` and the recorder's spool: the records the live path wrote (or tried
+    to), the lines it spooled; ``down`` makes writes fail as a lost database would."""
+
+    def __init__(self, store: Store) -> None:
+        self.records: list[CallRecord] = []
+        self.lines: list[bytes] = []
+        self.down = False
+        self._write = store.write_batch
+        store.write_batch = self.write_batch  # type: ignore[method-assign]
+
+    def write_batch(self, records: Any, *, known_new: bool = False) -> int:
+        if self.down:
+            self.records += [r for r in records if r.call_id not in {x.call_id for x in self.records}]
+            raise ConnectionError("server closed the connection unexpectedly")
+        return self._write(records, known_new=known_new)
+
+    def tap_spool(self, spool: Spool) -> None:
+        append = spool.append_lines
+
+        def tapped(lines: Any) -> int:
+            self.lines += list(lines)
+            return append(lines)
+
+        spool.append_lines = tapped  # type: ignore[method-assign]
+
+
+def _run_session(
+    upstream_url: str, db: str, tmp: Path, dialect: str, mode: str, turns: int, fail_from: int | None = None
+) -> tuple[Store, Taps, list[CallRecord]]:
+    """One growing session (stream and not, alternately) through a wal proxy; the live records
+    (collected before the database sees them) in call order."""
+    store = Store(db)
+    store.upgrade()
+    taps = Taps(store)
+    kw: dict[str, Any] = {"tokenizer": "demo"} if mode == "tito" else {}
+    cfg = ProxyConfig(
+        upstream=upstream_url, db=db, mode=mode, durability="wal", spool=str(tmp / "c.spool"), **kw
+    )
+    with BackgroundServer(lambda: build_app(cfg, store=store)) as proxy:
+        rec = proxy.app[RECORDER]
+        rec.retry_s = 0.2
+        taps.tap_spool(rec.spool)
+        spool_batch = rec._spool_batch
+        caps: list[Any] = []
+
+        def keep(batch: Any, *args: Any) -> None:
+            caps.extend(batch)  # what the database thread builds its records from
+            spool_batch(batch, *args)
+
+        rec._spool_batch = keep
+        for t in range(turns):
+            if fail_from is not None and t == fail_from:
+                taps.down = True
+            path, body, headers = _body(dialect, t, stream=t % 2 == 1)
+            _post(f"{proxy.url}/s/cl-{dialect}/{path}", body, headers)
+            assert rec.flush()
+        taps.down = False
+        deadline = time.monotonic() + 30
+        while (rec.spool_depth or not rec.healthy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rec.spool_depth == 0 and rec.healthy and rec.spool_rejected == 0
+    ids = IdParser()
+    live = [c.to_record(ids) for c in caps]  # the live path's records (built there unless a replay did)
+    return store, taps, live
+
+
+def _decode_all(lines: list[bytes], store: Store | None) -> list[CallRecord]:
+    dec, ids = capline.Decoder(store), IdParser()
+    return [dec.capture(orjson.loads(line)).to_record(ids) for line in lines]
+
+
+CASES = [("chat", "token"), ("completions", "token"), ("responses", "token"), ("messages", "token")]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "mode"),
+    [
+        pytest.param(*c, marks=() if c[0] == "chat" else pytest.mark.slow)
+        for c in [*CASES, ("chat", "tito"), ("responses", "tito")]
+    ],
+)
+def test_capture_lines_rebuild_the_records_the_live_path_built(upstream, tmp_path, dialect, mode) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'live.db'}"
+    store, taps, live = _run_session(upstream.url, db, tmp_path, dialect, mode, turns=6)
+    by_id = {r.call_id: r for r in live}
+    assert len(taps.lines) == len(live) == 6
+    # in order, each base from the lines before (a replay after a crash, nothing acknowledged)
+    replayed = _decode_all(taps.lines, None)
+    for r in replayed:
+        assert r == by_id[r.call_id], r.call_id
+    # each line alone: its bases read back from the database (acknowledged before the crash)
+    for line in taps.lines:
+        dec = capline.Decoder(store)
+        r = dec.capture(orjson.loads(line)).to_record(IdParser())
+        assert r == by_id[r.call_id]
+    # what is new: the later lines write the request's new turn and the prompt's new ids only
+    last, line = live[-1], orjson.loads(taps.lines[-1])
+    assert last.bytes_in > 12_000
+    assert len(orjson.dumps(line["request"])) < 0.3 * last.bytes_in
+    if mode == "token":
+        assert any(p[:2] == ["ref", "ids"] for p in line["answer"])
+    else:  # tito: the prompt's ids in the upstream request, once
+        assert len(orjson.dumps(line["upstream"])) < 0.3 * len(orjson.dumps(last.upstream_request))
+        assert "prompt_from" in line["tokens"]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("dialect", "mode"),
+    [
+        pytest.param(*c, marks=() if c == ("chat", "token") else pytest.mark.slow)
+        for c in [*CASES, ("chat", "tito"), ("messages", "tito")]
+    ],
+)
+def test_a_database_failure_mid_session_replays_what_live_would_have_stored(
+    upstream, tmp_path, dialect, mode
+) -> None:  # type: ignore[no-untyped-def]
+    """The database fails from the third call on (the first two are acknowledged: later lines'
+    bases come back from the database), then returns: the replay stores every call, and each
+    reads back (``Store.get_call``, what ``orchard-rec calls --json`` shows) equal to the record
+    the live path built, written to a database that never failed."""
+    db = f"sqlite:///{tmp_path / 'replayed.db'}"
+    store, taps, live = _run_session(upstream.url, db, tmp_path, dialect, mode, turns=6, fail_from=2)
+    assert taps.records  # a write failed
+    ref = Store(f"sqlite:///{tmp_path / 'reference.db'}")
+    ref.upgrade()
+    ref.write_batch(live)
+    got = store.calls(f"cl-{dialect}")
+    want = ref.calls(f"cl-{dialect}")
+    assert [c.call_id for c in got] == [c.call_id for c in want] == [r.call_id for r in live]
+    for g, w in zip(got, want, strict=True):
+        assert g == w, g.call_id
+    assert got[-1].prompt_ids and got[-1].completion_ids
+    store.close()
+    ref.close()
+
+
+def test_a_line_whose_base_is_gone_is_set_aside_with_a_reason(upstream, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The database replaced between a crash and the restart: a line written against a call the
+    new database does not hold cannot be rebuilt; it goes to ``.rejected``, logged, never dropped."""
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    store, taps, _ = _run_session(upstream.url, db, tmp_path, "chat", "token", turns=3)
+    store.close()
+    spool = tmp_path / "lost.spool"
+    spool.write_bytes(taps.lines[-1] + b"\n")  # its bases are in a.db only
+    fresh = f"sqlite:///{tmp_path / 'b.db'}"
+    caplog.set_level(logging.ERROR, "orchard_rec.spool")
+    cfg = ProxyConfig(upstream=upstream.url, db=fresh, spool=str(spool))
+    with BackgroundServer(lambda: build_app(cfg)) as proxy:
+        rec = proxy.app[RECORDER]
+        deadline = time.monotonic() + 20
+        while rec.spool_depth and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rec.spool_rejected == 1
+    assert (tmp_path / "lost.spool.rejected").read_bytes() == taps.lines[-1] + b"\n"
+    assert "neither in the spool nor in the database" in caplog.text
