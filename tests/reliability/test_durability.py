@@ -330,12 +330,11 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
     server gives them for that body)."""
     import os
     import signal
-    import socket
     import threading
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from factories import free_port
+
+    port = free_port()
     db = f"sqlite:///{tmp_path / 'long.db'}"
     spool = tmp_path / "long.spool"
     proc = _serve(upstream.url, db, port, spool, {"ORCHARD_FAULT_WRITE_DELAY_S": "0.25"})
