@@ -14,14 +14,18 @@ malformed one raises ``orjson.JSONDecodeError`` as orjson does), so a "wrong" ba
 conversation sharing the cache key) is harmless: any base whose bytes match gives the same
 object. Why the reuse is exact: JSON values are context-free, so if ``raw[:e]`` equals a
 base's bytes up to the end of its element ``k`` (the parser then sits inside the array, after a
-value) and ``raw`` ends with the base's bytes from the array's ``]`` on (which close the array
-and the object exactly as in the base), then ``raw`` is valid iff the bytes in between are
-``, value, value ...`` (or nothing), and its object is the base's with elements ``k..`` replaced
-by those values. The values are parsed wrapped as ``{"":[...]}``, at the depth they have in
-the body (orjson's nesting limit counts alike). A conversation key present twice at the top
+value), ``raw`` ends with the base's bytes from the array's ``]`` on (which close the array and
+the object exactly as in the base), and the bytes in between are ``, value, value ...`` (or
+nothing), then ``raw`` is valid and its object is the base's with elements ``k..`` replaced by
+those values. They are parsed alone as ``[...]``: one JSON text only if its brackets are each
+other's, so the new bytes cannot close the array and go on with other keys (a deeper wrapper
+could be closed early by them; such bodies are parsed whole). New bytes with enough brackets
+to come near orjson's nesting limit, which counts from the body's top, are parsed whole too.
+A conversation key present twice at the top
 level is never cached (the last one wins, so the offsets would not be the object's).
 
-Offsets: a body parsed whole gets them from the standard library's C scanner walking the top
+Offsets: a body parsed whole gets them when a later body may repeat it (``_Entry.locate``: a
+cache that thrashes costs nothing beyond the parse) from the standard library's C scanner walking the top
 level of its Latin-1 decoding (one character per byte, so positions are byte offsets; JSON's
 structure is ASCII and UTF-8's multi-byte sequences are all >= 0x80, never a quote or a
 backslash); a body read incrementally gets them from the base's and from the same scanner
@@ -62,6 +66,9 @@ MIN_BYTES = 2048
 """Bodies shorter than this are parsed whole and not cached (nothing to gain)."""
 CANDIDATES = 8
 """Bases kept per cache key (sub-agents sharing a session, sessions sharing an opening)."""
+_DEEP = 1000
+"""Fewer opening brackets than this in the new bytes: they cannot reach orjson's nesting limit
+(1024 levels, counted from the top of the body; the elements sit two levels down)."""
 HASH_WINDOW = 1024
 """Without a session name, the key is a hash of the body's first bytes (the same through a conversation)."""
 
@@ -74,32 +81,77 @@ class Parsed(NamedTuple):
 
 
 class _Entry:
-    """One cached body: its bytes, its object (never handed out), its conversation array's
-    key, the end offset of each element, the offset just after its ``[`` and of its ``]``."""
+    """One cached body: its bytes, its object (never handed out), and once ``locate``d its
+    conversation array's key (None: it has none fit for reuse), the offset just after its ``[``
+    (``open``) and of its ``]`` (``close``), how many elements it has, where the last one ends
+    (``last``; ``open`` when none), and the end offsets of the first ``len(ends)`` (the others are
+    found when needed: ``fill``)."""
 
-    __slots__ = ("call_id", "close", "ends", "key", "obj", "open", "raw", "tail")
+    __slots__ = ("call_id", "close", "count", "ends", "key", "last", "located", "obj", "open", "raw", "tail")
 
     def __init__(
-        self, raw: bytes, obj: dict[str, Any], key: str, open_: int, ends: list[int], close: int, call_id: str
+        self, raw: bytes, obj: dict[str, Any], call_id: str, where: tuple[str, int, list[int], int] | None
     ) -> None:
         self.raw = raw
         self.obj = obj
-        self.key = key
-        self.open = open_
-        self.ends = ends
-        self.close = close
         self.call_id = call_id
-        self.tail = memoryview(raw)[close:]
+        self.key: str | None = None
+        self.open = self.close = self.last = self.count = 0
+        self.ends: list[int] = []
+        self.tail = memoryview(b"")
+        self.located = where is not None
+        if where is not None:
+            self._set(where)
+
+    def _set(self, where: tuple[str, int, list[int], int]) -> None:
+        self.key, self.open, self.ends, self.close = where
+        self.count = len(self.ends)
+        self.last = self.ends[-1] if self.ends else self.open
+        self.tail = memoryview(self.raw)[self.close :]
+
+    def locate(self) -> bool:
+        """Find the offsets (once, O(body): bodies parsed whole are located only when a later body
+        may repeat them); whether the body has a conversation array fit for reuse."""
+        if not self.located:
+            where = scan_offsets(self.raw)
+            if where is not None:
+                self._set(where)
+            self.located = True
+        return self.key is not None
+
+    def fill(self) -> bool:
+        """Every element's end offset known (scanning the elements past the last known end: the
+        ones an append added); False when they cannot be had (nesting too deep for the scanner)."""
+        n = len(self.ends)
+        if n == self.count:
+            return True
+        start = self.ends[-1] if n else self.open
+        s = self.raw[start : self.close + 1].decode("latin-1")
+        i = _ws(s, 0).end() + 1 if n else 0  # past ','
+        try:
+            more, _ = _elements(s, i)
+        except RecursionError:
+            return False
+        self.ends = self.ends + [start + x for x in more]  # a new list: entries share theirs
+        return True
 
     @property
     def cost(self) -> int:
-        """Bytes charged against the cache's bound: the raw body and (roughly) its objects."""
+        """Bytes charged against the cache's bound: the raw body and its objects (about twice its size)."""
         return 3 * len(self.raw)
 
     def handed_out(self) -> dict[str, Any]:
-        out = dict(self.obj)
-        out[self.key] = list(self.obj[self.key])
-        return out
+        """A fresh top-level dict and conversation list (their elements shared)."""
+        return _own(self.obj)
+
+
+def _own(obj: dict[str, Any]) -> dict[str, Any]:
+    out = dict(obj)
+    for k in CONVERSATION_KEYS:
+        v = out.get(k)
+        if type(v) is list:
+            out[k] = v.copy()
+    return out
 
 
 def scan_offsets(raw: bytes) -> tuple[str, int, list[int], int] | None:
@@ -190,34 +242,29 @@ class RequestCache:
             cands = list(self._keys.get(key, ()))
         best: tuple[_Entry, int] | None = None
         for e in cands:
-            k = _reusable(e, raw)
-            if k is None:
-                continue
-            if k == len(e.ends) + 1:  # the same bytes
+            if len(raw) == len(e.raw) and raw == e.raw:  # a retry
                 self.hits += 1
                 return Parsed(e.handed_out(), (e.call_id, len(raw), 0))
-            if best is None or k > best[1]:
+            if not e.located and not _worth_locating(e.raw, raw):
+                continue
+            if not e.locate():
+                continue
+            k = _reusable(e, raw)
+            if k is not None and (best is None or k > best[1]):
                 best = (e, k)
-                if k == len(e.ends):
+                if k == e.count:
                     break
         if best is not None:
             got = _extend(best[0], best[1], raw, call_id)
             if got is not None:
-                obj, entry, base = got
+                entry, base = got
                 self.hits += 1
-                if entry is None:
-                    return Parsed(obj, base)
                 self._put(key, entry, best[0])
                 return Parsed(entry.handed_out(), base)
         self.misses += 1
         obj = orjson.loads(raw)
         if isinstance(obj, dict):
-            where = scan_offsets(raw)
-            if where is not None:
-                ckey, open_, ends, close = where
-                own = dict(obj)
-                own[ckey] = list(obj[ckey])
-                self._put(key, _Entry(raw, own, ckey, open_, ends, close, call_id), None)
+            self._put(key, _Entry(raw, _own(obj), call_id, None), None)
         return Parsed(obj, None)
 
     def _put(self, key: str, entry: _Entry, replaces: _Entry | None) -> None:
@@ -247,36 +294,41 @@ class RequestCache:
         return self._bytes
 
 
+def _worth_locating(old: bytes, raw: bytes) -> bool:
+    """Whether ``raw`` may repeat much of ``old`` (an append keeps all of it but the array's
+    end, so its first or its second half): then ``old``'s offsets are worth finding."""
+    half = len(old) // 2
+    view = memoryview(old)
+    return raw.startswith(view[:half]) or raw.endswith(view[half:])
+
+
 def _reusable(e: _Entry, raw: bytes) -> int | None:
-    """How many of ``e``'s elements ``raw`` repeats byte for byte, ``len(e.ends) + 1`` when it is
-    ``e``'s body itself; None when it does not even share the bytes before the array and after it."""
-    base = e.raw
-    if len(raw) == len(base) and raw == base:
-        return len(e.ends) + 1
+    """How many of ``e``'s elements (``e`` located) ``raw`` repeats byte for byte, the bytes
+    after the array too; None when it does not even share the bytes before the array and after it."""
     if not raw.endswith(e.tail):
         return None
-    ends = e.ends
-    if ends and raw.startswith(memoryview(base)[: ends[-1]]):
-        return len(ends)
-    if not raw.startswith(memoryview(base)[: e.open]):
+    view = memoryview(e.raw)
+    if raw.startswith(view[: e.last]):
+        return e.count
+    if not raw.startswith(view[: e.open]) or not e.fill():
         return None
+    ends = e.ends
     lo, hi = 0, len(ends) - 1  # the largest k with base[:ends[k-1]] a prefix of raw (ends[-1] is not)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if raw.startswith(memoryview(base)[: ends[mid - 1]]):
+        if raw.startswith(view[: ends[mid - 1]]):
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
-def _extend(
-    e: _Entry, k: int, raw: bytes, call_id: str
-) -> tuple[dict[str, Any], _Entry | None, tuple[str, int, int]] | None:
-    """``raw`` read as ``e``'s first ``k`` elements then what follows them: its object, its entry
-    (None when its offsets cannot be had) and its base; None when the bytes between do not read
-    as ``, value, ...`` (the caller then parses whole, for orjson's verdict)."""
-    p = e.ends[k - 1] if k else e.open
+def _extend(e: _Entry, k: int, raw: bytes, call_id: str) -> tuple[_Entry, tuple[str, int, int]] | None:
+    """``raw`` read as ``e``'s first ``k`` elements then what follows them: its entry and its
+    base; None when the bytes between do not read as ``, value, ...`` (the caller then parses
+    whole, for orjson's verdict)."""
+    assert e.key is not None
+    p = e.last if k == e.count else e.ends[k - 1] if k else e.open
     s = len(e.raw) - e.close
     stop = len(raw) - s
     if stop < p:
@@ -289,23 +341,25 @@ def _extend(
         body = body[1:]
         if not body.strip(_WSB):
             return None  # a trailing comma
+    if body.count(b"[") + body.count(b"{") >= _DEEP:
+        return None  # might nest to orjson's limit, which counts from the body's top: parse whole
     try:
-        new = orjson.loads(b'{"":[' + body + b"]}")[""] if body else []
+        # ``[`` + body + ``]`` is one JSON text only if the brackets are each other's, so body is
+        # exactly ``value, value ...`` (a deeper wrapper could be closed early by body's own bytes)
+        new = orjson.loads(b"[" + body + b"]") if body else []
     except orjson.JSONDecodeError:
         return None
     old = e.obj[e.key]
     obj = dict(e.obj)
     obj[e.key] = old[:k] + new if k < len(old) else old + new
-    ends = e.ends[:k]
-    base = (e.call_id, p, s)
-    if new:
-        first = p + (len(mid) - len(body))  # where the first new value's bytes begin
-        try:
-            more, _ = _elements(raw[first:stop].decode("latin-1") + "]", 0)
-        except RecursionError:  # nested deeper than the stdlib scanner goes: not cached
-            return obj, None, base
-        ends += [first + x for x in more]
-    return obj, _Entry(raw, obj, e.key, e.open, ends, stop, call_id), base
+    entry = _Entry(raw, obj, call_id, None)
+    entry.located = True
+    entry.key, entry.open, entry.close = e.key, e.open, stop
+    entry.ends = e.ends if k == e.count else e.ends[:k]  # never changed in place (``fill``)
+    entry.count = k + len(new)
+    entry.last = p + len(mid.rstrip(_WSB)) if new else p
+    entry.tail = memoryview(raw)[stop:]
+    return entry, (e.call_id, p, s)
 
 
 def _env_bytes() -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchard_rec.proxy.reqparse import RequestCache, scan_offsets
@@ -136,7 +136,7 @@ def extra(kind: str, s: Session) -> bytes:
     return convo  # a top-level array
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=150)  # the cheapest way to find a new way to be wrong
 @given(
     key=st.sampled_from(["messages", "input"]),
     named=st.booleans(),
@@ -373,3 +373,48 @@ def test_tito_leaves_shared_objects_unchanged(
     assert _unchanged(cache) >= 3
     proxy.flush()
     assert _unchanged(cache) >= 3
+
+
+def test_a_body_parsed_whole_is_located_only_when_a_later_one_may_repeat_it() -> None:
+    """A miss costs the parse only (a cache that thrashes is no slower than none); another
+    conversation with the same opening (the same hash key) does not get its offsets found."""
+    cache = RequestCache(1 << 24, min_bytes=0)
+    opening = [{"role": "system", "content": "s" * 500}]
+    one = orjson.dumps({"messages": [*opening, {"role": "user", "content": "a" * 3000}]})
+    other = orjson.dumps({"messages": [*opening, {"role": "user", "content": "b" * 3000}]})
+    cache.parse(one)
+    (entry,) = next(iter(cache._keys.values()))
+    assert not entry.located
+    assert cache.parse(other).base is None
+    assert not entry.located and cache.misses == 2
+    more = orjson.dumps({"messages": [*orjson.loads(one)["messages"], {"role": "assistant", "content": "x"}]})
+    got, base = cache.parse(more)
+    assert entry.located and base is not None and base[1] == len(one) - 2
+    assert got == orjson.loads(more)
+
+
+@pytest.mark.parametrize(
+    ("base", "raw"),
+    [
+        # the new bytes close the array and go on with the object's keys
+        (b'{"messages":[],"s":1}', b'{"messages":[1],"model":"m","messages":[],"s":1}'),
+        (b'{"messages":[0],"s":1}', b'{"messages":[0,1],"model":"m","messages":[],"s":1}'),
+        (b'{"messages":[0],"s":1}', b'{"messages":[0],"x":[1],"s":1}'),
+        (b'{"input":[0]}', b'{"input":[0],"input":[1]}'),
+        # a trailing comma, a missing one, nothing but a comma
+        (b'{"messages":[0]}', b'{"messages":[0,1,]}'),
+        (b'{"messages":[0]}', b'{"messages":[0 1]}'),
+        (b'{"messages":[0]}', b'{"messages":[0,]}'),
+        (b'{"messages":[]}', b'{"messages":[,1]}'),
+    ],
+)
+def test_new_bytes_that_are_not_just_values(base: bytes, raw: bytes) -> None:
+    cache = RequestCache(1 << 24, min_bytes=0)
+    cache.parse(base, "s", "a")
+    try:
+        want = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        with pytest.raises(orjson.JSONDecodeError):
+            cache.parse(raw, "s", "b")
+        return
+    assert orjson.dumps(cache.parse(raw, "s", "b").obj) == orjson.dumps(want)
