@@ -64,6 +64,9 @@ _scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
 
 MIN_BYTES = 2048
 """Bodies shorter than this are parsed whole and not cached (nothing to gain)."""
+MIN_REUSE = 16384
+"""Bodies shorter than this are parsed whole (orjson is as fast as the reuse there), and cached
+for the longer ones that follow."""
 CANDIDATES = 8
 """Bases kept per cache key (sub-agents sharing a session, sessions sharing an opening)."""
 _DEEP = 1000
@@ -130,7 +133,7 @@ class _Entry:
         i = _ws(s, 0).end() + 1 if n else 0  # past ','
         try:
             more, _ = _elements(s, i)
-        except RecursionError:
+        except (RecursionError, ValueError, StopIteration, IndexError):
             return False
         self.ends = self.ends + [start + x for x in more]  # a new list: entries share theirs
         return True
@@ -161,8 +164,8 @@ def scan_offsets(raw: bytes) -> tuple[str, int, list[int], int] | None:
     object. ``raw`` must be valid JSON (orjson parsed it)."""
     try:
         return _top_level(raw.decode("latin-1"))
-    except RecursionError:  # nested deeper than the stdlib scanner goes: not cached
-        return None
+    except (RecursionError, ValueError, StopIteration, IndexError):
+        return None  # nested deeper than the stdlib scanner goes (or it disagrees): not cached
 
 
 def _top_level(s: str) -> tuple[str, int, list[int], int] | None:
@@ -215,9 +218,10 @@ def _elements(s: str, i: int) -> tuple[list[int], int]:
 class RequestCache:
     """Recent bodies by key (a session name, else a hash of the body's opening), bounded in bytes."""
 
-    def __init__(self, max_bytes: int, min_bytes: int = MIN_BYTES) -> None:
+    def __init__(self, max_bytes: int, min_bytes: int = MIN_BYTES, min_reuse: int = MIN_REUSE) -> None:
         self.max_bytes = max_bytes
         self.min_bytes = min_bytes
+        self.min_reuse = min_reuse
         self._keys: OrderedDict[str, list[_Entry]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -239,7 +243,7 @@ class RequestCache:
             return Parsed(orjson.loads(raw), None)
         key = self.key_for(raw, session)
         with self._lock:
-            cands = list(self._keys.get(key, ()))
+            cands = list(self._keys.get(key, ())) if len(raw) >= self.min_reuse else []
         best: tuple[_Entry, int] | None = None
         for e in cands:
             if len(raw) == len(e.raw) and raw == e.raw:  # a retry

@@ -143,7 +143,7 @@ def extra(kind: str, s: Session) -> bytes:
     steps=st.lists(ops, min_size=1, max_size=12),
 )
 def test_sequences_parse_as_orjson_does(key: str, named: bool, steps: list[Any]) -> None:
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     s = Session(key, ["model", "tools", key, "stream"], 0)
     raws: dict[str, bytes] = {}
     sid = "sess" if named else None
@@ -185,7 +185,7 @@ def test_sequences_parse_as_orjson_does(key: str, named: bool, steps: list[Any])
 )
 def test_append_is_reused(history: list[Any], more: list[Any], style: int) -> None:
     """An appended body is read from its base: only the new elements parsed, old objects shared."""
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     one = dump({"model": "m", "messages": history, "stream": True}, style)
     two = dump({"model": "m", "messages": history + more, "stream": True}, style)
     first, _ = cache.parse(one, "s", "a")
@@ -202,7 +202,7 @@ def test_append_is_reused(history: list[Any], more: list[Any], style: int) -> No
 
 def test_edit_before_the_end_reuses_the_elements_before_it() -> None:
     """Claude Code moves ``cache_control`` to the newest block: the previous last message changes."""
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     hist = [{"role": "user", "content": [{"type": "text", "text": f"t{i}"}]} for i in range(10)]
     hist[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
     one = orjson.dumps({"model": "m", "messages": hist, "system": "s"})
@@ -236,7 +236,7 @@ def test_scan_offsets() -> None:
 
 
 def test_bounded_in_bytes() -> None:
-    cache = RequestCache(200_000, min_bytes=0)
+    cache = RequestCache(200_000, min_bytes=0, min_reuse=0)
     for i in range(50):
         raw = orjson.dumps({"messages": [{"content": str(i) * 2000}]})
         assert cache.parse(raw, f"s{i}", str(i)).obj == orjson.loads(raw)
@@ -248,7 +248,7 @@ def test_bounded_in_bytes() -> None:
 
 def test_deep_nesting_fails_as_orjson_does() -> None:
     """The new elements are parsed at the depth they have in the body: orjson's limit counts alike."""
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     one = b'{"messages":[1]}'
     cache.parse(one, "s")
     for depth in (1020, 1021, 1022, 1023, 1024):
@@ -337,7 +337,7 @@ def test_recording_leaves_shared_objects_unchanged(
 
     from orchard_rec.proxy import reqparse
 
-    cache = RequestCache(1 << 26, min_bytes=0)
+    cache = RequestCache(1 << 26, min_bytes=0, min_reuse=0)
     monkeypatch.setattr(reqparse, "cache", cache)
     proxy = proxy_factory(upstream.url, sqlite_url, mode=mode)
     for dialect, agent in AGENTS.items():
@@ -365,7 +365,7 @@ def test_tito_leaves_shared_objects_unchanged(
 
     from orchard_rec.proxy import reqparse
 
-    cache = RequestCache(1 << 26, min_bytes=0)
+    cache = RequestCache(1 << 26, min_bytes=0, min_reuse=0)
     monkeypatch.setattr(reqparse, "cache", cache)
     proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo")
     for dialect, agent in AGENTS.items():
@@ -378,7 +378,7 @@ def test_tito_leaves_shared_objects_unchanged(
 def test_a_body_parsed_whole_is_located_only_when_a_later_one_may_repeat_it() -> None:
     """A miss costs the parse only (a cache that thrashes is no slower than none); another
     conversation with the same opening (the same hash key) does not get its offsets found."""
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     opening = [{"role": "system", "content": "s" * 500}]
     one = orjson.dumps({"messages": [*opening, {"role": "user", "content": "a" * 3000}]})
     other = orjson.dumps({"messages": [*opening, {"role": "user", "content": "b" * 3000}]})
@@ -409,7 +409,7 @@ def test_a_body_parsed_whole_is_located_only_when_a_later_one_may_repeat_it() ->
     ],
 )
 def test_new_bytes_that_are_not_just_values(base: bytes, raw: bytes) -> None:
-    cache = RequestCache(1 << 24, min_bytes=0)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
     cache.parse(base, "s", "a")
     try:
         want = orjson.loads(raw)
