@@ -1,10 +1,13 @@
-"""Builders for tests: call records (like mitmproxy's tflow), image data URLs, free loopback ports."""
+"""Builders and small helpers for tests: call records (like mitmproxy's tflow), image data URLs,
+free loopback ports, a raw JSON POST."""
 
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -56,6 +59,24 @@ def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
     assert samples[0].prompt_ids == list(calls[0].prompt_ids)  # (4)
 
 
+MARKER_TASK = "Please run `echo orchard > marker.txt` and tell me when it is done."
+"""The harness tests' tool task (``check_steps`` checks the agent did it)."""
+
+
+def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
+    """What the agent did, parsed from its own traffic (issue 19): the one shell command it was asked
+    to run, in its harness's tool vocabulary, answered, not failed, writing the marker file."""
+    from orchard_rec.recipes import session_steps
+
+    steps, _turns = session_steps(store, sid)
+    shell = [s for s in steps if s.kind == "shell"]
+    assert len(shell) == 1, [s.to_dict() for s in steps]
+    step = shell[0]
+    assert step.command is not None and "echo orchard > marker.txt" in step.command
+    assert "marker.txt" in step.edits and step.output is not None
+    assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
+
+
 def free_port() -> int:
     """A TCP port free on loopback now (for a server started in a subprocess)."""
     with socket.socket() as s:
@@ -66,3 +87,12 @@ def free_port() -> int:
 def data_url(png: bytes) -> str:
     """``png`` as the ``data:image/png;base64,...`` URL clients send images inline as."""
     return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
+    """POST ``body`` as JSON; the answer's exact bytes (an HTTP error raises)."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()

@@ -70,20 +70,7 @@ class PgCluster:
             "UTF8",
             "--no-sync",
         )
-        opts = self._opts()
-        self._run(
-            str(self.bindir / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-o",
-            opts,
-            "-l",
-            str(self.root / "log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
+        self._pg_start()
         return self
 
     def stop(self, mode: str = "immediate") -> None:
@@ -94,6 +81,9 @@ class PgCluster:
         )
 
     def restart(self) -> None:
+        self._pg_start()
+
+    def _pg_start(self) -> None:
         opts = self._opts()
         self._run(
             str(self.bindir / "pg_ctl"),

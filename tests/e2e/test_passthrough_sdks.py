@@ -8,31 +8,18 @@ its session and sequence number.
 from __future__ import annotations
 
 import json
-import urllib.request
-from typing import Any
 
 import anthropic
 import openai
 import pytest
+from factories import post_json
 
 from orchard_rec.records import CallOutcome, Dialect
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "exec_command",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-        },
-    }
-]
-RESP_TOOLS = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-    }
-]
+from .agents import CHAT_TOOL, RESP_TOOL
+
+TOOLS = [CHAT_TOOL]
+RESP_TOOLS = [RESP_TOOL]
 ANTH_TOOLS = [
     {
         "name": "Bash",
@@ -44,14 +31,6 @@ ANTH_TOOLS = [
         },
     }
 ]
-
-
-def _post_raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.read()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -86,7 +65,7 @@ def _post_raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
 )
 def test_client_receives_the_upstreams_bytes(upstream, proxy_factory, db_url, path, body, stream) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, db_url, mode="passthrough")
-    got = _post_raw(
+    got = post_json(
         f"{proxy.url}/s/bytes{path}",
         {**body, "stream": stream},
         {"anthropic-version": "2023-06-01"} if "messages" in path else None,

@@ -7,49 +7,20 @@ stripped again; Responses and Messages are translated to chat upstream and back.
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from factories import post_json
 
 from orchard_rec.records import Dialect
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "exec_command",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-        },
-    }
-]
-RESP_TOOLS = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-    }
-]
-ANTH_TOOLS = [
-    {
-        "name": "Bash",
-        "input_schema": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    }
-]
+from .agents import ANTH_TOOL, CHAT_TOOL, RESP_TOOL
 
-
-def _raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.read()
+TOOLS = [CHAT_TOOL]
+RESP_TOOLS = [RESP_TOOL]
+ANTH_TOOLS = [ANTH_TOOL]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -61,7 +32,7 @@ def test_chat_ids_recorded_and_hidden_from_the_client(upstream, proxy_factory, s
         "tools": TOOLS,
         "stream": stream,
     }
-    got = _raw(f"{proxy.url}/s/t/v1/chat/completions", body)
+    got = post_json(f"{proxy.url}/s/t/v1/chat/completions", body)
     assert b'token_ids":[' not in got and b'"logprob"' not in got
     sent_up = upstream.fake.log[-1][1]
     assert sent_up["return_token_ids"] is True and sent_up["logprobs"] is True
@@ -102,9 +73,9 @@ def test_client_that_asks_for_ids_gets_them_untouched(upstream, proxy_factory, s
         "return_token_ids": True,
         "logprobs": True,
     }
-    got = _raw(f"{proxy.url}/v1/chat/completions", body)
+    got = post_json(f"{proxy.url}/v1/chat/completions", body)
     assert got == upstream.fake.sent[-1]
-    got = _raw(
+    got = post_json(
         f"{proxy.url}/v1/completions", {"model": "m", "prompt": "x", "return_token_ids": True, "logprobs": 1}
     )
     assert got == upstream.fake.sent[-1]

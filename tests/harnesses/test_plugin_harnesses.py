@@ -18,7 +18,7 @@ import json
 import time
 
 import pytest
-from factories import check_invariants
+from factories import MARKER_TASK, check_invariants, check_steps
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
@@ -26,23 +26,6 @@ from orchard_rec.exporters.pipeline import export
 from orchard_rec.harnesses import HERMES, KIMI, OPENCODE, PI, Harness, install, is_probe, run_harness
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome, CallRecord
-
-PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
-
-
-def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
-    """What the agent did, parsed from its own traffic (issue 19): the one shell command it was asked
-    to run, in its harness's tool vocabulary, answered, not failed, writing the marker file."""
-    from orchard_rec.recipes import session_steps
-
-    steps, _turns = session_steps(store, sid)
-    shell = [s for s in steps if s.kind == "shell"]
-    assert len(shell) == 1, [s.to_dict() for s in steps]
-    step = shell[0]
-    assert step.command is not None and "echo orchard > marker.txt" in step.command
-    assert "marker.txt" in step.edits and step.output is not None
-    assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
-
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -97,7 +80,7 @@ def test_plugin_harness_runs_with_and_without_session_prefix(
             "--timeout",
             "240",
             "--",
-            PROMPT,
+            MARKER_TASK,
         ],
     )
     assert r.exit_code == 0, r.output[-3000:]
@@ -110,7 +93,7 @@ def test_plugin_harness_runs_with_and_without_session_prefix(
             harness,
             proxy.url,
             None,
-            [PROMPT],
+            [MARKER_TASK],
             model="fake-model",
             workdir=tmp_path / f"w{k}",
             home=tmp_path / f"h{k}",

@@ -11,27 +11,11 @@ registry into the cache folder on first use; .ci/run does it before the tests.
 from __future__ import annotations
 
 import pytest
-from factories import check_invariants
+from factories import MARKER_TASK, check_invariants, check_steps
 
 from orchard_rec.harnesses import CLAUDE_CODE, CODEX, OPENCLAW, install, run_harness
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
-
-PROMPT = "Please run `echo orchard > marker.txt` and tell me when it is done."
-
-
-def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
-    """What the agent did, parsed from its own traffic (issue 19): the one shell command it was asked
-    to run, in its harness's tool vocabulary, answered, not failed, writing the marker file."""
-    from orchard_rec.recipes import session_steps
-
-    steps, _turns = session_steps(store, sid)
-    shell = [s for s in steps if s.kind == "shell"]
-    assert len(shell) == 1, [s.to_dict() for s in steps]
-    step = shell[0]
-    assert step.command is not None and "echo orchard > marker.txt" in step.command
-    assert "marker.txt" in step.edits and step.output is not None
-    assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
 
 
 @pytest.mark.harness
@@ -47,7 +31,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
         harness,
         proxy.url,
         sid,
-        [PROMPT],
+        [MARKER_TASK],
         model="fake-model",
         workdir=tmp_path / "work",
         home=tmp_path / "home",
@@ -80,7 +64,7 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
         harness,
         proxy.url,
         None,
-        [PROMPT],
+        [MARKER_TASK],
         model="fake-model",
         workdir=tmp_path / "work2",
         home=tmp_path / "home2",
@@ -123,7 +107,7 @@ def test_orchard_rec_run_starts_a_proxy_and_prints_the_session(harness, upstream
             "--workdir",
             str(tmp_path / "w"),
             "--",
-            PROMPT,
+            MARKER_TASK,
         ],
     )
     assert r.exit_code == 0, r.output
@@ -165,7 +149,7 @@ def test_codex_through_tito_is_one_exact_sample(
         CODEX,
         proxy.url,
         "codex-tito",
-        [PROMPT],
+        [MARKER_TASK],
         model="fake-model",
         workdir=tmp_path / "work",
         home=tmp_path / "home",
