@@ -312,24 +312,33 @@ class Encoder:
 
     # the answer, its prompt-ids array as a delta
     def _answer(self, cap: Capture, answer: bytes, sid: str | None, offers: dict[str, Any]) -> list[Any]:
-        span = _prompt_span(cap, answer) if sid is not None and len(answer) >= idcut.MIN_BYTES else None
-        if span is None:
+        at = _prompt_at(cap, answer) if sid is not None and len(answer) >= idcut.MIN_BYTES else None
+        if at is None:
             return [_lit(answer)]
-        s, e = span
         assert sid is not None
+        s, e = at  # e: the array's end when the response path found it already, else 0
         out: list[Any] = [_lit(memoryview(answer)[:s])]
-        base = self.bases.get("ids", sid)
         crc = -1
+        base = self.bases.get("ids", sid)
         if base is not None:
             bid, bdata, bs, be, bcrc = base
             k = be - bs - 1  # the base's array less its "]"
-            if e - s > k and _same(answer, s, memoryview(bdata), bs, k) and answer[s + k] in (0x2C, 0x5D):
-                tail = answer[s + k : e]  # ",new,ids]" (or "]": the same array)
-                if _compact(tail):
-                    out.append(["ref", "ids", bid, be - bs, 0, k, bcrc])
+            if (
+                len(answer) > s + k
+                and answer[s + k] in (0x2C, 0x5D)  # "," or "]"
+                and _same(answer, s, memoryview(bdata), bs, k)
+            ):
+                end = e or answer.find(b"]", s + k) + 1  # only the new ids are searched
+                tail = answer[s + k : end]
+                if end > s + k and _compact(tail):  # flat and compact, as the base was
+                    e = end
+                    out.append(["ref", "ids", bid, k + 1, 0, k, bcrc])
                     out.append(_lit(tail))
                     crc = zlib.crc32(tail[:-1], bcrc)
         if crc < 0:
+            e = e or answer.find(b"]", s) + 1
+            if e <= s:
+                return [_lit(answer)]
             arr = answer[s:e]
             out.append(_lit(arr))
             self.whole += 1
@@ -388,19 +397,27 @@ def _recipe(request: Any, up: Any) -> dict[str, Any] | None:
     return extra
 
 
-def _prompt_span(cap: Capture, answer: bytes) -> tuple[int, int] | None:
-    """Where the answer's (first) prompt-ids array is: from ``cap.id_cut`` (token mode found it on
-    the response path), else searched (``idcut._find``: C-speed). None if it has none."""
+_KEY = b'"prompt_token_ids":'
+
+
+def _prompt_at(cap: Capture, answer: bytes) -> tuple[int, int] | None:
+    """Where the answer's (first) prompt-ids array starts, and its end if known already: from
+    ``cap.id_cut`` (token mode found it on the response path), else the first ``"prompt_token_ids":``
+    key followed by ``[`` (a C-speed search of the bytes before it: in valid JSON that pattern only
+    starts a key). The array's bytes are not checked here: only what is new in them is, as it is
+    written (``_answer``). None if there is none."""
     if not cap.stream and cap.id_cut is not None and cap.body is answer:
         for path, s, e in cap.id_cut[1]:
             if path and path[-1] == "prompt_token_ids":
                 return s, e
         return None
-    found = idcut._find(answer)
-    for _, name, s, e in found or ():
-        if name == "prompt_token_ids" and e - s > 2:
-            return s, e
-    return None
+    i = answer.find(_KEY)
+    if i < 0:
+        return None
+    s = i + len(_KEY)
+    while answer[s : s + 1] in (b" ", b"\n", b"\r", b"\t"):
+        s += 1
+    return (s, 0) if answer[s : s + 1] == b"[" else None
 
 
 def _default(v: Any) -> Any:

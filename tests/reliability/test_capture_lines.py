@@ -28,7 +28,7 @@ from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import CallRecord
 from orchard_rec.storage import Store
-from orchard_rec.storage.spool import Spool
+from orchard_rec.storage.spool import Spool, SpoolFormatError
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
 
@@ -109,6 +109,8 @@ def _run_session(
     with BackgroundServer(lambda: build_app(cfg, store=store)) as proxy:
         rec = proxy.app[RECORDER]
         rec.retry_s = 0.2
+        if fail_from is not None:
+            rec.batch_bytes = 1  # a replay then stores (and acknowledges) one call at a time
         taps.tap_spool(rec.spool)
         spool_batch = rec._spool_batch
         caps: list[Any] = []
@@ -224,3 +226,89 @@ def test_a_line_whose_base_is_gone_is_set_aside_with_a_reason(upstream, tmp_path
         assert rec.spool_rejected == 1
     assert (tmp_path / "lost.spool.rejected").read_bytes() == taps.lines[-1] + b"\n"
     assert "neither in the spool nor in the database" in caplog.text
+
+
+def _cap(sid: str, raw: bytes, answer: bytes, *, stream: bool = False) -> Any:
+    from orchard_rec.proxy.capture import Capture
+    from orchard_rec.records import Dialect
+
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
+    cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+    cap.status_code, cap.stream = 200, stream
+    if stream:
+        cap.chunks = [answer[i : i + 5000] for i in range(0, len(answer), 5000)]
+    else:
+        cap.body = answer
+    return capline.snapshot(cap)
+
+
+def _answer(ids: list[int], sep: bytes = b",") -> bytes:
+    text = "é" * 3000  # multi-byte characters around the cuts
+    return (
+        b'{"id":"x","choices":[{"message":{"content":"'
+        + text.encode()
+        + b'"}}],"prompt_token_ids":['
+        + sep.join(str(i).encode() for i in ids)
+        + b"]}"
+    )
+
+
+def test_capture_lines_round_trip_byte_exact_through_forks_and_odd_bytes() -> None:
+    """Growth, a repeat, a fork (the prompt no longer extends the base), ids written with spaces
+    (never a base: the database renders them compactly), a new message that differs from the base
+    inside a multi-byte character, a stream cut anywhere: every line rebuilds the exact bytes."""
+    enc = capline.Encoder()
+    msgs = ["à" * 3000]
+    ids = list(range(1000, 5000))
+    steps: list[Any] = []
+    for k, (more, sep, stream) in enumerate(
+        [
+            (50, b",", False),
+            (50, b",", True),
+            (0, b",", False),
+            (-100, b",", False),
+            (40, b", ", False),
+            (40, b",", True),
+        ]
+    ):
+        msgs.append("è" * 200 if k % 2 else "é" * 200)
+        raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": m} for m in msgs]})
+        ids = ids + list(range(7, 7 + more)) if more >= 0 else ids[:more] + [1, 2, 3]
+        steps.append(_cap("odd", raw, _answer(ids, sep), stream=stream))
+    lines = [enc.encode(c) for c in steps]
+    dec = capline.Decoder(None)
+    for c, line in zip(steps, lines, strict=True):
+        got = dec.capture(orjson.loads(line))
+        assert got.request_raw == c.request_raw and got.request == c.request
+        assert (b"".join(got.chunks) if c.stream else got.body) == (
+            b"".join(c.chunks) if c.stream else c.body
+        )
+    parts = [orjson.loads(x)["answer"] for x in lines]
+    assert any(p[0] == "ref" for p in parts[1])  # grown: on the base
+    assert any(p[0] == "ref" for p in parts[2])  # the same ids again
+    assert not any(p[0] == "ref" for p in parts[3])  # a fork: whole, and the new base
+    assert not any(p[0] == "ref" for p in parts[4])  # ", " separators: whole, and no base
+    assert not any(p[0] == "ref" for p in parts[5])
+    assert all(len(line) < 30_000 for line in lines[1:3])
+
+
+def test_a_base_read_back_other_than_written_is_refused() -> None:
+    """The database's ids for a base differ from the array the line was written against (CRC)."""
+    enc = capline.Encoder()
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]})
+    first = _cap("crc", raw, _answer(list(range(100, 5000))))
+    second = _cap("crc", raw, _answer(list(range(100, 5100))))
+    enc.encode(first)
+    line = orjson.loads(enc.encode(second))
+
+    class Db:
+        def request_text(self, call_id: str) -> str:
+            return raw.decode()
+
+        def prompt_ids(self, call_id: str) -> tuple[int, ...]:
+            return (*range(100, 4999), 4990)  # as long in JSON, another id
+
+    with pytest.raises(SpoolFormatError, match="other than it was written"):
+        capline.Decoder(Db()).capture(line)  # type: ignore[arg-type]
+    with pytest.raises(SpoolFormatError, match="neither in the spool nor in the database"):
+        capline.Decoder(None).capture(line)
