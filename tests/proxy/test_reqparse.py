@@ -418,3 +418,38 @@ def test_new_bytes_that_are_not_just_values(base: bytes, raw: bytes) -> None:
             cache.parse(raw, "s", "b")
         return
     assert orjson.dumps(cache.parse(raw, "s", "b").obj) == orjson.dumps(want)
+
+
+def test_capture_request_base_names_the_previous_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Capture.request_base``: the call whose body was the base, and the prefix/suffix it shares
+    (what the wal spool writes only the bytes between of); after a compaction, only the bytes
+    around the conversation."""
+    from orchard_rec.proxy import reqparse
+    from orchard_rec.proxy.core import Call
+    from orchard_rec.records import Dialect
+
+    monkeypatch.setattr(reqparse, "cache", RequestCache(1 << 24, min_bytes=0, min_reuse=0))
+    headers = {"content-type": "application/json", "user-agent": "OpenAI/Python 1.99.0"}
+    msgs: list[Any] = [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "go"}]
+    raws: dict[str, bytes] = {}
+    prev: str | None = None
+    for turn in range(6):
+        if turn == 4:
+            msgs = [{"role": "user", "content": "compacted"}]  # history rewritten: no base
+        body = {"model": "m", "messages": msgs, "tools": [{"type": "function", "function": {"name": "t"}}]}
+        raw = json.dumps(body, ensure_ascii=False).encode()
+        call = Call(Dialect.CHAT, "POST", "/s/cap/v1/chat/completions", headers)
+        call.name_session("cap")
+        call.identify(headers)
+        assert call.read(raw, "application/json", "token") == orjson.loads(raw)
+        base = call.cap.request_base
+        if turn == 0:
+            assert base is None
+        else:
+            assert base is not None and base[0] == prev
+            b, (_, p, s) = raws[base[0]], base
+            assert raw == b[:p] + raw[p : len(raw) - s] + b[len(b) - s :]
+            assert p == raw.index(b"[") + 1 if turn == 4 else p + s > len(raw) // 2, (turn, p, s, len(raw))
+        raws[call.cap.call_id] = raw
+        prev = call.cap.call_id
+        msgs = [*msgs, {"role": "assistant", "content": f"é{turn}"}, {"role": "user", "content": "more"}]
