@@ -1,11 +1,13 @@
 """Builders and small helpers for tests: call records (like mitmproxy's tflow), image data URLs,
-free loopback ports, a raw JSON POST."""
+free loopback ports, a raw JSON POST, ``orchard-rec serve`` in a subprocess."""
 
 from __future__ import annotations
 
 import base64
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -96,3 +98,40 @@ def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
+
+
+def serve_process(
+    port: int,
+    upstream: str,
+    db: str,
+    *args: str,
+    stdout: Any = subprocess.DEVNULL,
+    stderr: Any = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:
+    """``orchard-rec serve --upstream UPSTREAM --db DB --port PORT ARGS`` in a subprocess, returned
+    once its ``/healthz`` answers 200 (killed and an error raised if it exits or takes over 60 s)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchard_rec.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--db",
+        db,
+        "--port",
+        str(port),
+    ]
+    p = subprocess.Popen([*cmd, *args], stdout=stdout, stderr=stderr)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return p
+        except OSError:
+            pass
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            raise RuntimeError(f"orchard-rec serve did not start (exit code {p.poll()})")
+        time.sleep(0.05)

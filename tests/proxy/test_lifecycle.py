@@ -6,13 +6,12 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
 import aiohttp
 import pytest
-from factories import free_port
+from factories import free_port, serve_process
 
 from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
@@ -52,35 +51,19 @@ def test_client_disconnect_mid_stream_is_recorded_aborted_and_cancels_upstream(
 def test_sigterm_with_calls_in_flight_loses_none_that_completed(upstream_factory, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.01)
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchard_rec.cli",
-            "serve",
-            "--upstream",
-            up.url,
-            "--db",
-            db_url,
-            "--port",
-            str(port),
-            "--mode",
-            "passthrough",
-            "--spool",
-            str(tmp_path / "term.spool"),
-        ],
+    proc = serve_process(
+        port,
+        up.url,
+        db_url,
+        "--mode",
+        "passthrough",
+        "--spool",
+        str(tmp_path / "term.spool"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.05)
         completed: list[int] = []
 
         async def one(http: aiohttp.ClientSession, i: int) -> None:

@@ -15,15 +15,12 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import aiohttp
 import pytest
-from factories import free_port
+from factories import free_port, serve_process
 from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
@@ -106,41 +103,12 @@ def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path
     assert len(Store(f"sqlite:///{path}").calls("lk")) == 11
 
 
-def _serve(upstream: str, db: str, port: int, spool: Path) -> subprocess.Popen:  # type: ignore[type-arg]
-    """``serve`` with its default durability (no ``--durability``: the durable path)."""
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchard_rec.cli",
-            "serve",
-            "--upstream",
-            upstream,
-            "--db",
-            db,
-            "--port",
-            str(port),
-            "--spool",
-            str(spool),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(400):
-        try:
-            if _get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
-                return p
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("proxy did not start")
-
-
 @pytest.mark.slow
 def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'k.db'}"
     spool = tmp_path / "k.spool"
     port = free_port()
-    proc = _serve(upstream.url, db, port, spool)
+    proc = serve_process(port, upstream.url, db, "--spool", str(spool))  # no --durability: the default
     base = f"http://127.0.0.1:{port}"
     assert json.loads(_get(base + "/healthz")[1])["durability"] == "wal"  # the default
     completed: set[str] = set()
@@ -175,7 +143,7 @@ def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path
     asyncio.run(main())
     proc.wait(10)
     assert len(completed) > 100
-    restarted = _serve(upstream.url, db, port, spool)  # replays the spool at start-up
+    restarted = serve_process(port, upstream.url, db, "--spool", str(spool))  # replays the spool at start-up
     try:
         deadline = time.monotonic() + 20
         while json.loads(_get(base + "/healthz")[1])["spool_depth"] and time.monotonic() < deadline:

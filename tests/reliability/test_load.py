@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import aiohttp
 import pytest
-from factories import free_port
+from factories import free_port, serve_process
 
 from orchard_rec.storage import Store
 
@@ -34,32 +32,9 @@ def test_500_concurrent_streaming_sessions_bounded_memory(upstream_factory, tmp_
     up = upstream_factory(chunk_delay=0.002)
     db = f"sqlite:///{tmp_path / 'load.db'}"
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchard_rec.cli",
-            "serve",
-            "--upstream",
-            up.url,
-            "--db",
-            db,
-            "--port",
-            str(port),
-            "--mode",
-            "token",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = serve_process(port, up.url, db, "--mode", "token")
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(400):
-            try:
-                urllib.request.urlopen(base + "/healthz", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
         sent = ok = 0
         rss: list[float] = []
 
