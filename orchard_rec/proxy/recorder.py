@@ -21,7 +21,8 @@ Durability (``--durability``):
   all (the spool is the truth until then). Guarantee: every call whose response the client
   fully received is in the database or the spool, even after ``kill -9``.
 - ``async`` (opt-out): the record is written after the response; a database failure sends
-  the batch to the spool (fsync'd), replayed when the database is back. SIGTERM drains
+  the batch to the spool (fsync'd) as record lines (the records are built already, and no
+  client waits for them), replayed when the database is back. SIGTERM drains
   everything; ``kill -9`` loses the calls still queued (milliseconds' worth).
 The spool is replayed at start-up, and retried every ``retry_s`` while the database is down.
 

@@ -1,10 +1,10 @@
-"""The local spool: an append-only log of call records, fsync'd per batch.
+"""The local spool: an append-only log of calls, fsync'd per batch.
 
 It holds what the database has not (yet) acknowledged: in ``async`` durability, the
-batches a failed write could not store; in ``wal`` durability (the default), every batch,
-written before any of its clients gets its last byte. Records are replayed with
-``Store.write_batch``, which is idempotent by call id, so a replay that is interrupted and
-repeated stores each call exactly once. One process owns a spool (an exclusive ``flock``
+batches a failed write could not store (record lines); in ``wal`` durability (the default),
+every batch, written before any of its clients gets its last byte (capture lines, below).
+Records are replayed with ``Store.write_batch``, which is idempotent by call id, so a replay
+that is interrupted and repeated stores each call exactly once. One process owns a spool (an exclusive ``flock``
 on its file); the files survive ``kill -9`` and are replayed at the next start.
 
 Layout and rules:

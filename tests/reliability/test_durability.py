@@ -167,6 +167,24 @@ def test_spool_lines_are_versioned_and_legacy_lines_still_read(tmp_path: Path) -
     assert record_from_json(orjson.dumps(legacy)) == r
 
 
+def test_format_2_lines_of_the_previous_build_still_read(tmp_path: Path) -> None:
+    """A spool written by the build before capture lines (record lines, ``"_v": 2``, ids shed)
+    replays as it did."""
+    from dataclasses import replace
+
+    prompt = tuple(range(100, 400))
+    r = replace(_record("9" * 32), response={"id": "x", "prompt_token_ids": list(prompt)}, prompt_ids=prompt)
+    d = orjson.loads(record_to_json(r))
+    assert d["_v"] == FORMAT == 3 and d["response"]["prompt_token_ids"] is None
+    d["_v"] = 2
+    path = tmp_path / "v2.spool"
+    path.write_bytes(orjson.dumps(d) + b"\n")
+    sp = Spool(path)
+    records, _ = sp.pending()
+    assert records == [r] and sp.rejected == 0
+    sp.close()
+
+
 def test_undecodable_lines_are_moved_aside_never_cleared(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "x.spool"
     good = record_to_json(_record("d" * 32))
