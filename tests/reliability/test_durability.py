@@ -316,32 +316,8 @@ def test_spool_lines_hold_token_ids_once_and_read_back_equal() -> None:
     assert "_ids" not in orjson.loads(record_to_json(not_ids))
 
 
-def _serve(upstream: str, db: str, port: int, spool: Path, env: dict[str, str]) -> Any:
-    """``orchard-rec serve`` (token mode, wal: the defaults) in a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    p = subprocess.Popen(
-        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--db", db]
-        + ["--port", str(port), "--spool", str(spool)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **env},
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(400):
-        try:
-            _health(base)
-            return p
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise RuntimeError("proxy did not start")
-
-
 @pytest.mark.slow
-def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """40 growing turns of one session (stream and not), the database slow (lines pile up in
     the spool, later ones written against earlier ones), ``kill -9`` mid-run: after a restart
     every answered call is stored, its request byte for byte and its ids exact (as the model
@@ -350,12 +326,13 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
     import signal
     import threading
 
-    from factories import free_port
+    from factories import free_port, serve_process
 
     port = free_port()
     db = f"sqlite:///{tmp_path / 'long.db'}"
     spool = tmp_path / "long.spool"
-    proc = _serve(upstream.url, db, port, spool, {"ORCHARD_FAULT_WRITE_DELAY_S": "0.25"})
+    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.25")  # token mode and wal: the defaults
+    proc = serve_process(port, upstream.url, db, "--spool", str(spool))
     base = f"http://127.0.0.1:{port}"
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     hist: list[dict[str, Any]] = []
@@ -387,7 +364,8 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
     in_spool = {d["call_id"] for d in lines}
     refs = {p[2] for d in lines for p in [*d["request"], *(d["answer"] or [])] if p[0] == "ref"}
     assert refs - in_spool and refs & in_spool  # bases in the database and in the spool both
-    restarted = _serve(upstream.url, db, port, spool, {})
+    monkeypatch.delenv("ORCHARD_FAULT_WRITE_DELAY_S")
+    restarted = serve_process(port, upstream.url, db, "--spool", str(spool))
     try:
         _wait(lambda: _health(base)["spool_depth"] == 0, timeout=60)
         assert _health(base).get("spool_rejected", 0) == 0
