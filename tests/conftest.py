@@ -116,10 +116,19 @@ def proxy_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
         s.stop()
 
 
+@pytest.fixture(scope="module")
+def hf_tokenizer():  # type: ignore[no-untyped-def]
+    """The demo model's tokenizer as a Hugging Face tokenizer (what retokenizing exports use)."""
+    from orchard_rec.tokenizer import load_hf_tokenizer
+
+    return load_hf_tokenizer("demo")
+
+
 @pytest.fixture(scope="session")
 def recorded_db(tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
     """Six sessions over three dialects, in three groups ("task"), with rewards."""
     from e2e.agents import AGENTS
+    from factories import session_base
 
     from orchard_rec.demo.upstream import DemoUpstream
     from orchard_rec.proxy import BackgroundServer, ProxyConfig, build_app
@@ -132,7 +141,7 @@ def recorded_db(tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
         cfg = ProxyConfig(upstream=up.url + "/v1", db=db)
         with BackgroundServer(lambda: build_app(cfg)) as proxy:
             for k, dialect in enumerate(["chat", "responses", "messages", "chat", "responses", "messages"]):
-                AGENTS[dialect](f"{proxy.url}/s/sess-{k}" + ("" if dialect == "messages" else "/v1"), None)
+                AGENTS[dialect](session_base(proxy.url, f"sess-{k}", dialect), None)
             proxy.app[RECORDER].flush()
     store = Store(db)
     rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]

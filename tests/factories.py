@@ -1,16 +1,19 @@
 """Builders and small helpers for tests: call records (like mitmproxy's tflow), image data URLs,
-free loopback ports, a raw JSON POST, ``orchard-rec serve`` in a subprocess."""
+free loopback ports, session base URLs, a raw JSON POST, ``orchard-rec serve`` in a subprocess, a
+private copy of a recorded database."""
 
 from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
@@ -91,6 +94,12 @@ def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
+def session_base(url: str, sid: str, dialect: str) -> str:
+    """The base URL a ``dialect`` SDK is given to record session ``sid`` through the proxy at ``url``
+    (Anthropic's SDK adds ``/v1`` itself)."""
+    return f"{url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
+
+
 def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
     """POST ``body`` as JSON; the answer's exact bytes (an HTTP error raises)."""
     req = urllib.request.Request(
@@ -135,3 +144,10 @@ def serve_process(
             p.kill()
             raise RuntimeError(f"orchard-rec serve did not start (exit code {p.poll()})")
         time.sleep(0.05)
+
+
+def copy_db(db: str, folder: Path) -> str:
+    """A private copy of the SQLite database ``db`` (a URL) in ``folder``, for a test that writes to it."""
+    dst = folder / "o.db"
+    shutil.copy(db.removeprefix("sqlite:///"), dst)
+    return f"sqlite:///{dst}"

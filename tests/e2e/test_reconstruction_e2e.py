@@ -9,7 +9,7 @@ import concurrent.futures as cf
 import itertools
 
 import pytest
-from factories import check_invariants
+from factories import check_invariants, session_base
 
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
@@ -31,13 +31,13 @@ def _run_sessions(proxy_url: str) -> dict[str, int]:
     out = {}
     for dialect, agent in AGENTS.items():
         sid = f"warm-{dialect}"
-        out[sid] = agent(f"{proxy_url}/s/{sid}" + ("" if dialect == "messages" else "/v1"), None)
+        out[sid] = agent(session_base(proxy_url, sid, dialect), None)
     jobs = {}
     with cf.ThreadPoolExecutor(max_workers=12) as pool:
         for dialect, agent in AGENTS.items():
             for i in range(PER_DIALECT):
                 sid = f"{dialect}-{i}"
-                base = f"{proxy_url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
+                base = session_base(proxy_url, sid, dialect)
                 stream = [None, True, False][i % 3]
                 jobs[sid] = pool.submit(agent, base, stream)
         out.update({sid: f.result() for sid, f in jobs.items()})

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from orchard_rec.pipeline import iter_samples
-from orchard_rec.tokenizer import load_hf_tokenizer
 
 from .agents import AGENTS
 
@@ -16,11 +15,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.network,
 ]  # a Hugging Face tokenizer and chat templates: up to 30 s
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer():  # type: ignore[no-untyped-def]
-    return load_hf_tokenizer("demo")
 
 
 def _samples(store, sid, tok=None):  # type: ignore[no-untyped-def]

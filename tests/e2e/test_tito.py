@@ -8,6 +8,7 @@ upstream received (its own log) extend each other exactly, turn after turn."""
 from __future__ import annotations
 
 import pytest
+from factories import session_base
 
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
@@ -20,10 +21,6 @@ pytestmark = [
 ]  # tito sessions with a Hugging Face tokenizer: 2-7 s each
 
 
-def _base(url: str, sid: str, dialect: str) -> str:
-    return f"{url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
-
-
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
 def test_sessions_are_exact_and_prompts_prefix_consistent(
@@ -34,7 +31,7 @@ def test_sessions_are_exact_and_prompts_prefix_consistent(
     for k, stream in enumerate([None, True, False]):
         sid = f"{dialect}-{k}"
         before = len(up.fake.log)
-        n = AGENTS[dialect](_base(proxy.url, sid, dialect), stream)
+        n = AGENTS[dialect](session_base(proxy.url, sid, dialect), stream)
         sent = [b["prompt"] if "prompt" in b else b["input_ids"] for _, b in up.fake.log[before:]]
         assert len(sent) == n
         proxy.flush()

@@ -20,7 +20,6 @@ from factories import check_invariants
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
-from orchard_rec.tokenizer import load_hf_tokenizer
 
 pytestmark = [
     pytest.mark.slow,
@@ -32,11 +31,6 @@ SID = {"chat": "icpt-chat", "responses": "icpt-resp", "messages": "icpt-msg"}
 
 def _suffix(dialect: str) -> str:
     return "" if dialect == "messages" else "/v1"
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer():  # type: ignore[no-untyped-def]
-    return load_hf_tokenizer("demo")
 
 
 def test_print_ca_gives_the_ca_and_the_env_a_harness_needs(intercept_cmd, mitm_confdir) -> None:  # type: ignore[no-untyped-def]

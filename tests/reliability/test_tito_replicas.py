@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from e2e.agents import AGENTS
+from factories import session_base
 
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.reconstruct import reconstruct_session
@@ -65,10 +66,6 @@ class Balancer:
         return app
 
 
-def _base(url: str, sid: str, dialect: str) -> str:
-    return f"{url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
-
-
 def test_sessions_continue_across_two_replicas_and_a_restart(upstream_factory, proxy_factory, pg) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(drift=True)
     db = pg.new_database()
@@ -88,7 +85,7 @@ def test_sessions_continue_across_two_replicas_and_a_restart(upstream_factory, p
         for dialect in ("chat", "responses", "messages"):
             sid = f"rr-{dialect}"
             before_log = len(up.fake.log)
-            n = AGENTS[dialect](_base(lb.url, sid, dialect), None)
+            n = AGENTS[dialect](session_base(lb.url, sid, dialect), None)
             runs.append((sid, n, [b["prompt"] for _, b in up.fake.log[before_log:]]))
     assert restarted, "the restart happened mid-run"
     store = replicas[1].store()

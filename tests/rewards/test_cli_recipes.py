@@ -4,10 +4,10 @@ real openai / anthropic SDK agents (chat, Responses, Messages)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from factories import copy_db
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
@@ -20,13 +20,6 @@ pytestmark = (
 
 runner = CliRunner()
 COMMANDS = ["echo one", "echo two", "echo three"]  # what tests/e2e/agents.py asks for, in order
-
-
-def _copy(recorded_db: str, tmp_path: Path) -> str:
-    src = Path(recorded_db.removeprefix("sqlite:///"))
-    dst = tmp_path / "o.db"
-    shutil.copy(src, dst)
-    return f"sqlite:///{dst}"
 
 
 def test_steps_equal_what_each_sdk_agent_did(recorded_db: str) -> None:
@@ -45,7 +38,7 @@ def test_steps_equal_what_each_sdk_agent_did(recorded_db: str) -> None:
 
 
 def test_reward_stores_components_and_step_values(recorded_db: str, tmp_path: Path) -> None:
-    db = _copy(recorded_db, tmp_path)
+    db = copy_db(recorded_db, tmp_path)
     store = Store(db)
     gold = {"task": "t0", "resolved": True, "patch": "diff --git a/a.py b/a.py\n"}
     store.set_outcome("sess-0", Outcome(reward=1.0, status="completed", metadata=gold))

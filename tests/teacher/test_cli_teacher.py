@@ -4,12 +4,12 @@ scored by the demo upstream as a vLLM and as an SGLang teacher, stored, resumed,
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import copy_db
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
@@ -19,12 +19,6 @@ from orchard_rec.proxy.server import BackgroundServer
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-
-
-def _copy(recorded_db: str, tmp_path: Path) -> str:
-    dst = tmp_path / "o.db"
-    shutil.copy(recorded_db.removeprefix("sqlite:///"), dst)
-    return f"sqlite:///{dst}"
 
 
 def _direct_vllm(url: str, ids: list[int], k: int) -> list[Any]:
@@ -38,7 +32,7 @@ def _direct_vllm(url: str, ids: list[int], k: int) -> list[Any]:
 def test_teacher_scores_every_sample_and_exports_carry_it(
     kind: str, recorded_db: str, tmp_path: Path
 ) -> None:
-    db = _copy(recorded_db, tmp_path)
+    db = copy_db(recorded_db, tmp_path)
     with BackgroundServer(DemoUpstream().app()) as teacher:
         r = runner.invoke(app, ["teacher", "--db", db, "--url", teacher.url, "--kind", kind, "--top-k", "2"])
         assert r.exit_code == 0, r.output
@@ -69,7 +63,7 @@ def test_teacher_scores_every_sample_and_exports_carry_it(
 
 
 def test_max_len_truncation_and_failures(recorded_db: str, tmp_path: Path) -> None:
-    db = _copy(recorded_db, tmp_path)
+    db = copy_db(recorded_db, tmp_path)
     with BackgroundServer(DemoUpstream().app()) as teacher:
         out = tmp_path / "s.jsonl"
         runner.invoke(app, ["export", "--db", db, "--out", str(out)])
@@ -123,7 +117,7 @@ def test_usage_errors(recorded_db: str) -> None:
 def test_retokenize_teacher_through_the_cli(recorded_db: str, tmp_path: Path) -> None:
     from .test_retokenize import teacher_tokenizer
 
-    db = _copy(recorded_db, tmp_path)
+    db = copy_db(recorded_db, tmp_path)
     path = tmp_path / "teacher-tokenizer.json"
     teacher_tokenizer().save(str(path))
     r = runner.invoke(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import session_base
 
 from orchard_rec.proxy import BackgroundServer
 from orchard_rec.ui import build_ui_app, open_store
@@ -48,8 +49,7 @@ def record_sessions(db: str) -> dict[str, str]:
             with BackgroundServer(lambda cfg=cfg: build_app(cfg)) as proxy:
                 for dialect in ("chat", "responses", "messages"):
                     sid = f"{'drift' if drift else 'linear'}-{dialect}"
-                    base = f"{proxy.url}/s/{sid}" + ("" if dialect == "messages" else "/v1")
-                    AGENTS[dialect](base, None)
+                    AGENTS[dialect](session_base(proxy.url, sid, dialect), None)
                     kinds[sid] = "drift" if drift else "linear"
                 assert proxy.app is not None
                 proxy.app[RECORDER].flush()
