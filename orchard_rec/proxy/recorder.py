@@ -306,6 +306,7 @@ class Recorder:
             return self.lines.encode(item)
         except Exception:  # never leave a call unspooled for a bug here: its whole record instead
             log.exception("could not write the capture line of call %s; spooling its record", item.call_id)
+            self.lines.reset()  # it may have become a base, and a record line offers none
             try:
                 return record_to_json(item.to_record())
             except Exception:

@@ -312,3 +312,39 @@ def test_a_base_read_back_other_than_written_is_refused() -> None:
         capline.Decoder(Db()).capture(line)  # type: ignore[arg-type]
     with pytest.raises(SpoolFormatError, match="neither in the spool nor in the database"):
         capline.Decoder(None).capture(line)
+
+
+def test_a_call_whose_capture_line_fails_is_spooled_as_its_record(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A bug in the encoder costs the compact line, never the call: its whole record is spooled,
+    and no later line is written against it."""
+    from orchard_rec.proxy.recorder import Recorder
+
+    store = Store(f"sqlite:///{tmp_path / 'f.db'}")
+    store.upgrade()
+    rec = Recorder(store, spool=tmp_path / "f.spool", durability="wal")
+    rec.start()
+    taps = Taps(store)
+    taps.tap_spool(rec.spool)  # type: ignore[arg-type]
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 6000}]})
+    first = _cap("bug", raw, _answer(list(range(100, 5000))))
+    second = _cap("bug", raw, _answer(list(range(100, 5100))))
+    encode = rec.lines.encode
+
+    def broken(cap: Any) -> bytes:
+        line = encode(cap)  # remembered as a base, then fails
+        if cap.call_id == first.call_id:
+            raise RuntimeError("boom")
+        return line
+
+    rec.lines.encode = broken  # type: ignore[method-assign]
+    for cap in (first, second):
+        rec.begin()
+        rec.submit(cap)
+        assert rec.flush()
+    rec.close()
+    assert "could not write the capture line" in caplog.text
+    one, two = (orjson.loads(x) for x in taps.lines)
+    assert "_k" not in one and one["request_text"] == raw.decode()  # a record line
+    assert two["_k"] == "cap" and not any(p[0] == "ref" for p in two["request"] + two["answer"])
+    assert {c.call_id for c in store.calls("bug")} == {first.call_id, second.call_id}
+    store.close()
