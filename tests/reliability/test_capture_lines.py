@@ -147,7 +147,7 @@ CASES = [("chat", "token"), ("completions", "token"), ("responses", "token"), ("
 @pytest.mark.parametrize(
     ("dialect", "mode"),
     [
-        pytest.param(*c, marks=() if c[0] == "chat" else pytest.mark.slow)
+        pytest.param(*c, marks=() if c == ("chat", "token") else pytest.mark.slow)
         for c in [*CASES, ("chat", "tito"), ("responses", "tito")]
     ],
 )
