@@ -69,7 +69,7 @@ _SLOTS: tuple[str, ...] = tuple(Capture.__slots__)
 
 
 def snapshot(cap: Capture) -> Capture:
-    """A shallow copy of ``cap`` as it is now (its chunk list and metadata copied): what its spool
+    """A shallow copy of ``cap`` as it is now (its lists and metadata copied): what its spool
     line says, so the record the database thread builds later from it is the record a replay of
     the line builds, whatever the handler does to ``cap`` afterwards."""
     c = Capture.__new__(Capture)
@@ -80,6 +80,8 @@ def snapshot(cap: Capture) -> Capture:
             pass
     c.chunks = list(cap.chunks)
     c.metadata = dict(cap.metadata)
+    if cap.client_events is not None:  # a translated stream's list, the filter's own
+        c.client_events = list(cap.client_events)
     if c.done_at is None:
         c.done_at = time.time()
     return c
