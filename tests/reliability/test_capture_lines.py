@@ -191,8 +191,18 @@ def test_a_database_failure_mid_session_replays_what_live_would_have_stored(
     bases come back from the database), then returns: the replay stores every call, and each
     reads back (``Store.get_call``, what ``orchard-rec calls --json`` shows) equal to the record
     the live path built, written to a database that never failed."""
-    db = f"sqlite:///{tmp_path / 'replayed.db'}"
-    store, taps, live = _run_session(upstream.url, db, tmp_path, dialect, mode, turns=6, fail_from=2)
+    _replayed_equals_live(upstream.url, f"sqlite:///{tmp_path / 'replayed.db'}", tmp_path, dialect, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_database_failure_mid_session_replays_on_postgresql(upstream, pg, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same on PostgreSQL (the bases read back through ``Store.request_text`` / ``prompt_ids``)."""
+    _replayed_equals_live(upstream.url, pg.new_database(), tmp_path, "chat", "token")
+
+
+def _replayed_equals_live(upstream_url: str, db: str, tmp_path: Path, dialect: str, mode: str) -> None:
+    store, taps, live = _run_session(upstream_url, db, tmp_path, dialect, mode, turns=6, fail_from=2)
     assert taps.records  # a write failed
     ref = Store(f"sqlite:///{tmp_path / 'reference.db'}")
     ref.upgrade()
