@@ -159,61 +159,77 @@ def _without_billing_block(system: Any) -> Any:
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic Messages request as a chat completions request."""
-    messages: list[dict[str, Any]] = []
-    system = _without_billing_block(body.get("system"))
-    if system:
-        messages.append({"role": "system", "content": text_of(system)})
+    messages = system_to_chat(body)
     for m in body.get("messages") or ():
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        content = m.get("content")
-        if role == "system":
-            messages.append({"role": "system", "content": text_of(content)})
-            continue
-        if isinstance(content, str) or content is None:
-            messages.append({"role": role, "content": content or ""})
-            continue
-        if role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": None}
-            texts: list[dict[str, Any]] = []
-            for b in content:
-                if not isinstance(b, dict):
-                    continue
-                t = b.get("type")
-                if t == "thinking":
-                    msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
-                elif t == "tool_use":
-                    msg.setdefault("tool_calls", []).append(
-                        {
-                            "id": b.get("id"),
-                            "type": "function",
-                            "function": {
-                                "name": b.get("name"),
-                                "arguments": orjson.dumps(b.get("input", {})).decode(),
-                            },
-                        }
-                    )
-                elif t == "text":
-                    texts.append(b)
-            if texts:
-                msg["content"] = _anthropic_parts(texts)
-            messages.append(msg)
-            continue
-        rest: list[Any] = []
+        messages += message_to_chat(m)
+    return chat_request(body, messages)
+
+
+def system_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages a Messages request's ``system`` becomes (none or one)."""
+    system = _without_billing_block(body.get("system"))
+    return [{"role": "system", "content": text_of(system)}] if system else []
+
+
+def message_to_chat(m: Any) -> list[dict[str, Any]]:
+    """The chat messages one Messages message becomes: a function of that message alone (so a
+    resent history's translation can be reused message by message, ``proxy.tochat``)."""
+    messages: list[dict[str, Any]] = []
+    if not isinstance(m, dict):
+        return messages
+    role = m.get("role")
+    content = m.get("content")
+    if role == "system":
+        messages.append({"role": "system", "content": text_of(content)})
+        return messages
+    if isinstance(content, str) or content is None:
+        messages.append({"role": role, "content": content or ""})
+        return messages
+    if role == "assistant":
+        msg: dict[str, Any] = {"role": "assistant", "content": None}
+        texts: list[dict[str, Any]] = []
         for b in content:
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                messages.append(
+            if not isinstance(b, dict):
+                continue
+            t = b.get("type")
+            if t == "thinking":
+                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
+            elif t == "tool_use":
+                msg.setdefault("tool_calls", []).append(
                     {
-                        "role": "tool",
-                        "tool_call_id": b.get("tool_use_id"),
-                        "content": _tool_result_content(b.get("content")),
+                        "id": b.get("id"),
+                        "type": "function",
+                        "function": {
+                            "name": b.get("name"),
+                            "arguments": orjson.dumps(b.get("input", {})).decode(),
+                        },
                     }
                 )
-            else:
-                rest.append(b)
-        if rest:
-            messages.append({"role": role or "user", "content": _anthropic_parts(rest)})
+            elif t == "text":
+                texts.append(b)
+        if texts:
+            msg["content"] = _anthropic_parts(texts)
+        messages.append(msg)
+        return messages
+    rest: list[Any] = []
+    for b in content:
+        if isinstance(b, dict) and b.get("type") == "tool_result":
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": b.get("tool_use_id"),
+                    "content": _tool_result_content(b.get("content")),
+                }
+            )
+        else:
+            rest.append(b)
+    if rest:
+        messages.append({"role": role or "user", "content": _anthropic_parts(rest)})
+    return messages
+
+
+def chat_request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat request for a Messages ``body`` whose conversation translated to ``messages``."""
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     tools = []
     for t in body.get("tools") or ():

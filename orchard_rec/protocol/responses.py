@@ -143,16 +143,48 @@ def _responses_tools(tools: Any) -> tuple[list[dict[str, Any]], set[str], list[s
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as a chat completions request."""
-    messages: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": text_of(body["instructions"])})
+    fold = InputFold(body)
     inp = body.get("input")
-    if isinstance(inp, str):
-        messages.append({"role": "user", "content": inp})
-    pending_reasoning: str | None = None
     for item in inp if isinstance(inp, list) else ():
+        fold.feed(item)
+    return chat_request(body, fold.messages)
+
+
+class InputFold:
+    """The chat messages of a Responses request's instructions and input items, fed one item at a
+    time (what an item becomes depends on the items before it: reasoning waits for the assistant
+    message it belongs to, a function call joins the assistant message before it). ``resumed``
+    continues a copy (a resent history's translation reused up to its new items, ``proxy.tochat``)."""
+
+    __slots__ = ("messages", "pending_reasoning")
+
+    def __init__(self, body: dict[str, Any] | None) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.pending_reasoning: str | None = None
+        if body is None:
+            return
+        if body.get("instructions"):
+            self.messages.append({"role": "system", "content": text_of(body["instructions"])})
+        inp = body.get("input")
+        if isinstance(inp, str):
+            self.messages.append({"role": "user", "content": inp})
+
+    def resumed(self) -> InputFold:
+        """A copy to feed more items to, sharing no object ``feed`` may change with this one."""
+        out = InputFold(None)
+        out.messages = self.messages.copy()
+        out.pending_reasoning = self.pending_reasoning
+        if out.messages:  # the only message a later item changes (a function call joining it)
+            last = out.messages[-1] = dict(out.messages[-1])
+            if "tool_calls" in last:
+                last["tool_calls"] = list(last["tool_calls"])
+        return out
+
+    def feed(self, item: Any) -> None:
         if not isinstance(item, dict):
-            continue
+            return
+        messages = self.messages
+        pending_reasoning = self.pending_reasoning
         kind = item.get("type") or ("message" if "role" in item else None)
         last = messages[-1] if messages else None
         if kind == "message":
@@ -178,7 +210,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 "type": "function",
                 "function": {"name": item.get("name"), "arguments": args or ""},
             }
-            if last is not None and last["role"] == "assistant" and not last.get("_closed"):
+            if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 msg = {"role": "assistant", "content": None, "tool_calls": [call]}
@@ -196,8 +228,11 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         # item_reference and unknown items carry nothing a chat model can see
-    for m in messages:
-        m.pop("_closed", None)
+        self.pending_reasoning = pending_reasoning
+
+
+def chat_request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat request for a Responses ``body`` whose instructions and input translated to ``messages``."""
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     tools, _custom, _dropped = _responses_tools(body.get("tools"))
     if tools:

@@ -100,7 +100,7 @@ class Call:
         and in token ``mode`` the plan (``self.plan``) of what goes upstream instead."""
         cap = self.cap
         body = take_body(cap, raw, content_type)
-        self.plan = plan = plan_for(mode, cap.dialect, body)
+        self.plan = plan = plan_for(mode, cap.dialect, body, cap.session_id, cap.bytes_in)
         if plan is not None:
             cap.upstream_request = plan.body
             cap.upstream_dialect = plan.upstream

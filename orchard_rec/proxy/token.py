@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.protocol import anthropic, responses, to_chat
+from orchard_rec.protocol import anthropic, responses
 from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
 from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
 from orchard_rec.protocol.sse import DONE_FRAME, SSEParser, encode
-from orchard_rec.proxy import idcut
+from orchard_rec.proxy import idcut, tochat
 from orchard_rec.records import Dialect
 
 __all__ = ["Plan", "StreamFilter", "plan_for"]
@@ -247,8 +247,11 @@ class StreamFilter:
         return getattr(self.translator, "final", None)
 
 
-def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
-    """The token-mode plan for a call, or None to relay it natively."""
+def plan_for(
+    mode: str, dialect: Dialect, body: Any, session: str | None = None, size: int = 0
+) -> Plan | None:
+    """The token-mode plan for a call, or None to relay it natively. ``session`` (and the body's
+    ``size`` in bytes): translations reuse the session's previous one (``proxy.tochat``)."""
     if mode != "token" or not isinstance(body, dict):
         return None
     if dialect is Dialect.CHAT:
@@ -267,7 +270,7 @@ def plan_for(mode: str, dialect: Dialect, body: Any) -> Plan | None:
             up["logprobs"] = 0
         return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
     if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
-        chat = to_chat(dialect, body)
+        chat = tochat.translator.to_chat(dialect, body, session, size)
         chat["return_token_ids"] = True
         chat["logprobs"] = True
         if chat.get("stream"):

@@ -335,16 +335,21 @@ def test_recording_leaves_shared_objects_unchanged(
     request objects later calls of the session share; the recorded requests are the bodies sent."""
     from e2e.agents import AGENTS
 
-    from orchard_rec.proxy import reqparse
+    from orchard_rec import protocol
+    from orchard_rec.proxy import reqparse, tochat
+    from orchard_rec.records import Dialect
 
     cache = RequestCache(1 << 26, min_bytes=0, min_reuse=0)
     monkeypatch.setattr(reqparse, "cache", cache)
     proxy = proxy_factory(upstream.url, sqlite_url, mode=mode)
+    translated = tochat.translator.reused
     for dialect, agent in AGENTS.items():
-        for named in (True, False):
-            agent(_base_url(proxy.url, f"{dialect}-{mode}" if named else None, dialect), None)
+        for named, stream in ((True, False), (True, True), (False, None)):  # None: alternating
+            sid = f"{dialect}-{mode}-{stream}" if named else None
+            agent(_base_url(proxy.url, sid, dialect), stream)
     hits = _unchanged(cache)
     assert hits >= 6
+    assert (tochat.translator.reused > translated) == (mode == "token")
     proxy.flush()
     store = proxy.store()
     n = 0
@@ -353,6 +358,10 @@ def test_recording_leaves_shared_objects_unchanged(
             if c.request_text is not None:
                 assert c.request == orjson.loads(c.request_text)
                 n += 1
+            if mode == "token" and c.dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
+                # the translation reused across calls (proxy.tochat) is each call's own
+                want = protocol.to_chat(c.dialect, c.request)
+                assert c.upstream_request["messages"] == want["messages"]
     assert n >= 12
     assert _unchanged(cache) == hits
 
