@@ -4,7 +4,9 @@ recording core every front door shares.
 Owns: ``core`` (the sans-io ``Call``/``StreamRelay``: identity, body, WebSocket refusal, token-mode
 plan, what the client receives, end of stream, errors in the caller's dialect), ``capture`` (what a
 call collects; ``to_record`` on the writer thread), ``request`` and ``identity`` (caller, session
-ids, stored headers), ``token`` (token-mode ``Plan``/``StreamFilter``), ``idcut`` (token-id
+ids, stored headers), ``reqparse`` (request bodies read from their session's previous one: only
+the new bytes parsed), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tochat`` (token mode's
+Responses/Messages-to-chat translation, only the new items), ``idcut`` (token-id
 arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
 sessions), ``recorder`` (the writer threads), ``capline`` (the spool's capture lines under ``wal``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
