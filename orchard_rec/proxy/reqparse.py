@@ -263,7 +263,11 @@ class RequestCache:
             if got is not None:
                 entry, base = got
                 self.hits += 1
-                self._put(key, entry, best[0])
+                # a body that repeats (nearly) all of its base supersedes it; one that shares only
+                # the start (another conversation with the same opening, a compaction) is kept beside
+                # it, or conversations sharing a key would keep displacing each other
+                base_entry, k = best
+                self._put(key, entry, base_entry if k >= base_entry.count - 2 else None)
                 return Parsed(entry.handed_out(), base)
         self.misses += 1
         obj = orjson.loads(raw)

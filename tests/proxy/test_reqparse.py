@@ -462,3 +462,22 @@ def test_capture_request_base_names_the_previous_call(monkeypatch: pytest.Monkey
         raws[call.cap.call_id] = raw
         prev = call.cap.call_id
         msgs = [*msgs, {"role": "assistant", "content": f"é{turn}"}, {"role": "user", "content": "more"}]
+
+
+def test_conversations_sharing_an_opening_do_not_displace_each_other() -> None:
+    """Unnamed sessions of one task (the same system prompt and first message, so the same hash
+    key) alternate: each keeps its own base and reads only its new messages."""
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
+    opening = [{"role": "system", "content": "s" * 2000}, {"role": "user", "content": "task"}]
+    convos: dict[str, list[Any]] = {"a": list(opening), "b": list(opening)}
+    for turn in range(6):
+        for name, convo in convos.items():
+            convo += [
+                {"role": "assistant", "content": f"{name}{turn}" * 200},
+                {"role": "user", "content": "ok"},
+            ]
+            raw = orjson.dumps({"model": "m", "messages": convo})
+            got, base = cache.parse(raw)
+            assert got == orjson.loads(raw)
+            if turn >= 2:  # read from its own previous body: only the two new messages parsed
+                assert base is not None and base[1] > len(raw) - 1000
