@@ -38,33 +38,59 @@ _LINE = re.compile(rb"\r\n|\n|\r")
 
 
 class SSEParser:
-    """Feed bytes, get complete ``(event_name, data)`` pairs."""
+    """Feed bytes, get complete ``(event_name, data)`` pairs.
 
-    __slots__ = ("_buf",)
+    Linear in the bytes fed however an event is chunked: a chunk without a boundary is only
+    searched with the last bytes before it (a boundary is at most 4 bytes) and kept aside, and the
+    buffered parts are joined once, when an event completes (a 1 MB first event of a 150k-token
+    token-mode stream in 16 kB chunks: 385 ms re-searching and re-copying the whole buffer per
+    chunk, on the event loop, before this)."""
+
+    __slots__ = ("_parts", "_tail")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._parts: list[bytes] = []
+        """Bytes of an unfinished event, no boundary among them."""
+        self._tail = b""
+        """Their last 3 bytes (where a boundary finished by the next chunk may start)."""
 
     @property
     def pending(self) -> bool:
         """Bytes of an unfinished event are buffered."""
-        return bool(self._buf)
+        return bool(self._parts)
+
+    @property
+    def _buf(self) -> bytes:
+        return b"".join(self._parts)
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
-        self._buf += chunk
+        if not chunk:
+            return []
+        if self._parts and _boundary(self._tail + chunk, 0)[0] < 0:
+            self._parts.append(chunk)
+            self._tail = (self._tail + chunk)[-3:]
+            return []
+        old = sum(map(len, self._parts))
+        buf = b"".join(self._parts) + chunk if self._parts else chunk
         out: list[tuple[str | None, str]] = []
-        while True:
-            m = _BOUNDARY.search(self._buf)
-            if m is None:
-                return out
-            block, self._buf = self._buf[: m.start()], self._buf[m.end() :]
-            ev = _parse_block(block)
+        pos = 0
+        while True:  # the first boundary is not in the old bytes but their last 3
+            start, end = _boundary(buf, max(pos, old - 3))
+            if start < 0:
+                break
+            ev = _parse_block(buf[pos:start])
             if ev is not None:
                 out.append(ev)
+            pos = end
+        rest = buf[pos:] if pos else buf
+        self._parts = [rest] if rest else []
+        self._tail = rest[-3:]
+        return out
 
     def flush(self) -> list[tuple[str | None, str]]:
         """The last event, if the stream ended without a blank line."""
-        block, self._buf = self._buf, b""
+        block = self._buf
+        self._parts, self._tail = [], b""
         ev = _parse_block(block) if block.strip() else None
         return [ev] if ev is not None else []
 
@@ -82,10 +108,23 @@ def last_boundary(buf: bytes) -> int:
     return max(ends, default=0)
 
 
+def _boundary(buf: bytes, pos: int) -> tuple[int, int]:
+    """``(start, end)`` of the first blank line at or after ``pos`` (``_BOUNDARY``'s leftmost match),
+    ``(-1, -1)`` if none: ``bytes.find`` for the usual ``\\n\\n``, the pattern only from a ``\\r``
+    before it (a regular expression scans a 1 MB event at ~50 MB/s)."""
+    i = buf.find(b"\n\n", pos)
+    j = buf.find(b"\r", pos) if i < 0 else buf.find(b"\r", pos, i)
+    if j >= 0:  # a CR-based boundary may come first; one ending after i + 2 cannot start before i
+        m = _BOUNDARY.search(buf, j, len(buf) if i < 0 else i + 2)
+        if m is not None:
+            return m.start(), m.end()
+    return (i, i + 2) if i >= 0 else (-1, -1)
+
+
 def _parse_block(block: bytes) -> tuple[str | None, str] | None:
     name: str | None = None
     data: list[str] = []
-    for raw in _LINE.split(block):
+    for raw in _LINE.split(block) if b"\r" in block else block.split(b"\n"):
         line = raw.decode("utf-8", errors="replace")
         if not line or line.startswith(":"):
             continue
