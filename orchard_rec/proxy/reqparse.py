@@ -17,19 +17,20 @@ base's bytes up to the end of its element ``k`` (the parser then sits inside the
 value), ``raw`` ends with the base's bytes from the array's ``]`` on (which close the array and
 the object exactly as in the base), and the bytes in between are ``, value, value ...`` (or
 nothing), then ``raw`` is valid and its object is the base's with elements ``k..`` replaced by
-those values. They are parsed alone as ``[...]``: one JSON text only if its brackets are each
-other's, so the new bytes cannot close the array and go on with other keys (a deeper wrapper
-could be closed early by them; such bodies are parsed whole). New bytes with enough brackets
-to come near orjson's nesting limit, which counts from the body's top, are parsed whole too.
-A conversation key present twice at the top
-level is never cached (the last one wins, so the offsets would not be the object's).
+those values. They are parsed alone as ``[...]``, one JSON text only if its brackets are each
+other's: new bytes that close the array and go on with other keys fail there, and the body is
+parsed whole (a deeper wrapper such as ``{"":[...]}`` would accept them). New bytes with enough brackets
+to come near orjson's nesting limit, which counts from the body's top, are parsed whole too. A
+conversation key present twice at the top level is never reused (the last one wins, so the
+offsets would not be the object's).
 
-Offsets: a body parsed whole gets them when a later body may repeat it (``_Entry.locate``: a
-cache that thrashes costs nothing beyond the parse) from the standard library's C scanner walking the top
-level of its Latin-1 decoding (one character per byte, so positions are byte offsets; JSON's
-structure is ASCII and UTF-8's multi-byte sequences are all >= 0x80, never a quote or a
-backslash); a body read incrementally gets them from the base's and from the same scanner
-over the new bytes only.
+Offsets: a body parsed whole gets them only when a later body may repeat it (``_Entry.locate``:
+a cache that thrashes costs nothing beyond the parse), from the standard library's C scanner
+walking the top level of its Latin-1 decoding (one character per byte, so positions are byte
+offsets; JSON's structure is ASCII and UTF-8's multi-byte sequences are all >= 0x80, never a
+quote or a backslash). A body read from a base inherits the base's offsets and knows where its
+last element ends; its new elements' own ends are scanned only if a later body repeats it only
+in part (``_Entry.fill``).
 
 Sharing: the returned dict is fresh, its conversation list fresh, but the elements' objects
 (and the other top-level values) are the cached ones, shared with other calls of the session.
