@@ -32,6 +32,9 @@ from orchard_rec.records import Dialect
 
 __all__ = ["Translator", "translator"]
 
+CANDIDATES = 4
+"""Translations kept per session (its sub-agents' conversations each continue their own)."""
+
 
 class _State:
     __slots__ = ("cost", "fold", "instructions", "items", "outs")
@@ -61,7 +64,7 @@ class Translator:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._states: OrderedDict[tuple[str, Dialect], _State] = OrderedDict()
+        self._states: OrderedDict[tuple[str, Dialect], list[_State]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.reused = 0
@@ -77,19 +80,25 @@ class Translator:
         if session is None or self.max_bytes <= 0 or type(items) is not list:
             return protocol.to_chat(dialect, body)
         with self._lock:
-            state = self._states.get((session, dialect))
-        k = _same_prefix(state.items, items) if state is not None else 0
-        if state is None or k == 0:
+            states = list(self._states.get((session, dialect), ()))
+        state, k = None, 0
+        for st in states:  # the one sharing the most items (a session's sub-agents keep their own)
+            n = _same_prefix(st.items, items)
+            if dialect is Dialect.RESPONSES and (
+                n < len(st.items) or body.get("instructions") != st.instructions
+            ):
+                continue  # a fold continues only after all of its items
+            if n > k:
+                state, k = st, n
+        if state is None:
             return self._whole(dialect, body, session, items, cost)
         if dialect is Dialect.MESSAGES:
-            chat = self._messages(body, items, state, k, cost)
+            chat, new = self._messages(body, items, state, k, cost)
         else:
-            if k < len(state.items) or body.get("instructions") != state.instructions:
-                return self._whole(dialect, body, session, items, cost)
-            chat = self._responses(body, items, state, cost)
-        self._put((session, dialect), chat[1])
+            chat, new = self._responses(body, items, state, cost)
+        self._put((session, dialect), new, state)
         self.reused += k
-        return chat[0]
+        return chat
 
     def _validate(self, dialect: Dialect, body: dict[str, Any], key: str, new: list[Any]) -> None:
         """The real checks on the top level and the ``new`` items."""
@@ -155,18 +164,22 @@ class Translator:
         self._put((session, dialect), new)
         return chat
 
-    def _put(self, key: tuple[str, Dialect], state: _State) -> None:
+    def _put(self, key: tuple[str, Dialect], state: _State, replaces: _State | None = None) -> None:
         if state.cost > self.max_bytes // 4:
             return
         with self._lock:
-            old = self._states.pop(key, None)
-            if old is not None:
-                self._bytes -= old.cost
-            self._states[key] = state
+            lst = self._states.pop(key, None) or []
+            if replaces is not None and replaces in lst:
+                lst.remove(replaces)
+                self._bytes -= replaces.cost
+            lst.insert(0, state)
             self._bytes += state.cost
+            while len(lst) > CANDIDATES:
+                self._bytes -= lst.pop().cost
+            self._states[key] = lst
             while self._bytes > self.max_bytes and self._states:
                 _, gone = self._states.popitem(last=False)
-                self._bytes -= gone.cost
+                self._bytes -= sum(g.cost for g in gone)
 
 
 def _untranslatable(dialect: Dialect, exc: Exception) -> BadRequest:

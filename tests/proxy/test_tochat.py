@@ -133,3 +133,22 @@ def test_reuse_happens_and_state_is_bounded() -> None:
         body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
         tr.to_chat(Dialect.MESSAGES, body, f"s{i}", 1000)
         assert tr._bytes <= 10_000
+
+
+def test_sub_agents_in_one_session_keep_their_own_translations() -> None:
+    """Claude Code runs sub-agents under its session id: the main conversation and a sub-agent's
+    alternate, and each continues its own translation."""
+    tr = Translator(1 << 24)
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
+    convos = {"main": [{"role": "user", "content": "task"}], "sub": [{"role": "user", "content": "sub-task"}]}
+    for turn in range(4):
+        for name, convo in convos.items():
+            convo += [{"role": "assistant", "content": f"{name}{turn}"}, {"role": "user", "content": "ok"}]
+            raw = orjson.dumps({"model": "m", "max_tokens": 5, "system": name, "messages": convo})
+            body = cache.parse(raw, "s").obj
+            before = tr.reused
+            assert tr.to_chat(Dialect.MESSAGES, body, "s", len(raw)) == protocol.to_chat(
+                Dialect.MESSAGES, body
+            )
+            if turn:
+                assert tr.reused - before == len(convo) - 2
