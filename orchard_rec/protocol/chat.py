@@ -67,7 +67,8 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
     usage = None
     for ch in chunks:
         if ch.get("prompt_token_ids") is not None and "prompt_token_ids" not in out:
-            out["prompt_token_ids"] = list(ch["prompt_token_ids"])
+            v = ch["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
+            out["prompt_token_ids"] = list(v) if isinstance(v, list) else v
         if ch.get("usage"):
             usage = ch["usage"]
         if ch.get("system_fingerprint") is not None:  # vLLM sends it in the last chunk only

@@ -46,7 +46,8 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
             acc = choices.setdefault(idx, {"index": idx, "text": "", "finish_reason": None})
             acc["text"] += c.get("text") or ""
             if c.get("prompt_token_ids") is not None and "prompt_token_ids" not in acc:
-                acc["prompt_token_ids"] = list(c["prompt_token_ids"])
+                v = c["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
+                acc["prompt_token_ids"] = list(v) if isinstance(v, list) else v
             if c.get("token_ids") is not None:
                 acc.setdefault("token_ids", []).extend(c["token_ids"])
             lp = c.get("logprobs")

@@ -112,7 +112,9 @@ def _boundary(buf: bytes, pos: int) -> tuple[int, int]:
     """``(start, end)`` of the first blank line at or after ``pos`` (``_BOUNDARY``'s leftmost match),
     ``(-1, -1)`` if none: ``bytes.find`` for the usual ``\\n\\n``, the pattern only from a ``\\r``
     before it (a regular expression scans a 1 MB event at ~50 MB/s)."""
-    i = buf.find(b"\n\n", pos)
+    i = buf.find(b"\n", pos)  # memchr: a line feed is rare in an event (each ends a line)
+    while i >= 0 and buf[i + 1 : i + 2] != b"\n":
+        i = buf.find(b"\n", i + 1)
     j = buf.find(b"\r", pos) if i < 0 else buf.find(b"\r", pos, i)
     if j >= 0:  # a CR-based boundary may come first; one ending after i + 2 cannot start before i
         m = _BOUNDARY.search(buf, j, len(buf) if i < 0 else i + 2)
@@ -122,22 +124,26 @@ def _boundary(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _parse_block(block: bytes) -> tuple[str | None, str] | None:
+    """Fields split in bytes and decoded once (``:`` and line ends are ASCII, never inside a UTF-8
+    sequence: the same as decoding each line first, without copying a 1 MB line three times)."""
     name: str | None = None
-    data: list[str] = []
+    data: list[bytes] = []
     for raw in _LINE.split(block) if b"\r" in block else block.split(b"\n"):
-        line = raw.decode("utf-8", errors="replace")
-        if not line or line.startswith(":"):
+        if not raw or raw[0] == 0x3A:  # ":" a comment
             continue
-        field, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if field == "event":
-            name = value
-        elif field == "data":
+        k = raw.find(b":")
+        if k < 0:
+            field, value = raw, b""
+        else:
+            field = raw[:k]
+            value = raw[k + 2 :] if raw[k + 1 : k + 2] == b" " else raw[k + 1 :]
+        if field == b"event":
+            name = value.decode("utf-8", errors="replace")
+        elif field == b"data":
             data.append(value)
     if name is None and not data:
         return None
-    return name, "\n".join(data)
+    return name, b"\n".join(data).decode("utf-8", errors="replace")
 
 
 def parse_sse(chunks: Iterable[bytes]) -> list[tuple[str | None, str]]:

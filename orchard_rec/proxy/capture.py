@@ -19,6 +19,7 @@ from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Ids
 
 __all__ = ["Capture"]
@@ -111,6 +112,11 @@ class Capture:
         self.outcome = outcome
         self.error = error
 
+    def _ids_injected(self) -> bool:
+        """Token mode asked the upstream for the ids the client did not (storage strips them from
+        what the client received, events included: ``layout.client_view``)."""
+        return layout.injected(self.upstream_dialect.value, self.request, self.upstream_request)[0]
+
     def to_record(self, ids: IdParser | None = None) -> CallRecord:
         """The record (writer thread). ``ids`` parses large answers' token-id arrays (only the ids
         new to the session, when it has seen the session's previous prompt)."""
@@ -122,7 +128,7 @@ class Capture:
             for name, data in parse_sse(self.chunks):
                 try:
                     if ids is not None and len(data) >= MIN_BYTES:
-                        obj, more = ids.load(data.encode(), self.session_id, views=False)
+                        obj, more = ids.load(data.encode(), self.session_id)
                         known += more
                     else:
                         obj = orjson.loads(data) if data and data != "[DONE]" else data
@@ -154,7 +160,7 @@ class Capture:
             if isinstance(response, dict):
                 finish = response.get("stop_reason") or response.get("status") or finish
         prompt, completion = _ints(prompt_ids, known), _ints(completion_ids, known)
-        _settle(response, known, prompt)
+        _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         model = None
@@ -193,21 +199,28 @@ class Capture:
         )
 
 
-def _settle(response: Any, known: list[Known], prompt: Any) -> None:
-    """Leave a prompt's ``Ids`` in the answer only where it is the record's prompt and where
-    storage and the spool write it as ``null`` by identity (``prompt_token_ids`` of the answer or
-    of its first choice); anywhere else it becomes the list it stands for."""
-    keep: list[Any] = []
-    if isinstance(response, dict):
-        keep.append(response)
-        choices = response.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            keep.append(choices[0])
-    for val, _, node, key in known:
-        if isinstance(val, Ids) and not (
-            val is prompt and key == "prompt_token_ids" and any(node is k for k in keep)
-        ):
-            node[key] = list(val)
+def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: bool) -> None:
+    """Leave a prompt's ``Ids`` in what is recorded only where it is the record's prompt and where
+    storage and the spool write it as ``null`` by identity: ``prompt_token_ids`` of the answer or
+    of its first choice, and of an event (or its first choice) when token mode injected the ids
+    (``in_events``: storage strips them from what the client received); anywhere else it becomes
+    the list it stands for."""
+
+    def fix(node: Any, allowed: bool) -> None:
+        v = node.get("prompt_token_ids")
+        if isinstance(v, Ids) and not (allowed and v is prompt):
+            node["prompt_token_ids"] = list(v)
+
+    objs = [(response, True)]
+    objs += [(e[1], in_events) for e in events or () if isinstance(e, list) and len(e) == 2]
+    for obj, allowed in objs:
+        if isinstance(obj, dict):
+            fix(obj, allowed)
+            choices = obj.get("choices")
+            if isinstance(choices, list):
+                for i, c in enumerate(choices):
+                    if isinstance(c, dict):
+                        fix(c, allowed and i == 0)
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -273,9 +273,42 @@ def test_ids_is_a_view_equal_to_its_tuple() -> None:
         a[3]
 
 
-def test_parsed_records_write_and_read_as_parsed_whole(tmp_path: Any) -> None:
-    """The parser's records carry a prompt as ``Ids``, in the answer too (no list of it): the spool
-    lines and what storage gives back are the same as for records parsed whole."""
+def capture(data: Any, stream: bool, injected: bool) -> Capture:
+    """A chat call's capture: ``data`` an answer object (``stream``: sent as its events)."""
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", "s")
+    cap.status_code, cap.stream = 200, stream
+    cap.request = {"model": "m", "messages": [], "stream": stream}
+    if not injected:
+        cap.request["return_token_ids"] = True
+    cap.upstream_request = {**cap.request, "return_token_ids": True, "logprobs": True}
+    if not stream:
+        cap.body = orjson.dumps(data)
+        return cap
+    c0 = data["choices"][0]
+    head = {"id": data["id"], "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [
+        {
+            **head,
+            "prompt_token_ids": data["prompt_token_ids"],
+            "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+        },
+        {**head, "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": c0["token_ids"][:1]}]},
+        {
+            **head,
+            "choices": [{"index": 0, "delta": {}, "token_ids": c0["token_ids"][1:], "finish_reason": "stop"}],
+        },
+    ]
+    sse = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    cap.chunks = [sse[i : i + 4096] for i in range(0, len(sse), 4096)]
+    return cap
+
+
+@pytest.mark.parametrize("injected", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+def test_parsed_records_write_and_read_as_parsed_whole(tmp_path: Any, stream: bool, injected: bool) -> None:
+    """The parser's records carry a prompt as ``Ids``, in the answer too (no list of it), and in a
+    stream's events where storage strips them: the spool lines and what storage gives back are the
+    same as for records parsed whole."""
     from orchard_rec.storage import Store
     from orchard_rec.storage.delta import Ids
     from orchard_rec.storage.spool import record_to_json
@@ -287,9 +320,12 @@ def test_parsed_records_write_and_read_as_parsed_whole(tmp_path: Any) -> None:
     for st in stores.values():
         st.upgrade()
     for k, prompt in enumerate(prompts):
-        data = orjson.dumps(answer(prompt))
-        got, want = record(data, ids), record(data, None)
+        got = capture(answer(prompt), stream, injected).to_record(ids)
+        want = capture(answer(prompt), stream, injected).to_record(None)
         assert isinstance(got.prompt_ids, Ids) and got.response["prompt_token_ids"] is got.prompt_ids
+        if stream:
+            first = got.events[0][1]["prompt_token_ids"]  # type: ignore[index]
+            assert (first is got.prompt_ids) is injected and first == want.events[0][1]["prompt_token_ids"]  # type: ignore[index]
         for r in (got, want):
             for f, v in (("call_id", f"c{k}"), ("received_at", 1.0), ("done_at", 2.0)):
                 object.__setattr__(r, f, v)
@@ -297,7 +333,10 @@ def test_parsed_records_write_and_read_as_parsed_whole(tmp_path: Any) -> None:
         stores["parsed"].write_batch([got])
         stores["whole"].write_batch([want])
     back = {
-        k: [orjson.dumps(c.response) + orjson.dumps(c.prompt_ids) for c in s.calls("s")]
+        k: [
+            orjson.dumps(c.response) + orjson.dumps(c.events) + orjson.dumps(c.prompt_ids)
+            for c in s.calls("s")
+        ]
         for k, s in stores.items()
     }
     assert back["parsed"] == back["whole"] and len(back["whole"]) == len(prompts)
