@@ -10,7 +10,9 @@ same session that this process spooled earlier (their *bases*):
   bytes in between (``cap.request_base`` when the request parser found the base, else a
   memcmp-speed prefix/suffix search against the session's previous request);
 - the upstream request: token mode's native plans as their recipe (the request plus the injected
-  keys), anything else (translated plans, tito) as a delta of its JSON bytes;
+  keys); a translated plan (Responses / Messages to chat) as the leading messages it shares, object
+  for object, with one of the session's last few upstream bodies (``proxy.tochat`` reuses them)
+  plus its new messages and other keys; anything else (tito) as a delta of its JSON bytes;
 - the answer (the body, or the stream's chunks joined): literal bytes, except the prompt's
   ``"prompt_token_ids":[...]`` array, written as "the base's array less its ``]``" plus the new
   bytes when it extends the base's (as ``idcut.IdParser`` reuses a prefix);
@@ -23,8 +25,10 @@ A line is one JSON object, ``"_v": 3, "_k": "cap"``; each byte string is a list 
 ``["t", text]`` (UTF-8 bytes as text), ``["b", base64]``, and ``["ref", kind, call_id, n, start,
 end(, crc)]``: bytes ``start:end`` of call ``call_id``'s ``kind`` base (``req``: its raw request,
 ``ids``: its prompt-ids array, ``up``: its upstream request's JSON), which is ``n`` bytes long
-(and whose first ``end`` bytes have that CRC-32: an ids base read back from the database). What a
-line offers as bases to later lines is in its ``"bases"``.
+(and whose first ``end`` bytes have that CRC-32: an ids base read back from the database); a
+translated upstream body is ``{"msgs": [call_id, n, k], "new": [...], "keys": [...], "other": {...}}``
+(the first ``k`` of call ``call_id``'s ``n`` upstream messages, then ``new``). What a line offers
+as bases to later lines is in its ``"bases"``.
 
 At replay (``Decoder``) a line's bases are found among the lines decoded before it, else in the
 database (the base's line was acknowledged, so its call is there): the request text as stored
@@ -208,11 +212,18 @@ class Encoder:
         if max_bytes is None:
             max_bytes = int(float(os.environ.get("ORCHARD_SPOOL_BASES_MB", "256")) * (1 << 20))
         self.bases = _Bases(max_bytes)
+        self.objs: OrderedDict[str, list[tuple[str, dict[str, Any], int]]] = OrderedDict()
+        """Per session, its last few translated upstream bodies ``(call id, body, size)``: their
+        ``messages`` are shared, object for object, by the next call's (``proxy.tochat``)."""
+        self.objs_bytes = 0
+        self.max_objs_bytes = max_bytes
         self.whole = 0
         """Byte strings written whole (no base, or it did not match): a session's first call, mostly."""
 
     def reset(self) -> None:
         self.bases.clear()
+        self.objs.clear()
+        self.objs_bytes = 0
 
     def encode(self, cap: Capture) -> bytes:
         sid = cap.session_id
@@ -286,6 +297,8 @@ class Encoder:
         recipe = _recipe(cap.request, up)
         if recipe is not None:
             return {"recipe": recipe}
+        if sid is not None and type(up) is dict and isinstance(up.get("messages"), list):
+            return self._messages(cap, up, sid, offers)
         data = orjson.dumps(up)
         out: list[Any] | None = None
         if sid is not None and len(data) >= _SMALL:
@@ -299,6 +312,40 @@ class Encoder:
             self.bases.put("up", sid, (cap.call_id, data, 0, len(data), 0))
             offers["up"] = True
         return {"bytes": out}
+
+    def _messages(self, cap: Capture, up: dict[str, Any], sid: str, offers: dict[str, Any]) -> Any:
+        """A translated chat body: the messages it shares (by identity) with one of the session's
+        last upstream bodies as a reference, the rest as JSON. O(messages + new bytes)."""
+        msgs = up["messages"]
+        best: tuple[str, int, int] | None = None
+        for bid, body, _ in self.objs.get(sid, ()):
+            old = body["messages"]
+            n = min(len(old), len(msgs))
+            k = 0
+            while k < n and msgs[k] is old[k]:
+                k += 1
+            if k and (best is None or k > best[2]):
+                best = (bid, len(old), k)
+        if best is None:
+            self.whole += 1
+        out = {
+            "msgs": None if best is None else list(best),
+            "new": msgs if best is None else msgs[best[2] :],
+            "keys": list(up),
+            "other": {k: v for k, v in up.items() if k != "messages"},
+        }
+        size = max(cap.bytes_in, 1)
+        before = self.objs.pop(sid, [])
+        self.objs_bytes -= sum(e[2] for e in before)
+        kept = [e for e in before if best is None or e[0] != best[0]]  # the continued one is replaced
+        entries = [(cap.call_id, up, size), *kept[:3]]
+        self.objs[sid] = entries
+        self.objs_bytes += sum(e[2] for e in entries)
+        while self.objs_bytes > self.max_objs_bytes and self.objs:
+            _, gone = self.objs.popitem(last=False)
+            self.objs_bytes -= sum(e[2] for e in gone)
+        offers["upobj"] = True
+        return out
 
     def _tokens(self, cap: Capture) -> Any:
         t = cap.tokens
@@ -442,6 +489,8 @@ class Decoder:
         self.store = store
         self._bases: dict[tuple[str, str], bytes] = {}
         """``(kind, call id)`` -> the base's bytes, from lines of this pass."""
+        self._objs: dict[str, dict[str, Any]] = {}
+        """call id -> its translated upstream body (this pass's, or read back)."""
         self._latest: dict[tuple[str, str | None], str] = {}
         self.from_db = 0
 
@@ -450,6 +499,8 @@ class Decoder:
         keep = {(kind, cid) for (kind, _), cid in self._latest.items()}
         for key in [k for k in self._bases if k not in keep]:
             del self._bases[key]
+        for cid in [c for c in self._objs if ("upobj", c) not in keep]:
+            del self._objs[cid]
 
     def capture(self, d: dict[str, Any]) -> Capture:
         try:
@@ -495,6 +546,16 @@ class Decoder:
                 rebuilt = dict(cap.request)
                 rebuilt.update(up["recipe"])
                 cap.upstream_request = rebuilt
+            elif "keys" in up:
+                msgs = up["new"]
+                if up["msgs"] is not None:
+                    bid, n, k = up["msgs"]
+                    msgs = self._messages(bid, n)[:k] + msgs
+                other = up["other"]
+                cap.upstream_request = {key: msgs if key == "messages" else other[key] for key in up["keys"]}
+                if offers.get("upobj"):
+                    self._objs[cap.call_id] = cap.upstream_request
+                    self._latest[("upobj", sid)] = cap.call_id
             else:
                 data = self._bytes(up["bytes"])
                 cap.upstream_request = orjson.loads(data)
@@ -514,6 +575,25 @@ class Decoder:
             if span:
                 self._offer("ids", sid, cap.call_id, answer[span[0] : span[1]])
         return cap
+
+    def _messages(self, cid: str, n: int) -> list[Any]:
+        """The ``messages`` of call ``cid``'s upstream body (``n`` of them), from this pass or the database."""
+        body = self._objs.get(cid)
+        if body is None and self.store is not None:
+            rec = self.store.get_call(cid)
+            body = None if rec is None else rec.upstream_request
+            if isinstance(body, dict):
+                self._objs[cid] = body
+                self.from_db += 1
+        if not isinstance(body, dict):
+            raise SpoolFormatError(
+                f"its upstream base, call {cid}, is neither in the spool nor in the database "
+                "(was the database replaced?)"
+            )
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or len(msgs) != n:
+            raise SpoolFormatError(f"its upstream base, call {cid}, is not the body it was written against")
+        return msgs
 
     def _offer(self, kind: str, sid: str | None, call_id: str, data: bytes) -> None:
         self._bases[(kind, call_id)] = data
