@@ -654,7 +654,9 @@ class FastStack:
                     p.kill()
 
 
-def fast_run(tmp: Path, durability: str, turns: int, conc: int, seconds: float) -> dict[str, Any]:
+def fast_run(
+    tmp: Path, durability: str, turns: int, conc: int, seconds: float, rate: float = 8.0
+) -> dict[str, Any]:
     """Proxy CPU by turn, added latency, writer throughput and /healthz under 150k-token calls."""
     bodies = _bodies(turns + 60)
     st = FastStack(tmp, durability)
@@ -784,9 +786,73 @@ def fast_run(tmp: Path, durability: str, turns: int, conc: int, seconds: float) 
                 "healthz_load": _pcts(health_lat),
             }
         )
+        res.update(_paced(st, bodies, base, conc, seconds, rate))
     finally:
         st.stop()
     return res
+
+
+def _paced(
+    st: FastStack, bodies: list[bytes], base: int, conc: int, seconds: float, rate: float
+) -> dict[str, Any]:
+    """150k-token calls at ``rate`` calls/s in all (``conc`` sessions, each growing a turn per call):
+    what a harness fleet sends when the box is not saturated. Above, the driver, the fake upstream
+    and the proxy compete for 2 cores flat out, so /healthz also measures the OS's run queue; here
+    it measures the proxy. Each session's first call (a session first seen at ~138k tokens is
+    recorded whole, once) is made and recorded before the window."""
+    w = st.written()
+    for i in range(conc):
+        Http(st.port).post(f"/s/paced-{i}/v1/chat/completions", bodies[base + i * 3])
+    st.settle(w + conc)
+    time.sleep(0.5)
+    stop = threading.Event()
+    sent = [0] * conc
+    late = [0.0] * conc
+    rejected = [0] * conc
+    t0 = time.perf_counter() + 0.2
+    gap = conc / rate
+
+    def drive(i: int) -> None:
+        c = Http(st.port)
+        k = base + i * 3 + 1
+        j = 0
+        while not stop.is_set() and k < len(bodies):
+            due = t0 + (j + i / conc) * gap
+            now = time.perf_counter()
+            if due > now:
+                time.sleep(due - now)
+            else:
+                late[i] = max(late[i], now - due)
+            try:
+                c.post(f"/s/paced-{i}/v1/chat/completions", bodies[k])
+            except HttpError as exc:
+                if exc.status != 429:
+                    raise
+                rejected[i] += 1
+            else:
+                sent[i] += 1
+                k += 1
+            j += 1
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(conc)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2 + min(1.0, seconds / 4))
+    lat = _poll_health(st.port, seconds)
+    depth = st.health()["queue_depth"]
+    stop.set()
+    for t in threads:
+        t.join()
+    window = time.perf_counter() - t0
+    return {
+        "paced_rate": rate,
+        "paced_per_s": sum(sent) / window,
+        "paced_rejected": sum(rejected),
+        "paced_late_ms": max(late) * 1e3,
+        "paced_depth_end": depth,
+        "paced_load": _load(),
+        "healthz_paced": _pcts(lat),
+    }
 
 
 _POLLER = """
@@ -938,6 +1004,12 @@ def main() -> None:
     ap.add_argument("--fast-turns", type=int, default=200)
     ap.add_argument("--fast-concurrency", type=int, default=4)
     ap.add_argument("--fast-seconds", type=float, default=15.0)
+    ap.add_argument(
+        "--paced-rate",
+        type=float,
+        default=8.0,
+        help="calls/s of the paced part (/healthz when not saturated)",
+    )
     ap.add_argument("--inproc-turns", type=int, default=200, help="in-process per-part CPU (0 skips it)")
     ap.add_argument(
         "--before", default=None, help="with --render: a --json of the same run on an earlier tree, compared"
@@ -997,7 +1069,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in results["inproc"].items() if k != "rows"}), flush=True)
     fast = []
     for d in [d for d in a.fast.split(",") if d]:
-        r = fast_run(tmp, d, a.fast_turns, a.fast_concurrency, a.fast_seconds)
+        r = fast_run(tmp, d, a.fast_turns, a.fast_concurrency, a.fast_seconds, a.paced_rate)
         print(json.dumps({k: v for k, v in r.items() if k not in ("cpu", "series")}), flush=True)
         fast.append(r)
     if fast:
@@ -1178,6 +1250,16 @@ def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
         f" during the calls p50 {r['healthz_load'].get('p50', 0):.2f} / p99 {r['healthz_load'].get('p99', 0):.2f} /"
         f" max {r['healthz_load'].get('max', 0):.2f} ms ({r['healthz_load'].get('n', 0)} requests).",
     ]
+    if "healthz_paced" in r:
+        hp = r["healthz_paced"]
+        out += [
+            "",
+            f"Paced calls at ~{r['tp_tokens']:,} tokens, {r['tp_sessions']} warm sessions, {r['paced_rate']:.0f} calls/s"
+            f" asked, {r['paced_per_s']:.1f} sent ({r['paced_load']}; at most {r['paced_late_ms']:.0f} ms behind"
+            f" schedule, {r['paced_rejected']} answered 429, queue {r['paced_depth_end']} at the end): `/healthz`"
+            f" p50 {hp.get('p50', 0):.2f} / p99 {hp.get('p99', 0):.2f} / max {hp.get('max', 0):.2f} ms"
+            f" ({hp.get('n', 0)} requests).",
+        ]
     if early and late:
         verdicts.append(
             f"- Proxy CPU per call late <= 2x early (fast upstream, {d}): {late:.2f} / {early:.2f} ms = "
@@ -1195,9 +1277,16 @@ def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
     )
     p99 = r["healthz_load"].get("p99", 0)
     verdicts.append(
-        f"- `/healthz` p99 <= 5 ms while ~{r['tp_tokens']:,}-token calls flow ({d}): {p99:.2f} ms -> "
-        f"**{'met' if p99 <= 5 else 'not met'}**"
+        f"- `/healthz` p99 <= 5 ms while ~{r['tp_tokens']:,}-token calls flow back to back, cores saturated ({d}):"
+        f" {p99:.2f} ms -> **{'met' if p99 <= 5 else 'not met'}**"
     )
+    if "healthz_paced" in r:
+        hp = r["healthz_paced"].get("p99", 0)
+        ok = hp <= 5 and not r["paced_rejected"]
+        verdicts.append(
+            f"- `/healthz` p99 <= 5 ms while ~{r['tp_tokens']:,}-token calls flow at {r['paced_per_s']:.1f} calls/s"
+            f" ({d}): {hp:.2f} ms -> **{'met' if ok else 'not met'}**"
+        )
     return out
 
 
