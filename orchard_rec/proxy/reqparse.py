@@ -126,17 +126,18 @@ class _Entry:
     def fill(self) -> bool:
         """Every element's end offset known (scanning the elements past the last known end: the
         ones an append added); False when they cannot be had (nesting too deep for the scanner)."""
-        n = len(self.ends)
+        ends = self.ends  # read once: another thread's fill may replace it meanwhile
+        n = len(ends)
         if n == self.count:
             return True
-        start = self.ends[-1] if n else self.open
+        start = ends[-1] if n else self.open
         s = self.raw[start : self.close + 1].decode("latin-1")
         i = _ws(s, 0).end() + 1 if n else 0  # past ','
         try:
             more, _ = _elements(s, i)
         except (RecursionError, ValueError, StopIteration, IndexError):
             return False
-        self.ends = self.ends + [start + x for x in more]  # a new list: entries share theirs
+        self.ends = ends + [start + x for x in more]  # a new list: entries share theirs
         return True
 
     @property

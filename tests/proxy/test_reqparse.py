@@ -484,3 +484,36 @@ def test_conversations_sharing_an_opening_do_not_displace_each_other() -> None:
             assert got == orjson.loads(raw)
             if turn >= 2:  # read from its own previous body: only the two new messages parsed
                 assert base is not None and base[1] > len(raw) - 1000
+
+
+def test_fill_interleaved_with_another_fill_keeps_offsets_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is the process's: two front doors (or two apps' loops in one process) may scan one
+    entry's new elements at once. A ``fill`` that another completes meanwhile must not append
+    offsets twice (the entry's ``fill`` then fails for good: no later body reuses it)."""
+    import orchard_rec.proxy.reqparse as reqparse
+
+    cache = RequestCache(1 << 24, min_bytes=0, min_reuse=0)
+    hist = [{"role": "user", "content": f"m{i}"} for i in range(6)]
+    cache.parse(orjson.dumps({"model": "m", "messages": hist}), "s", "a")
+    more = [*hist, *({"role": "assistant", "content": f"n{i}"} for i in range(6))]
+    cache.parse(orjson.dumps({"model": "m", "messages": more}), "s", "b")  # ends known up to 6 of 12
+    (entry,) = [e for e in cache._keys["s:s"] if e.call_id == "b"]
+    assert len(entry.ends) < entry.count
+    real = reqparse._elements
+    nested = []
+
+    def other_thread_first(s: str, i: int) -> Any:
+        if not nested:
+            nested.append(1)
+            assert entry.fill()  # another thread's fill completes while this one scans
+        return real(s, i)
+
+    monkeypatch.setattr(reqparse, "_elements", other_thread_first)
+    assert entry.fill()
+    want = scan_offsets(entry.raw)
+    assert want is not None and entry.ends == want[2] and len(entry.ends) == entry.count
+    edited = [*more[:8], {"role": "user", "content": "edit"}]  # repeats 8 of the 12 elements
+    raw = orjson.dumps({"model": "m", "messages": edited})
+    hits = cache.hits
+    got = cache.parse(raw, "s", "c")
+    assert got.obj == orjson.loads(raw) and got.base is not None and cache.hits == hits + 1
