@@ -12,7 +12,7 @@ Durability (``--durability``):
   earlier calls written as references, so the work on the client's wait is O(what is new in
   the call), not O(context); no record is built there. Group commit: the spool thread takes
   every call queued while its previous fsync ran and covers them all with one fsync; a second
-  thread (niced) builds the records from the ``Capture`` objects still in memory (``to_record``)
+  thread (niced if ``ORCHARD_WRITER_NICE`` says so) builds the records from the ``Capture`` objects still in memory (``to_record``)
   and writes them to the database meanwhile (a pipeline: neither the record's cost nor the
   database's latency is on the response path) and acknowledges them in the spool, which
   deletes only what the database has acknowledged. A replay decodes the lines back into
@@ -128,11 +128,15 @@ class Recorder:
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
         self.fsyncs = 0
         """Spool appends (one fsync each) so far: calls per fsync shows group commit at work."""
-        self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "10") or 0)
-        """The writer thread's OS niceness: when the cores are busy, the scheduler runs the event
-        loop (and the model server, the harness) first and the writer in the gaps; the bounded
-        queue absorbs the delay. 0 leaves it at the process's priority. Under wal only the
-        database thread is niced: the spool thread's fsync is what clients wait for."""
+        self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
+        """The writer thread's OS niceness (``ORCHARD_WRITER_NICE``, default 0: the process's own).
+        A positive value makes the scheduler run the event loop (and the model server, the harness)
+        first and the writer in the gaps, which buys short calls some throughput on a saturated box
+        (c=32 ~10 % in ``bench/run.py``, within its noise) but starves the writer there: with 150k-token
+        calls back to back the queue grew to its byte bound and callers got 429 (niceness 10: queue
+        84-194 calls, 19-84 answered 429 in 10 s; 0: queue 12-26, none), and a niced thread that holds
+        the GIL when the scheduler parks it stalls the event loop. Under wal only the database thread
+        is niced: the spool thread's fsync is what clients wait for."""
         self.ids = IdParser(int(float(os.environ.get("ORCHARD_IDS_CACHE_MB", "128")) * (1 << 20)))
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
         ids (``ORCHARD_IDS_CACHE_MB``, default 128) so a call parses only the ids new to it."""
