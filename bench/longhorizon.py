@@ -703,33 +703,46 @@ def fast_run(
             res[f"added_ms_{label}"] = (p - d) * 1e3
             res[f"direct_ms_{label}"] = d * 1e3
         res["load_cpu"] = _load()
-        # 3. back-to-back 150k-token calls from `conc` sessions, each growing a turn per call;
-        # /healthz polled meanwhile (and before, idle)
+        # 3. back-to-back 150k-token calls from `conc` clients, each driving warm sessions in turn (a
+        # turn per call, from ~138k tokens on); /healthz polled meanwhile (and before, idle). Every
+        # session's first call (a session first seen at ~138k tokens is recorded whole, once) is made
+        # and recorded before the window, and each client has sessions enough to outlast the window
         time.sleep(1.0)
         idle = _poll_health(st.port, 3.0)
+        base = max(1, turns - 20)
+        per_client, span = 12, 40  # sessions per client, calls per session (~138k -> ~170k tokens)
+        names = [[f"load-{i}-{j}" for j in range(per_client)] for i in range(conc)]
+        w = st.written()
+        for i in range(conc):
+            for j, sid in enumerate(names[i]):
+                h.post(f"/s/{sid}/v1/chat/completions", bodies[base + (i * per_client + j) % 8])
+        st.settle(w + conc * per_client)
         stop = threading.Event()
         done = [0] * conc
         rejected = [0] * conc
-        t_start = time.perf_counter()
-        base = max(1, turns - 20)
+        finished = [0.0] * conc
 
         def drive(i: int) -> None:
             c = Http(st.port)
-            k = base + i * 3
-            while not stop.is_set() and k < len(bodies):
-                try:
-                    c.post(f"/s/load-{i}/v1/chat/completions", bodies[k])
-                except HttpError as exc:
-                    if exc.status != 429:
-                        raise
-                    rejected[i] += 1  # back-pressure: the queue is at its bound
-                    time.sleep(0.05)
-                    continue
-                done[i] += 1
-                k += 1
+            for j, sid in enumerate(names[i]):
+                k = base + (i * per_client + j) % 8 + 1
+                end = min(len(bodies), k + span)
+                while not stop.is_set() and k < end:
+                    try:
+                        c.post(f"/s/{sid}/v1/chat/completions", bodies[k])
+                    except HttpError as exc:
+                        if exc.status != 429:
+                            raise
+                        rejected[i] += 1  # back-pressure: the queue is at its bound
+                        time.sleep(0.05)
+                        continue
+                    done[i] += 1
+                    k += 1
+            finished[i] = time.perf_counter()
 
         series: list[dict[str, float]] = []
         w0 = st.written()
+        t_start = time.perf_counter()
 
         def watch() -> None:
             while not stop.is_set():
@@ -755,22 +768,26 @@ def fast_run(
         c0 = _threads_cpu(st.proxy.pid)
         time.sleep(min(1.0, seconds / 4))  # the calls are flowing
         health_lat = _poll_health(st.port, seconds - min(1.0, seconds / 4))
+        accepted = sum(done)  # the window ends here, while every client still has calls to make
+        w_end_window = st.written() - w0
+        window = time.perf_counter() - t_start
+        c1 = _threads_cpu(st.proxy.pid)
+        ran_out = sum(1 for f in finished if f)
         stop.set()
         for t in threads:
             t.join()
-        window = time.perf_counter() - t_start
-        c1 = _threads_cpu(st.proxy.pid)
         wt.join()
-        accepted = sum(done)
-        w_end_window = st.written() - w0
+        total = sum(done)
         t_drain = time.perf_counter()
-        st.settle(w0 + accepted, timeout=600)
+        st.settle(w0 + total, timeout=600)
         drain = time.perf_counter() - t_drain
         res.update(
             {
                 "load_tp": _load(),
                 "tp_calls": accepted,
                 "tp_sessions": conc,
+                "tp_session_count": conc * per_client,
+                "tp_ran_out": ran_out,
                 "tp_rejected": sum(rejected),
                 "tp_window_s": window,
                 "accepted_per_s": accepted / window,
@@ -778,8 +795,8 @@ def fast_run(
                 "drain_s": drain,
                 "tp_tokens": int(len(bodies[base]) * TOKENS_PER_BYTE),
                 "tp_cpu_ms_per_call": ((c1[0] - c0[0]) + (c1[1] - c0[1])) * 1e3 / max(1, accepted),
-                "max_depth": max((x["depth"] for x in series), default=0),
-                "max_queued_mb": max((x["bytes"] for x in series), default=0) / 1e6,
+                "max_depth": max((x["depth"] for x in series if x["t"] <= window), default=0),
+                "max_queued_mb": max((x["bytes"] for x in series if x["t"] <= window), default=0) / 1e6,
                 "max_rss_mb": max((x["rss"] for x in series), default=0),
                 "series": series,
                 "healthz_idle": _pcts(idle),
@@ -1240,8 +1257,9 @@ def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
         f" {r['added_ms_first']:.2f} ms at {r['tokens_first']:,} tokens (direct {r['direct_ms_first']:.2f} ms),"
         f" {r['added_ms_last']:.2f} ms at {r['tokens_last']:,} tokens (direct {r['direct_ms_last']:.2f} ms).",
         "",
-        f"Back-to-back calls at ~{r['tp_tokens']:,} tokens, {r['tp_sessions']} "
-        f"sessions growing a turn per call, {r['tp_window_s']:.1f} s ({r['load_tp']}): accepted"
+        f"Back-to-back calls from ~{r['tp_tokens']:,} tokens on, {r['tp_sessions']} clients each driving warm"
+        f" sessions in turn ({r.get('tp_session_count', r['tp_sessions'])} sessions, a turn per call; clients out of"
+        f" calls before the window's end: {r.get('tp_ran_out', 0)}), {r['tp_window_s']:.1f} s ({r['load_tp']}): accepted"
         f" {r['accepted_per_s']:.1f} calls/s, recorded {r['recorded_per_s']:.1f} calls/s in the same window"
         f" (the rest {r['drain_s']:.2f} s after), {r.get('tp_rejected', 0)} calls answered 429 (queue at its byte bound),"
         f" queue at most {r['max_depth']} calls / {r['max_queued_mb']:.1f} MB,"
