@@ -33,6 +33,7 @@ Anthropic ``{"type": "error", "error": {...}}``. The CLI prints ``message`` and 
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "UsageError",
+    "env_megabytes",
 ]
 
 
@@ -81,6 +83,21 @@ class UsageError(OrchardError):
     exit_code = 2
     openai_type = "invalid_request_error"
     anthropic_type = "invalid_request_error"
+
+
+def env_megabytes(name: str, default: float) -> int:
+    """The bytes a size in megabytes given by environment variable ``name`` says (``default``
+    when unset or empty); a ``UsageError`` naming the variable when it is not a number >= 0."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return int(default * (1 << 20))
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 0 <= mb < 1 << 40:
+        raise UsageError(f"{name} must be a number of megabytes (0 or more), got {raw[:40]!r}")
+    return int(mb * (1 << 20))
 
 
 class ExportError(OrchardError):

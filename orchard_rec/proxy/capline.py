@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import time
 import zlib
 from collections import OrderedDict
@@ -50,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec.errors import env_megabytes
 from orchard_rec.proxy import idcut
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.records import CallOutcome, Dialect
@@ -210,7 +210,7 @@ class Encoder:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is None:
-            max_bytes = int(float(os.environ.get("ORCHARD_SPOOL_BASES_MB", "256")) * (1 << 20))
+            max_bytes = env_megabytes("ORCHARD_SPOOL_BASES_MB", 256)
         self.bases = _Bases(max_bytes)
         self.objs: OrderedDict[str, list[tuple[str, dict[str, Any], int]]] = OrderedDict()
         """Per session, its last few translated upstream bodies ``(call id, body, size)``: their

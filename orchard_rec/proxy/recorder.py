@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchard_rec.errors import env_megabytes
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
@@ -137,7 +138,7 @@ class Recorder:
         84-194 calls, 19-84 answered 429 in 10 s; 0: queue 12-26, none), and a niced thread that holds
         the GIL when the scheduler parks it stalls the event loop. Under wal only the database thread
         is niced: the spool thread's fsync is what clients wait for."""
-        self.ids = IdParser(int(float(os.environ.get("ORCHARD_IDS_CACHE_MB", "128")) * (1 << 20)))
+        self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 128))
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
         ids (``ORCHARD_IDS_CACHE_MB``, default 128) so a call parses only the ids new to it."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)

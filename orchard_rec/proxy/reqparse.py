@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -50,6 +49,8 @@ from json.scanner import make_scanner
 from typing import Any, NamedTuple, cast
 
 import orjson
+
+from orchard_rec.errors import env_megabytes
 
 __all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
 
@@ -373,7 +374,7 @@ def _extend(e: _Entry, k: int, raw: bytes, call_id: str) -> tuple[_Entry, tuple[
 
 
 def _env_bytes() -> int:
-    return int(float(os.environ.get("ORCHARD_REQUEST_CACHE_MB", "256")) * (1 << 20))
+    return env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256)
 
 
 cache = RequestCache(_env_bytes())

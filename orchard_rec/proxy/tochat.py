@@ -20,13 +20,12 @@ messages with the previous calls' plans, which nothing changes either.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from orchard_rec import protocol
-from orchard_rec.errors import BadRequest
+from orchard_rec.errors import BadRequest, env_megabytes
 from orchard_rec.protocol import anthropic, responses
 from orchard_rec.records import Dialect
 
@@ -189,5 +188,5 @@ def _untranslatable(dialect: Dialect, exc: Exception) -> BadRequest:
     )
 
 
-translator = Translator(int(float(os.environ.get("ORCHARD_REQUEST_CACHE_MB", "256")) * (1 << 20)))
+translator = Translator(env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256))
 """The process's translation states (bounded like the request cache, by ``ORCHARD_REQUEST_CACHE_MB``)."""

@@ -131,6 +131,21 @@ def test_port_in_use_is_reported_before_the_banner_and_leaves_no_database(tmp_pa
     assert files(tmp_path) == set()
 
 
+@pytest.mark.parametrize(
+    "var", ["ORCHARD_REQUEST_CACHE_MB", "ORCHARD_SPOOL_BASES_MB", "ORCHARD_IDS_CACHE_MB"]
+)
+def test_a_cache_size_that_is_not_a_number_names_the_variable(tmp_path: Path, var: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), var: "256MB"}
+    r = subprocess.run(
+        [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", "http://127.0.0.1:9/v1",
+         "--port", str(free_port()), "--db", "sqlite:///./x.db"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and f"{var} must be a number of megabytes" in out and "report it" not in out, out
+    assert_short(out)
+
+
 def test_postgresql_down_is_one_line(tmp_path: Path) -> None:
     url = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"
     rc, out = cli("serve", "--upstream", "http://127.0.0.1:9/v1", "--db", url, "--port", "0", cwd=tmp_path)
