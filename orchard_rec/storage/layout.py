@@ -557,7 +557,7 @@ def derive_upstream(
     msgs = False
     plist: list[int] | None = None
     for k, v in upstream.items():
-        if k in req and req[k] == v:
+        if k in req and _same_json(req[k], v):
             keys.append([k, "r"])
             continue
         if prompt_ids is not None and isinstance(v, list) and v:
@@ -580,6 +580,21 @@ def derive_upstream(
         else:
             keys.append([k, "v", v])
     return {"k": keys}, texts
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same JSON (``False == 0`` and ``1 == 1.0`` in Python, not in JSON):
+    the same object, or equal values whose encodings are equal too."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or a != b:
+        return False
+    if type(a) is str:
+        return True
+    try:
+        return orjson.dumps(a) == orjson.dumps(b)
+    except orjson.JSONEncodeError:  # not JSON (a record built in Python): equal is all we can say
+        return True
 
 
 def _collapsed_by(v: list[Any], prompt: list[int]) -> int | None:

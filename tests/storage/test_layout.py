@@ -7,10 +7,12 @@ import json
 import urllib.request
 from typing import Any
 
+import orjson
 import pytest
 from factories import call
 from sqlalchemy import create_engine, func, select, text
 
+from orchard_rec.records import Dialect
 from orchard_rec.storage import Store, layout
 from orchard_rec.storage.models import Blob, Call
 
@@ -287,3 +289,24 @@ def test_a_split_on_the_previous_one_equals_a_split_from_scratch() -> None:
             == t
         )
         prev = got
+
+
+@pytest.mark.parametrize(
+    ("asked", "sent"),
+    [({"logprobs": False}, {"logprobs": 0}), ({"logprobs": 1}, {"logprobs": True}), ({"t": 1}, {"t": 1.0})],
+)
+def test_an_upstream_value_equal_to_the_requests_but_of_another_type_is_kept(
+    db_url: str, asked: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    """Token mode sends ``logprobs: 0`` to a completions client's ``logprobs: false`` (and ``true``
+    to a chat client's ``1``): equal in Python, not the same JSON. The upstream request read back
+    is what was sent."""
+    request = {"model": "m", "prompt": "hi", **asked}
+    upstream = {**request, **sent, "return_token_ids": True}
+    s = Store(db_url)
+    s.upgrade()
+    r = call(dialect=Dialect.COMPLETIONS, request=request, upstream_request=upstream)
+    s.write_batch([r])
+    got = s.get_call(r.call_id)
+    assert got is not None
+    assert orjson.dumps(got.upstream_request) == orjson.dumps(upstream)
