@@ -8,7 +8,8 @@ ids, stored headers), ``reqparse`` (request bodies read from their session's pre
 the new bytes parsed), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tochat`` (token mode's
 Responses/Messages-to-chat translation, only the new items), ``idcut`` (token-id
 arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
-sessions), ``recorder`` (the writer threads), ``capline`` (the spool's capture lines under ``wal``:
+sessions), ``recorder`` (the writer threads), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and
+``tochat``), ``capline`` (the spool's capture lines under ``wal``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 

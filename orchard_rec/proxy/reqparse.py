@@ -42,8 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from json.scanner import make_scanner
 from typing import Any, NamedTuple, cast
@@ -51,6 +49,7 @@ from typing import Any, NamedTuple, cast
 import orjson
 
 from orchard_rec.errors import env_megabytes
+from orchard_rec.proxy.recent import Recent
 
 __all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
 
@@ -225,9 +224,7 @@ class RequestCache:
         self.max_bytes = max_bytes
         self.min_bytes = min_bytes
         self.min_reuse = min_reuse
-        self._keys: OrderedDict[str, list[_Entry]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._recent: Recent[str, _Entry] = Recent(max_bytes, CANDIDATES)
         self.hits = 0
         """Bodies read from a base (equal, appended or partly reused)."""
         self.misses = 0
@@ -245,8 +242,7 @@ class RequestCache:
         if self.max_bytes <= 0 or len(raw) < self.min_bytes:
             return Parsed(orjson.loads(raw), None)
         key = self.key_for(raw, session)
-        with self._lock:
-            cands = list(self._keys.get(key, ())) if len(raw) >= self.min_reuse else []
+        cands = self._recent.get(key) if len(raw) >= self.min_reuse else []
         best: tuple[_Entry, int] | None = None
         for e in cands:
             if len(raw) == len(e.raw) and raw == e.raw:  # a retry
@@ -270,39 +266,24 @@ class RequestCache:
                 # the start (another conversation with the same opening, a compaction) is kept beside
                 # it, or conversations sharing a key would keep displacing each other
                 base_entry, k = best
-                self._put(key, entry, base_entry if k >= base_entry.count - 2 else None)
+                self._recent.put(key, entry, base_entry if k >= base_entry.count - 2 else None)
                 return Parsed(entry.handed_out(), base)
         self.misses += 1
         obj = orjson.loads(raw)
         if isinstance(obj, dict):
-            self._put(key, _Entry(raw, _own(obj), call_id, None), None)
+            self._recent.put(key, _Entry(raw, _own(obj), call_id, None))
         return Parsed(obj, None)
 
-    def _put(self, key: str, entry: _Entry, replaces: _Entry | None) -> None:
-        if entry.cost > self.max_bytes // 4:
-            return
-        with self._lock:
-            lst = self._keys.pop(key, None) or []
-            if replaces is not None and replaces in lst:
-                lst.remove(replaces)
-                self._bytes -= replaces.cost
-            lst.insert(0, entry)
-            self._bytes += entry.cost
-            while len(lst) > CANDIDATES:
-                self._bytes -= lst.pop().cost
-            self._keys[key] = lst
-            while self._bytes > self.max_bytes and self._keys:
-                _, old = self._keys.popitem(last=False)
-                self._bytes -= sum(e.cost for e in old)
+    def entries(self) -> list[_Entry]:
+        """Every cached body (for tests and inspection)."""
+        return [e for lst in self._recent.lists() for e in lst]
 
     def clear(self) -> None:
-        with self._lock:
-            self._keys.clear()
-            self._bytes = 0
+        self._recent.clear()
 
     @property
     def size(self) -> int:
-        return self._bytes
+        return self._recent.size
 
 
 def _worth_locating(old: bytes, raw: bytes) -> bool:

@@ -20,13 +20,12 @@ messages with the previous calls' plans, which nothing changes either.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from orchard_rec import protocol
 from orchard_rec.errors import BadRequest, env_megabytes
 from orchard_rec.protocol import anthropic, responses
+from orchard_rec.proxy.recent import Recent
 from orchard_rec.records import Dialect
 
 __all__ = ["Translator", "translator"]
@@ -63,11 +62,14 @@ class Translator:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._states: OrderedDict[tuple[str, Dialect], list[_State]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._recent: Recent[tuple[str, Dialect], _State] = Recent(max_bytes, CANDIDATES)
         self.reused = 0
         """Items whose translation was reused."""
+
+    @property
+    def size(self) -> int:
+        """Bytes its states are charged now."""
+        return self._recent.size
 
     def to_chat(
         self, dialect: Dialect, body: dict[str, Any], session: str | None, cost: int
@@ -78,8 +80,7 @@ class Translator:
         items = body.get(key)
         if session is None or self.max_bytes <= 0 or type(items) is not list:
             return protocol.to_chat(dialect, body)
-        with self._lock:
-            states = list(self._states.get((session, dialect), ()))
+        states = self._recent.get((session, dialect))
         state, k = None, 0
         for st in states:  # the one sharing the most items (a session's sub-agents keep their own)
             n = _same_prefix(st.items, items)
@@ -95,7 +96,7 @@ class Translator:
             chat, new = self._messages(body, items, state, k, cost)
         else:
             chat, new = self._responses(body, items, state, cost)
-        self._put((session, dialect), new, state)
+        self._recent.put((session, dialect), new, state)
         self.reused += k
         return chat
 
@@ -160,25 +161,8 @@ class Translator:
                 new.fold, new.instructions = fold, body.get("instructions")
         except (TypeError, AttributeError, KeyError, ValueError) as exc:
             raise _untranslatable(dialect, exc) from exc
-        self._put((session, dialect), new)
+        self._recent.put((session, dialect), new)
         return chat
-
-    def _put(self, key: tuple[str, Dialect], state: _State, replaces: _State | None = None) -> None:
-        if state.cost > self.max_bytes // 4:
-            return
-        with self._lock:
-            lst = self._states.pop(key, None) or []
-            if replaces is not None and replaces in lst:
-                lst.remove(replaces)
-                self._bytes -= replaces.cost
-            lst.insert(0, state)
-            self._bytes += state.cost
-            while len(lst) > CANDIDATES:
-                self._bytes -= lst.pop().cost
-            self._states[key] = lst
-            while self._bytes > self.max_bytes and self._states:
-                _, gone = self._states.popitem(last=False)
-                self._bytes -= sum(g.cost for g in gone)
 
 
 def _untranslatable(dialect: Dialect, exc: Exception) -> BadRequest:

@@ -320,9 +320,8 @@ def _base_url(proxy_url: str, sid: str | None, dialect: str) -> str:
 def _unchanged(cache: RequestCache) -> int:
     """Every cached body's object still equals its bytes' parse (nothing mutated the shared
     objects); the number of bodies that were read from a base."""
-    for entries in cache._keys.values():
-        for e in entries:
-            assert orjson.dumps(e.obj) == orjson.dumps(orjson.loads(e.raw))
+    for e in cache.entries():
+        assert orjson.dumps(e.obj) == orjson.dumps(orjson.loads(e.raw))
     return cache.hits
 
 
@@ -395,7 +394,7 @@ def test_a_body_parsed_whole_is_located_only_when_a_later_one_may_repeat_it() ->
     one = orjson.dumps({"messages": [*opening, {"role": "user", "content": "a" * 3000}]})
     other = orjson.dumps({"messages": [*opening, {"role": "user", "content": "b" * 3000}]})
     cache.parse(one)
-    (entry,) = next(iter(cache._keys.values()))
+    (entry,) = cache.entries()
     assert not entry.located
     assert cache.parse(other).base is None
     assert not entry.located and cache.misses == 2
@@ -497,7 +496,7 @@ def test_fill_interleaved_with_another_fill_keeps_offsets_exact(monkeypatch: pyt
     cache.parse(orjson.dumps({"model": "m", "messages": hist}), "s", "a")
     more = [*hist, *({"role": "assistant", "content": f"n{i}"} for i in range(6))]
     cache.parse(orjson.dumps({"model": "m", "messages": more}), "s", "b")  # ends known up to 6 of 12
-    (entry,) = [e for e in cache._keys["s:s"] if e.call_id == "b"]
+    (entry,) = [e for e in cache.entries() if e.call_id == "b"]
     assert len(entry.ends) < entry.count
     real = reqparse._elements
     nested = []

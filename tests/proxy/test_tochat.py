@@ -132,7 +132,7 @@ def test_reuse_happens_and_state_is_bounded() -> None:
     for i in range(20):
         body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
         tr.to_chat(Dialect.MESSAGES, body, f"s{i}", 1000)
-        assert tr._bytes <= 10_000
+        assert tr.size <= 10_000
 
 
 def test_sub_agents_in_one_session_keep_their_own_translations() -> None:
