@@ -105,6 +105,11 @@ class Recorder:
         instead of per call, at low concurrency too (SQLite, CPU per call: 88 us in batches of 8,
         42 us of 32, 33 us of 128; 20 ms measured no better than 5 ms end to end). Under wal the
         client waits for the batch, so there it is 0: group commit gathers what queued meanwhile."""
+        self.db_delay_s = float(os.environ.get("ORCHARD_WAL_DB_DELAY_S", "0.002") or 0)
+        """wal: how long the database thread waits before building a spooled batch's records when it
+        has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits for
+        the commit): the batch's clients are being answered at that moment, and the records' Python
+        work would take the GIL from the event loop doing it."""
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
@@ -375,6 +380,10 @@ class Recorder:
                 self._dbq.task_done()
                 break
             batch, start, end, db_acks, nbytes = item
+            if self.db_delay_s and not db_acks and not self._closing and self._dbq.empty():
+                # the clients of this batch are being answered on the event loop right now: let it
+                # finish before this thread takes the GIL for the records (sleeping releases it)
+                time.sleep(self.db_delay_s)
             try:
                 if end is None:  # not in the spool: the database is its only way
                     records = self._records(batch)
