@@ -37,6 +37,7 @@ from __future__ import annotations
 import binascii
 import re
 import struct
+import threading
 from array import array
 from collections.abc import Sequence
 from hashlib import blake2b
@@ -148,11 +149,16 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 # -- compression ---------------------------------------------------------------------------------
 
-_ZC = zstandard.ZstdCompressor(level=3)
+_ZC = threading.local()
+"""One compressor per thread: a ``ZstdCompressor`` used by two threads at once writes corrupt frames
+(several proxies' writer and spool threads in one process did: "Dictionary is corrupted" on read)."""
 
 
 def compress(obj: Any) -> bytes:
-    return _ZC.compress(orjson.dumps(obj))
+    zc = getattr(_ZC, "c", None)
+    if zc is None:
+        zc = _ZC.c = zstandard.ZstdCompressor(level=3)
+    return bytes(zc.compress(orjson.dumps(obj)))
 
 
 def decompress(data: bytes) -> Any:
