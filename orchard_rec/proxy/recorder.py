@@ -35,6 +35,7 @@ its bytes; the proxy answers 429 beyond ``--max-queue-bytes``. A writer batch st
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import queue
@@ -293,6 +294,9 @@ class Recorder:
                     self._spool_batch(batch, acks, db_acks, nbytes)
                 else:
                     self._write_async(batch, acks + db_acks, nbytes)
+            except Exception as exc:  # a bug here must not stop the writer: every later call would wait
+                self.last_error = f"writer: {type(exc).__name__}: {exc}"[:500]
+                log.exception("writer: a batch of %d calls failed", len(batch))
             finally:
                 for _ in items:
                     self._q.task_done()
@@ -311,17 +315,40 @@ class Recorder:
     def _line(self, item: Capture | CallRecord) -> bytes | None:
         """The spool line of a call: a capture line, or a record line for a record submitted as one."""
         if isinstance(item, CallRecord):
-            return record_to_json(item)
+            return self._record_line(item)
         try:
             return self.lines.encode(item)
         except Exception:  # never leave a call unspooled for a bug here: its whole record instead
             log.exception("could not write the capture line of call %s; spooling its record", item.call_id)
             self.lines.reset()  # it may have become a base, and a record line offers none
             try:
-                return record_to_json(item.to_record())
+                record = item.to_record()
             except Exception:
                 log.exception("could not build the record of call %s either", item.call_id)
                 return None
+            return self._record_line(record)
+
+    def _record_line(self, record: CallRecord) -> bytes | None:
+        """A record's spool line; None for one that cannot be serialized (orjson refuses an integer
+        past 64 bits, a lone surrogate): that record is set aside (``spool.rejected_path``, written
+        by the standard library's ``json``, which takes both) and logged, the rest of its batch goes on."""
+        try:
+            return record_to_json(record)
+        except Exception as exc:
+            reason = f"could not write the record of call {record.call_id} to the spool: {type(exc).__name__}: {exc}"
+            log.exception("%s; set aside", reason)
+            if self.spool is not None:
+                try:
+                    d = {f: getattr(record, f) for f in record.__dataclass_fields__}
+                    d["headers"] = dict(record.headers)
+                    aside = json.dumps(d, default=repr).encode()
+                except Exception:
+                    aside = json.dumps({"call_id": record.call_id, "error": reason}).encode()
+                try:
+                    self.spool._reject([aside], reason)
+                except OSError:
+                    log.exception("could not set the record of call %s aside either", record.call_id)
+            return None
 
     def _spool_batch(
         self, batch: list[Capture | CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int
@@ -337,7 +364,7 @@ class Recorder:
             self.fsyncs += 1
             self.spooled_calls += len(lines)
             self.spooled_bytes += sum(map(len, lines)) + len(lines)
-        except OSError as exc:  # disk full, I/O error: keep serving, the database may still take it
+        except Exception as exc:  # disk full, I/O error: keep serving, the database may still take it
             self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
             log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
             self.lines.reset()  # what they were written against may not be on disk
@@ -351,17 +378,30 @@ class Recorder:
     def _write_async(self, batch: list[CallRecord], acks: list[Ack], nbytes: int) -> None:
         try:
             if self.spool_pending and self.spool is not None:
-                self.spool.append(batch)  # keep order behind what is already waiting
+                self._spool_records(batch)  # keep order behind what is already waiting
                 return
             if not self._store(batch, first=True) and self.spool is not None:
-                self.spool.append(batch)
-                self.spool_pending = True
+                if self._spool_records(batch):
+                    self.spool_pending = True
             elif self.last_error is not None and self.spool is None:
                 self._retry_in_memory(batch)
         finally:
             for ack in acks:
                 ack()
             self._release(nbytes)
+
+    def _spool_records(self, batch: list[CallRecord]) -> bool:
+        """async: append ``batch`` to the spool as record lines (one that cannot be serialized set
+        aside); if the spool cannot take them, hold them in memory until the database does."""
+        assert self.spool is not None
+        try:
+            self.spool.append_lines([line for line in map(self._record_line, batch) if line is not None])
+        except Exception as exc:  # disk full, I/O error: the database is all that is left
+            self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
+            log.error("%s (%d calls held in memory for the database)", self.last_error, len(batch))
+            self._retry_in_memory(batch)
+            return False
+        return True
 
     # -- the database thread (wal) ---------------------------------------------------------------
 
@@ -395,6 +435,10 @@ class Recorder:
                     self.spool.ack(end)
                 else:
                     self.spool_pending = True  # the spool keeps it, and everything after it
+            except Exception as exc:  # e.g. ``ack`` failed: the spool keeps the batch, a replay stores it
+                self.last_error = f"database thread: {type(exc).__name__}: {exc}"[:500]
+                log.exception("database thread: a batch of %d calls failed", len(batch))
+                self.spool_pending = self.spool_pending or end is not None
             finally:
                 for ack in db_acks:
                     ack()
@@ -434,6 +478,8 @@ class Recorder:
         return True
 
     def _retry_in_memory(self, batch: list[CallRecord]) -> None:
+        # one the spool cannot serialize the database refuses too (the same JSON encoder): never retried
+        batch = [r for r in batch if self._record_line(r) is not None]
         delay = 0.05
         while not self._store(batch):
             if self._closing and self.write_errors > 50:
@@ -443,6 +489,16 @@ class Recorder:
             delay = min(delay * 2, 2.0)
 
     def _replay(self) -> None:
+        """``_replay_pass``; one that fails (reading the spool, moving a line aside) is retried
+        ``retry_s`` later, never the end of the thread that replays."""
+        try:
+            self._replay_pass()
+        except Exception as exc:
+            self.last_error = f"spool replay: {type(exc).__name__}: {exc}"[:500]
+            log.exception("spool replay failed; retrying in %.1f s", self.retry_s)
+            self.spool_pending = True
+
+    def _replay_pass(self) -> None:
         """Store everything the spool holds that the database has not acknowledged, acknowledging
         it as it goes (in batches); on a failure the rest stays, and the next replay starts over
         from what was not acknowledged (idempotent writes: each call is stored once). Capture
