@@ -151,6 +151,9 @@ class Recorder:
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
         self.lines = capline.Encoder()
         """wal: writes each call's capture line (the spool thread's own)."""
+        self._encoding = threading.Lock()
+        """wal: held by the spool thread while it writes lines and appends them; the database thread
+        takes it to make ``lines`` forget its bases (a call whose record cannot be built)."""
         self.spooled_bytes = 0
         """Bytes appended to the spool so far (lines and newlines)."""
         self.spooled_calls = 0
@@ -358,17 +361,18 @@ class Recorder:
         assert self.spool is not None
         start = self.spool.end
         end: int | None
-        lines = [line for line in map(self._line, batch) if line is not None]
-        try:
-            end = self.spool.append_lines(lines)  # durable before any client gets its last byte
-            self.fsyncs += 1
-            self.spooled_calls += len(lines)
-            self.spooled_bytes += sum(map(len, lines)) + len(lines)
-        except Exception as exc:  # disk full, I/O error: keep serving, the database may still take it
-            self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
-            log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
-            self.lines.reset()  # what they were written against may not be on disk
-            end = None
+        with self._encoding:
+            lines = [line for line in map(self._line, batch) if line is not None]
+            try:
+                end = self.spool.append_lines(lines)  # durable before any client gets its last byte
+                self.fsyncs += 1
+                self.spooled_calls += len(lines)
+                self.spooled_bytes += sum(map(len, lines)) + len(lines)
+            except Exception as exc:  # disk full, I/O error: keep serving, the database may still take it
+                self.last_error = f"spool append failed: {type(exc).__name__}: {exc}"[:500]
+                log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
+                self.lines.reset()  # what they were written against may not be on disk
+                end = None
         for ack in acks:
             ack()
         with self._count_lock:
@@ -431,7 +435,15 @@ class Recorder:
                         self._retry_in_memory(records)
                 elif end <= self.spool.acked or self.spool_pending:
                     pass  # stored by a replay already, or the next replay carries it from the spool
-                elif self._store(self._records(batch), first=start >= self.spool.acked):
+                elif len(records := self._records(batch)) < len(batch):
+                    # a call whose record cannot be built: its line may be a base of later lines, so
+                    # the spool keeps it (a replay sets it aside, decoding those against it), and
+                    # no line written from now on uses it as a base
+                    with self._encoding:
+                        self.lines.reset()
+                    self._store(records, first=start >= self.spool.acked)
+                    self.spool_pending = True
+                elif self._store(records, first=start >= self.spool.acked):
                     self.spool.ack(end)
                 else:
                     self.spool_pending = True  # the spool keeps it, and everything after it
@@ -509,11 +521,13 @@ class Recorder:
         dec = capline.Decoder(self.store)
         batch: list[CallRecord] = []
         held = done = 0
+        aside = False
         for idx, line in lines:
             try:
                 rec = self._decode(dec, line)
             except SpoolFormatError as exc:
                 self.spool.set_aside(idx, line, str(exc))
+                aside = True  # later lines may be written against it: no ack past it before the end
                 continue
             except Exception as exc:  # the database failed while a base was read: retry later
                 self.write_errors += 1
@@ -527,8 +541,9 @@ class Recorder:
                 if not self._store(batch):
                     self.spool_pending = True
                     return
-                self.spool.ack(idx + 1)
-                dec.prune()
+                if not aside:  # else a failure later in the pass would restart past it, its bases gone
+                    self.spool.ack(idx + 1)
+                    dec.prune()
                 done += len(batch)
                 batch, held = [], 0
         if not self._store(batch):
@@ -537,6 +552,7 @@ class Recorder:
         done += len(batch)
         self.spool.ack(end)
         self.spool_pending = False
+        self.last_error = None
         if done:
             log.info("replayed %d spooled calls into the database (%d bases read from it)", done, dec.from_db)
 

@@ -5,6 +5,10 @@
   under ``async`` and ``wal`` alike; the calls around it are stored and the writer keeps going.
 - The database thread (``wal``) and the replays survive a spool operation that raises (``ack``,
   reading the spool): the spool keeps what was not acknowledged and a later replay stores it.
+- ``wal``: a call whose record cannot be built after its capture line offered itself as a base of
+  later lines: the spool is not acknowledged past it (a replay sets it aside, decoding the later
+  lines against it), no line written afterwards uses it as a base, and a replay pass that set a
+  line aside acknowledges nothing past it before the pass is done. Each checked across a restart.
 
 Real ``Store`` on SQLite and a real spool on disk; faults are injected by wrapping one method.
 """
@@ -16,11 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from factories import call
 
+from orchard_rec.proxy import capline
+from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.records import CallRecord
+from orchard_rec.records import CallRecord, Dialect
 from orchard_rec.storage import Store
 
 
@@ -194,4 +201,133 @@ def test_without_a_spool_a_record_the_database_refuses_does_not_stall_the_writer
     rec.close()
     assert {c.call_id for c in store.calls("s")} == {good.call_id, later.call_id}
     assert "could not write the record of call " + poison.call_id in caplog.text
+    store.close()
+
+
+# -- wal: a call whose record cannot be built, after its capture line offered itself as a base ------
+
+
+class Schedule:
+    """Wraps a real ``Store``: write number ``k`` (from 1) fails when ``fails(k)``."""
+
+    def __init__(self, store: Store, fails: Any) -> None:
+        self.n = 0
+        self.fails = fails
+        self._write = store.write_batch
+        store.write_batch = self.write_batch  # type: ignore[method-assign]
+
+    def write_batch(self, records: Any, *, known_new: bool = False) -> int:
+        self.n += 1
+        if self.fails(self.n):
+            raise ConnectionError("server closed the connection unexpectedly")
+        return self._write(records, known_new=known_new)
+
+
+def _cap(sid: str, turn: int, *, broken: bool = False) -> Capture:
+    """Call ``turn`` of a growing chat session: a request of 6 kB and more, an answer whose prompt
+    ids extend the previous call's (each a base of the next line). ``broken``: its record cannot be
+    built (``tokens`` of the wrong shape: ``to_record`` raises, the capture line is fine)."""
+    msgs = [{"role": "user", "content": f"turn {k} " + "w" * 6000} for k in range(turn + 1)]
+    raw = orjson.dumps({"model": "m", "messages": msgs})
+    ids = list(range(1000, 5000 + 100 * turn))
+    answer = (
+        b'{"id":"x","choices":[{"message":{"content":"ok"}}],"prompt_token_ids":[%s]}'
+        % ",".join(map(str, ids)).encode()
+    )
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
+    cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+    cap.status_code, cap.body, cap.bytes_out = 200, answer, len(answer)
+    if broken:
+        cap.tokens = ("not", "four")  # type: ignore[assignment]
+    return cap
+
+
+def _submit(rec: Recorder, cap: Capture) -> None:
+    rec.begin()
+    rec.submit(cap)
+    assert rec.flush(5)
+
+
+def _rejected(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    return {orjson.loads(line)["call_id"] for line in path.read_bytes().splitlines()}
+
+
+def test_wal_a_call_whose_record_fails_stays_in_the_spool_for_the_lines_written_against_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """B's capture line is spooled, then its record cannot be built; C's line is written against
+    B's (its request and prompt ids extend B's). The database fails for C and the process stops
+    (as ``kill -9`` would leave it): the next process must still rebuild C, so the spool may not
+    be acknowledged past B. B itself goes to ``SPOOL.rejected``, never silently dropped."""
+    store = _store(tmp_path)
+    down = [False]
+    Schedule(store, lambda n: down[0])
+    spool = tmp_path / "b.spool"
+    rec = Recorder(store, spool=spool, durability="wal", retry_s=3600)
+    rec.start()
+    a, b, c = _cap("s", 0), _cap("s", 1, broken=True), _cap("s", 2)
+    _submit(rec, a)
+    _submit(rec, b)
+    down[0] = True
+    _submit(rec, c)
+    rec.close()
+    down[0] = False
+    rec2 = Recorder(store, spool=spool, durability="wal", retry_s=0.05)
+    rec2.start()
+    _wait(lambda: rec2.spool_depth == 0 and rec2.healthy)
+    rec2.close()
+    assert [r.call_id for r in store.calls("s")] == [a.call_id, c.call_id]
+    assert _rejected(tmp_path / "b.spool.rejected") == {b.call_id}
+    store.close()
+
+
+def test_wal_a_call_whose_record_fails_is_no_base_after_the_replay_set_it_aside(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """B's record fails; a replay sets B's line aside and acknowledges the spool. The session's
+    next call C comes later: it must not be written against B (neither in the spool nor in the
+    database any more), or a crash before C is stored loses C."""
+    store = _store(tmp_path)
+    down = [False]
+    Schedule(store, lambda n: down[0])
+    spool = tmp_path / "n.spool"
+    rec = Recorder(store, spool=spool, durability="wal", retry_s=0.05)
+    rec.start()
+    a, b, c = _cap("s", 0), _cap("s", 1, broken=True), _cap("s", 2)
+    _submit(rec, a)
+    _submit(rec, b)
+    _wait(lambda: rec.spool_depth == 0 and rec.healthy)
+    assert _rejected(tmp_path / "n.spool.rejected") == {b.call_id}
+    down[0] = True
+    rec.retry_s = 3600
+    _submit(rec, c)
+    rec.close()
+    down[0] = False
+    rec2 = Recorder(store, spool=spool, durability="wal", retry_s=0.05)
+    rec2.start()
+    _wait(lambda: rec2.spool_depth == 0 and rec2.healthy)
+    rec2.close()
+    assert [r.call_id for r in store.calls("s")] == [a.call_id, c.call_id]
+    assert _rejected(tmp_path / "n.spool.rejected") == {b.call_id}
+    store.close()
+
+
+def test_a_replay_does_not_acknowledge_past_a_line_set_aside_before_it_is_done(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The spool after a crash: B (its record cannot be built), X (another session), C (written
+    against B). The replay stores one call per batch (``batch_bytes=1``); the database fails on
+    C's write. Had X's write acknowledged the spool past B, the next pass would start at C with
+    B's bases neither in the spool nor in the database, and set C aside."""
+    enc = capline.Encoder()
+    b, x, c = _cap("s", 1, broken=True), _cap("t", 0), _cap("s", 2)
+    lines = [enc.encode(capline.snapshot(k)) for k in (b, x, c)]
+    assert any(p[0] == "ref" for p in orjson.loads(lines[2])["request"])  # C is written against B
+    spool = tmp_path / "p.spool"
+    spool.write_bytes(b"\n".join(lines) + b"\n")
+    store = _store(tmp_path)
+    Schedule(store, lambda n: n == 2)  # X's write goes through, C's fails once
+    rec = Recorder(store, spool=spool, durability="wal", retry_s=0.05)
+    rec.batch_bytes = 1
+    rec.start()
+    _wait(lambda: rec.spool_depth == 0 and rec.healthy)
+    rec.close()
+    assert {r.call_id for r in store.calls()} == {x.call_id, c.call_id}
+    assert _rejected(tmp_path / "p.spool.rejected") == {b.call_id}
     store.close()
