@@ -25,7 +25,9 @@ A line is one JSON object, ``"_v": 3, "_k": "cap"``; each byte string is a list 
 ``["t", text]`` (UTF-8 bytes as text), ``["b", base64]``, and ``["ref", kind, call_id, n, start,
 end(, crc)]``: bytes ``start:end`` of call ``call_id``'s ``kind`` base (``req``: its raw request,
 ``ids``: its prompt-ids array, ``up``: its upstream request's JSON), which is ``n`` bytes long
-(and whose first ``end`` bytes have that CRC-32: an ids base read back from the database); a
+(and whose first ``n - 1`` bytes have that CRC-32: ``ids`` and ``up`` bases, which the database
+rebuilds from ids and a recipe when they are read back; a ``req`` base is the request's text,
+joined from content-addressed blobs, checked by length, its CRC not worth O(request) per call); a
 translated upstream body is ``{"msgs": [call_id, n, k], "new": [...], "keys": [...], "other": {...}}``
 (the first ``k`` of call ``call_id``'s ``n`` upstream messages, then ``new``). What a line offers
 as bases to later lines is in its ``"bases"``.
@@ -34,8 +36,9 @@ At replay (``Decoder``) a line's bases are found among the lines decoded before 
 database (the base's line was acknowledged, so its call is there): the request text as stored
 (byte-exact), the prompt ids rendered compactly (``[1,2,3]``: an ids base is only ever a compact
 array, checked at O(new) cost as it grows), the upstream request re-encoded. A base that cannot
-be found, or whose length or CRC differs, makes the line undecodable (``SpoolFormatError``): the
-spool moves it to ``.rejected`` with a log line, never drops it silently.
+be found, or whose length or CRC differs (where the ref has one: an older build's ``up`` refs have
+none), makes the line undecodable (``SpoolFormatError``): the spool moves it to ``.rejected`` with
+a log line, never drops it silently.
 """
 
 from __future__ import annotations
@@ -308,8 +311,8 @@ class Encoder:
         if out is None:
             self.whole += len(data) >= _SMALL
             out = [_lit(data)]
-        if sid is not None:
-            self.bases.put("up", sid, (cap.call_id, data, 0, len(data), 0))
+        if sid is not None:  # read back, it is rebuilt from the database's recipe: checked by CRC
+            self.bases.put("up", sid, (cap.call_id, data, 0, len(data), zlib.crc32(memoryview(data)[:-1])))
             offers["up"] = True
         return {"bytes": out}
 
@@ -405,7 +408,8 @@ class Encoder:
 def _delta(kind: str, base: tuple[str, bytes, int, int, int], data: bytes) -> list[Any] | None:
     """``data`` as the base's first ``P`` bytes + new bytes + the base's last ``S`` bytes, or None
     when they share too little to be worth it."""
-    bid, bdata, bs, be, _ = base
+    bid, bdata, bs, be, crc = base
+    check = [crc] if kind == "up" else []  # a ``req`` base: its length only (module docstring)
     b = bdata if (bs, be) == (0, len(bdata)) else bdata[bs:be]
     n = len(b)
     p = common_prefix(data, b)
@@ -419,11 +423,11 @@ def _delta(kind: str, base: tuple[str, bytes, int, int, int], data: bytes) -> li
         s -= 1
     out: list[Any] = []
     if p:
-        out.append(["ref", kind, bid, n, 0, p])
+        out.append(["ref", kind, bid, n, 0, p, *check])
     if len(data) - s > p:
         out.append(_lit(memoryview(data)[p : len(data) - s]))
     if s:
-        out.append(["ref", kind, bid, n, n - s, n])
+        out.append(["ref", kind, bid, n, n - s, n, *check])
     return out
 
 

@@ -29,6 +29,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.records import CallRecord, Dialect
 from orchard_rec.storage import Store
+from orchard_rec.storage.spool import SpoolFormatError
 
 
 def _wait(pred: Any, timeout: float = 10.0) -> None:
@@ -331,3 +332,49 @@ def test_a_replay_does_not_acknowledge_past_a_line_set_aside_before_it_is_done(t
     assert {r.call_id for r in store.calls()} == {x.call_id, c.call_id}
     assert _rejected(tmp_path / "p.spool.rejected") == {b.call_id}
     store.close()
+
+
+# -- capture lines: an upstream base read back from the database is checked by content ---------------
+
+
+def _tito_cap(sid: str, ids: list[int]) -> Capture:
+    """A tito call: the upstream request carries the prompt's ids (a JSON delta against the
+    session's previous upstream request, its ``"up"`` base)."""
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
+    cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+    cap.upstream_request = {"model": "m", "prompt": ids, "max_tokens": 16}
+    cap.status_code, cap.body = 200, b'{"id":"x","choices":[{"text":"ok"}]}'
+    return capline.snapshot(cap)
+
+
+class _Call:
+    def __init__(self, upstream_request: Any) -> None:
+        self.upstream_request = upstream_request
+
+
+def test_an_upstream_base_read_back_other_than_written_is_refused() -> None:
+    """The database's upstream request for a base is as long as the one the line was written
+    against but not the same (one id another of as many digits): the line is refused (CRC), not
+    rebuilt into an upstream request the call never sent."""
+    enc = capline.Encoder()
+    first_ids = list(range(1000, 3000))
+    first = _tito_cap("up", first_ids)
+    second = _tito_cap("up", [*first_ids, *range(3000, 3050)])
+    enc.encode(first)
+    line = orjson.loads(enc.encode(second))
+    assert any(p[:2] == ["ref", "up"] for p in line["upstream"]["bytes"])
+    wrong = {"model": "m", "prompt": [*first_ids[:-1], 9999], "max_tokens": 16}
+    assert len(orjson.dumps(wrong)) == len(orjson.dumps(first.upstream_request))
+
+    class Db:
+        def __init__(self, up: Any) -> None:
+            self.up = up
+
+        def get_call(self, call_id: str) -> _Call:
+            return _Call(self.up)
+
+    got = capline.Decoder(Db(first.upstream_request)).capture(line)  # type: ignore[arg-type]
+    assert got.upstream_request == second.upstream_request
+    with pytest.raises(SpoolFormatError, match="other than it was written"):
+        capline.Decoder(Db(wrong)).capture(line)  # type: ignore[arg-type]
