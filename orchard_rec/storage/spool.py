@@ -17,6 +17,17 @@ Layout and rules:
   A segment that grows past ``segment_bytes`` while unacknowledged records remain is closed
   and a new one started, so a database that is always a batch behind (a pipeline) never makes
   the spool grow without limit: closed segments are deleted once acknowledged.
+- The segment being written keeps ``preallocate`` bytes of zeros ahead of its last line, written
+  once and then overwritten in place, so the ``fdatasync`` of an append flushes the data alone
+  instead of also journaling a size change (``bench/spool_latency.py``). Zeros are the end: a
+  spool line never holds a NUL byte (JSON escapes it), so nothing from the first NUL on is read
+  as a line; a torn append (a crash before its fdatasync returned) leaves non-zero bytes there,
+  set aside like any torn tail. Once everything is acknowledged, the next append zeroes the
+  lines before it and starts again at the front (one fdatasync covers both; a crash before it
+  only replays stored records, as a lost truncation does). A clean ``close`` trims the zeros, so
+  the files stay what earlier builds read.
+- A failed append (a write cut short, a failed fsync) leaves the file and the counts as they
+  were: what it wrote is cut off again, so the next append's lines get the indexes it returns.
 - Every line is one JSON object with a format version ``"_v"`` (``FORMAT``). Lines written
   before versioning (no ``"_v"``) are read as version 0 (the same fields). Version 2 holds each
   token id array once: an id array of the response (or of an event) equal to the record's
@@ -203,16 +214,43 @@ class _Segment:
     """Index of its first record."""
     count: int = 0
     size: int = 0
+    """Bytes of its lines (the first ``count`` lines, each ending in a newline)."""
+    room: int = 0
+    """The file's length: ``[size, room)`` holds zeros."""
+    stale: bool = False
+    """``[0, size)`` holds acknowledged lines the next append zeroes (``count`` is 0)."""
+
+
+def _open(path: Path) -> IO[bytes]:
+    """A segment file, read-write, created if missing; not ``O_APPEND`` (``pwrite`` at offsets)."""
+    return os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "rb+")
+
+
+def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+
+
+def _sync(fd: int) -> None:
+    """``fdatasync`` where there is one (Linux): an append's data and the file's length, not its times."""
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 class Spool:
-    def __init__(self, path: Path, *, segment_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self, path: Path, *, segment_bytes: int = 64 * 1024 * 1024, preallocate: int = 1 << 20
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rejected_path = self.path.with_name(self.path.name + ".rejected")
         self.segment_bytes = segment_bytes
+        self.preallocate = preallocate
+        """Bytes of zeros kept ahead of the last line of the segment being written (0: plain
+        appends, each growing the file)."""
         self._lock = threading.Lock()
-        lock_f: IO[bytes] = open(self.path, "ab+")  # noqa: SIM115 (held for the spool's lifetime)
+        lock_f = _open(self.path)  # held for the spool's lifetime
         try:
             fcntl.flock(lock_f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -230,7 +268,7 @@ class Spool:
             if p.name.rsplit(".", 1)[1].isdigit()
         )
         for _, p in extra:
-            self._segments.append(_Segment(p, open(p, "ab+"), 0))  # noqa: SIM115
+            self._segments.append(_Segment(p, _open(p), 0))
         start = 0
         for seg in self._segments:
             seg.start = start
@@ -244,18 +282,22 @@ class Spool:
         """Indexes of the lines moved aside by this process (a replay pass meets them again)."""
 
     def _scan(self, seg: _Segment) -> None:
-        """Count a segment's complete lines; a torn tail (a crash mid-append, never acknowledged)
-        is moved aside so the next append does not glue a record onto it."""
+        """Count a segment's complete lines, up to its zeros (if any); a torn tail (a crash
+        mid-append, never acknowledged) is moved aside and cut off, so the next append does not
+        glue a record onto it."""
         seg.f.seek(0)
         data = seg.f.read()
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data):
-            self._reject([data[cut:]], f"torn line at the end of {seg.path.name} (a crash mid-append)")
+        zero = data.find(b"\0")
+        cut = data.rfind(b"\n", 0, len(data) if zero < 0 else zero) + 1
+        torn = data[cut:].strip(b"\0")
+        if torn:
+            self._reject([torn], f"torn line at the end of {seg.path.name} (a crash mid-append)")
             seg.f.truncate(cut)
             seg.f.flush()
             os.fsync(seg.f.fileno())
         seg.count = data.count(b"\n", 0, cut)
         seg.size = cut
+        seg.room = cut if torn else len(data)
 
     @property
     def depth(self) -> int:
@@ -268,7 +310,8 @@ class Spool:
         return self.append_lines([record_to_json(r) for r in records])
 
     def append_lines(self, lines: Sequence[bytes]) -> int:
-        """``append`` of lines encoded already (each one JSON object, no newline)."""
+        """``append`` of lines encoded already (each one JSON object, no newline). When it raises,
+        nothing of them stays in the spool."""
         if not lines:
             return self.end
         data = b"\n".join(lines) + b"\n"
@@ -279,20 +322,44 @@ class Spool:
                 seg = self._segments[-1]
             elif seg.size > self.segment_bytes:
                 seg = self._rotate()
-            seg.f.seek(0, os.SEEK_END)
-            seg.f.write(data)
-            seg.f.flush()
-            os.fsync(seg.f.fileno())
+            fd = seg.f.fileno()
+            pos, n = (0 if seg.stale else seg.size), len(data)
+            try:
+                if seg.stale:  # acknowledged lines there: zeroed, durable with this append
+                    _pwrite_all(fd, data + bytes(max(0, seg.size - n)), 0)
+                else:
+                    _pwrite_all(fd, data, pos)
+                if self.preallocate and pos + n > seg.room:
+                    _pwrite_all(fd, bytes(self.preallocate), pos + n)
+                    seg.room = pos + n + self.preallocate
+                _sync(fd)
+            except BaseException:
+                self._cut(seg, pos)
+                raise
+            seg.room = max(seg.room, pos + n)
+            seg.stale = False
             seg.count += len(lines)
-            seg.size += len(data)
+            seg.size = pos + n
             self.end += len(lines)
             return self.end
+
+    def _cut(self, seg: _Segment, pos: int) -> None:
+        """After an append at ``pos`` failed: the file ends at ``pos`` again (the append may have
+        written anything from nothing to all of its lines and zeros)."""
+        try:
+            os.ftruncate(seg.f.fileno(), pos)
+        except OSError:  # pragma: no cover - the next append at pos overwrites it
+            log.exception("spool %s: could not cut a failed append off", seg.path)
+        seg.room = pos
+        if seg.stale:  # the acknowledged lines are cut off too
+            seg.stale = False
+            seg.size = 0
 
     def _rotate(self) -> _Segment:
         last = self._segments[-1]
         n = int(last.path.name.rsplit(".", 1)[1]) + 1 if last.path != self.path else 1
         p = self.path.with_name(f"{self.path.name}.{n}")
-        seg = _Segment(p, open(p, "ab+"), self.end)  # noqa: SIM115
+        seg = _Segment(p, _open(p), self.end)
         self._segments.append(seg)
         dfd = os.open(self.path.parent, os.O_RDONLY)
         try:  # the new file's name must survive a crash along with its records
@@ -302,13 +369,18 @@ class Spool:
         return seg
 
     def _truncate_all(self) -> None:
+        """Everything is acknowledged: drop the lines. A single segment with zeros ahead keeps its
+        file (the next append zeroes the lines and writes at the front); else files are cut."""
+        first = self._segments[0]
+        if len(self._segments) == 1 and first.room > first.size:
+            first.start, first.count, first.stale = self.end, 0, first.size > 0
+            return
         for seg in self._segments[1:]:
             seg.f.close()
             seg.path.unlink(missing_ok=True)
-        first = self._segments[0]
         first.f.truncate(0)
         first.f.flush()
-        first.start, first.count, first.size = self.end, 0, 0
+        first.start, first.count, first.size, first.room, first.stale = self.end, 0, 0, 0, False
         del self._segments[1:]
 
     def ack(self, upto: int) -> None:
@@ -326,7 +398,8 @@ class Spool:
                 if seg.path == self.path:  # the lock file stays, emptied
                     seg.f.truncate(0)
                     seg.f.flush()
-                    seg.count = seg.size = 0
+                    seg.count = seg.size = seg.room = 0
+                    seg.stale = False
                 else:
                     seg.f.close()
                     seg.path.unlink(missing_ok=True)
@@ -341,13 +414,13 @@ class Spool:
             for seg in self._segments:
                 if seg.start + seg.count <= self.acked or seg.count == 0:
                     continue
-                seg.f.seek(0)
-                for k, line in enumerate(seg.f):
+                data = os.pread(seg.f.fileno(), seg.size, 0)  # its lines; not the zeros after
+                for k, line in enumerate(data.split(b"\n")[:-1]):
                     idx = seg.start + k
                     if idx >= end:
                         break
-                    if idx >= self.acked and line.endswith(b"\n"):
-                        lines.append((idx, line))
+                    if idx >= self.acked:
+                        lines.append((idx, line + b"\n"))
             return lines, end
 
     def set_aside(self, idx: int, line: bytes, reason: str) -> None:
@@ -398,7 +471,17 @@ class Spool:
         self.ack(self.end)
 
     def close(self) -> None:
+        """Release the files: what is acknowledged is cut off, and the zeros after the last line
+        (the files earlier builds wrote)."""
         with self._lock:
+            last = self._segments[-1]
+            try:
+                if self.acked == self.end and len(self._segments) == 1:
+                    last.f.truncate(0)
+                elif last.room > last.size:
+                    last.f.truncate(last.size)
+            except OSError:  # pragma: no cover - zeros read as the end anyway
+                log.exception("spool %s: could not trim it at close", last.path)
             for seg in self._segments[1:]:
                 seg.f.close()
             first = self._segments[0].f
