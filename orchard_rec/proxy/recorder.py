@@ -220,7 +220,8 @@ class Recorder:
 
         cap.submitted = True
         self.submit(cap, ack, committed=committed)
-        await asyncio.shield(fut)
+        await fut  # not through asyncio.shield: two loop steps fewer on the client's wait; a
+        # cancelled handler cancels only this future (``settle`` skips it), never the append
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until every call started so far is committed or spooled (tests, shutdown)."""
