@@ -59,7 +59,7 @@ from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.spool import FORMAT, SpoolFormatError
 from orchard_rec.storage.store import Store
 
-__all__ = ["KIND", "Decoder", "Encoder", "is_capture_line", "snapshot"]
+__all__ = ["FIELDS", "KIND", "LIVE_ONLY", "PARTS", "Decoder", "Encoder", "is_capture_line", "snapshot"]
 
 log = logging.getLogger("orchard_rec.capline")
 
@@ -73,6 +73,41 @@ _SMALL = 4096
 """Byte strings shorter than this are written whole: a delta saves nothing worth its base."""
 
 _SLOTS: tuple[str, ...] = tuple(Capture.__slots__)
+
+FIELDS: tuple[str, ...] = (
+    "call_id",
+    "session_id",
+    "dialect",
+    "upstream_dialect",
+    "method",
+    "path",
+    "headers",
+    "harness",
+    "harness_session",
+    "stream",
+    "status_code",
+    "outcome",
+    "error",
+    "received_at",
+    "first_byte_at",
+    "done_at",
+    "bytes_in",
+    "bytes_out",
+    "metadata",
+    "client_response",
+    "client_events",
+)
+"""The ``Capture`` slots a line holds as they are, under their own names (the enums in ``_ENUMS`` as
+their values): the encoder writes and the decoder sets exactly these."""
+_ENUMS: dict[str, type[Dialect] | type[CallOutcome]] = {
+    "dialect": Dialect,
+    "upstream_dialect": Dialect,
+    "outcome": CallOutcome,
+}
+PARTS: tuple[str, ...] = ("request_raw", "request", "upstream_request", "tokens", "body", "chunks")
+"""The slots a line holds in its own form: ``request``, ``upstream``, ``tokens``, ``answer``."""
+LIVE_ONLY: tuple[str, ...] = ("request_base", "id_cut", "complete", "submitted")
+"""The slots no line holds: the response path's hints and state (a record is the same without them)."""
 
 
 def snapshot(cap: Capture) -> Capture:
@@ -231,33 +266,12 @@ class Encoder:
     def encode(self, cap: Capture) -> bytes:
         sid = cap.session_id
         offers: dict[str, Any] = {}
-        d: dict[str, Any] = {
-            "_v": FORMAT,
-            "_k": KIND,
-            "call_id": cap.call_id,
-            "session_id": sid,
-            "dialect": cap.dialect.value,
-            "upstream_dialect": cap.upstream_dialect.value,
-            "method": cap.method,
-            "path": cap.path,
-            "headers": cap.headers,
-            "harness": cap.harness,
-            "harness_session": cap.harness_session,
-            "stream": cap.stream,
-            "status_code": cap.status_code,
-            "outcome": cap.outcome.value,
-            "error": cap.error,
-            "received_at": cap.received_at,
-            "first_byte_at": cap.first_byte_at,
-            "done_at": cap.done_at,
-            "bytes_in": cap.bytes_in,
-            "bytes_out": cap.bytes_out,
-            "metadata": cap.metadata,
-            "parsed": cap.request is not None,
-            "request": self._request(cap, sid, offers),
-            "client_response": cap.client_response,
-            "client_events": cap.client_events,
-        }
+        d: dict[str, Any] = {"_v": FORMAT, "_k": KIND}
+        for name in FIELDS:
+            v = getattr(cap, name)
+            d[name] = v.value if name in _ENUMS else v
+        d["parsed"] = cap.request is not None
+        d["request"] = self._request(cap, sid, offers)
         d["upstream"] = self._upstream(cap, sid, offers)
         d["tokens"] = self._tokens(cap)
         if cap.stream:
@@ -516,23 +530,9 @@ class Decoder:
 
     def _capture(self, d: dict[str, Any]) -> Capture:
         cap = Capture(Dialect(d["dialect"]), d["method"], d["path"], d["session_id"])
-        cap.call_id = d["call_id"]
-        cap.upstream_dialect = Dialect(d["upstream_dialect"])
-        cap.headers = d["headers"]
-        cap.harness = d["harness"]
-        cap.harness_session = d["harness_session"]
-        cap.stream = d["stream"]
-        cap.status_code = d["status_code"]
-        cap.outcome = CallOutcome(d["outcome"])
-        cap.error = d["error"]
-        cap.received_at = d["received_at"]
-        cap.first_byte_at = d["first_byte_at"]
-        cap.done_at = d["done_at"]
-        cap.bytes_in = d["bytes_in"]
-        cap.bytes_out = d["bytes_out"]
-        cap.metadata = d["metadata"]
-        cap.client_response = d["client_response"]
-        cap.client_events = d["client_events"]
+        for name in FIELDS:
+            enum = _ENUMS.get(name)
+            setattr(cap, name, d[name] if enum is None else enum(d[name]))
         offers = d.get("bases") or {}
         sid = cap.session_id
         if d["request"] is not None:

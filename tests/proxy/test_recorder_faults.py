@@ -378,3 +378,63 @@ def test_an_upstream_base_read_back_other_than_written_is_refused() -> None:
     assert got.upstream_request == second.upstream_request
     with pytest.raises(SpoolFormatError, match="other than it was written"):
         capline.Decoder(Db(wrong)).capture(line)  # type: ignore[arg-type]
+
+
+# -- capture lines: one list of the Capture fields written as they are (D2) --------------------------
+
+OLD_LINE = (
+    b'{"_v":3,"_k":"cap","call_id":"0123456789abcdef0123456789abcdef","session_id":"sess-1",'
+    b'"dialect":"responses","upstream_dialect":"chat","method":"POST","path":"/v1/responses",'
+    b'"headers":{"user-agent":"x/1"},"harness":"codex","harness_session":"h-7","stream":false,'
+    b'"status_code":200,"outcome":"ok","error":null,"received_at":1.5,"first_byte_at":1.75,'
+    b'"done_at":2.0,"bytes_in":12,"bytes_out":34,"metadata":{"k":"v"},"parsed":true,'
+    b'"request":[["t","{\\"model\\":\\"m\\",\\"input\\":\\"hi\\"}"]],"client_response":{"id":"r",'
+    b'"output":[]},"client_events":null,"upstream":{"msgs":null,"new":[{"role":"user","content":"hi"}],'
+    b'"keys":["model","messages"],"other":{"model":"m"}},"tokens":null,'
+    b'"answer":[["t","{\\"id\\":\\"x\\",\\"choices\\":[]}"]],"bases":{"req":true,"upobj":true}}'
+)
+"""A capture line as the build before this test wrote it (every scalar field set)."""
+
+
+def test_every_capture_slot_is_written_or_said_not_to_be() -> None:
+    """A new ``Capture`` slot must be put in one of capline's lists: written as it is (encoder and
+    decoder read the same tuple), written as parts, or live-only. Otherwise a replay would lose it."""
+    plain = set(capline.FIELDS)
+    groups = [plain, set(capline.PARTS), set(capline.LIVE_ONLY)]
+    assert sum(map(len, groups)) == len(set().union(*groups)), "a slot in two lists"
+    assert set().union(*groups) == set(Capture.__slots__)
+
+
+def test_an_old_capture_line_decodes_and_a_new_one_says_the_same() -> None:
+    """The line format is unchanged: a line of the previous build rebuilds every field, and the
+    same call encoded now is the same JSON object (key for key)."""
+    cap = capline.Decoder(None).capture(orjson.loads(OLD_LINE))
+    assert (cap.call_id, cap.session_id, cap.dialect, cap.upstream_dialect) == (
+        "0123456789abcdef0123456789abcdef",
+        "sess-1",
+        Dialect.RESPONSES,
+        Dialect.CHAT,
+    )
+    assert (cap.method, cap.path, cap.headers, cap.harness, cap.harness_session) == (
+        "POST",
+        "/v1/responses",
+        {"user-agent": "x/1"},
+        "codex",
+        "h-7",
+    )
+    assert (cap.stream, cap.status_code, cap.outcome.value, cap.error) == (False, 200, "ok", None)
+    assert (cap.received_at, cap.first_byte_at, cap.done_at, cap.bytes_in, cap.bytes_out) == (
+        1.5,
+        1.75,
+        2.0,
+        12,
+        34,
+    )
+    assert (cap.metadata, cap.client_response, cap.client_events) == (
+        {"k": "v"},
+        {"id": "r", "output": []},
+        None,
+    )
+    assert cap.request == {"model": "m", "input": "hi"} and cap.body == b'{"id":"x","choices":[]}'
+    again = capline.Encoder().encode(capline.snapshot(cap))
+    assert orjson.loads(again) == orjson.loads(OLD_LINE)
