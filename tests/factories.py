@@ -1,6 +1,6 @@
 """Builders and small helpers for tests: call records (like mitmproxy's tflow), image data URLs,
 free loopback ports, session base URLs, a raw JSON POST, ``orchard-rec serve`` in a subprocess, a
-private copy of a recorded database."""
+private copy of a recorded database, threads started together whose errors fail the test."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,29 @@ def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
     assert step.command is not None and "echo orchard > marker.txt" in step.command
     assert "marker.txt" in step.edits and step.output is not None
     assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
+
+
+def run_threads(fn: Callable[[int], object], n: int) -> None:
+    """``fn(0)`` ... ``fn(n - 1)``, each in its own thread, all released at once by a barrier (so
+    they really overlap); returns when all are done, and fails the test with the first exception
+    any of them raised (an exception in a plain thread would only be printed)."""
+    start = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        start.wait()
+        try:
+            fn(k)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"run_threads-{k}") for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise AssertionError(f"{len(errors)} of {n} threads failed: {errors!r}") from errors[0]
 
 
 def free_port() -> int:

@@ -223,6 +223,7 @@ def test_jsonl_sidecar_files_written_once_and_read_with_pil(tmp_path) -> None:  
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
 
 
+@pytest.mark.slow  # importing datasets: 1-2 s (test_text_only_exports_have_no_images_column stays fast)
 @pytest.mark.parametrize("fmt", ["parquet", "trl", "trl-grpo"])
 def test_columnar_images_load_as_pil_with_datasets(tmp_path, fmt) -> None:  # type: ignore[no-untyped-def]
     import datasets
@@ -254,6 +255,7 @@ def test_text_only_exports_have_no_images_column(tmp_path) -> None:  # type: ign
         assert schema.metadata is None or b"huggingface" not in schema.metadata
 
 
+@pytest.mark.slow  # importing torch: 2-3 s
 def test_slime_multimodal_inputs_and_runs_as_orchard_gui_builds_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import torch
 

@@ -13,8 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from orchard_rec.exporters import ExportError
@@ -24,6 +22,8 @@ from orchard_rec.exporters.verl import VerlSftExporter
 
 def convert_nested_value_to_list_recursive(data_item: Any) -> Any:
     # verl's own helper, re-stated: the consumer's contract
+    import numpy as np  # here and pandas below: only the slow tests read parquet back
+
     if isinstance(data_item, dict):
         return {k: convert_nested_value_to_list_recursive(v) for k, v in data_item.items()}
     elif isinstance(data_item, list):
@@ -35,6 +35,8 @@ def convert_nested_value_to_list_recursive(data_item: Any) -> Any:
 
 
 def _verl_load(path: Path) -> tuple[list[Any], list[Any]]:
+    import pandas as pd
+
     df = pd.read_parquet(path)
     messages = df["messages"].apply(convert_nested_value_to_list_recursive).tolist()
     tools = df["tools"].apply(convert_nested_value_to_list_recursive).tolist()
@@ -97,6 +99,8 @@ def _check(tok: Any, path: Path, want: list[dict[str, Any]], *, exact_tools: boo
 
 @pytest.mark.slow  # the session-scoped recorded_db fixture records through a real proxy
 def test_verl_loader_gets_the_recorded_messages_and_tools(recorded_db, tmp_path, tokenizer, caplog) -> None:  # type: ignore[no-untyped-def]
+    import pandas as pd
+
     ref = _chat_view(recorded_db, tmp_path)
     sessions = pd.read_parquet(_export(recorded_db, tmp_path / "all.parquet", caplog, warns=True))[
         "session_id"

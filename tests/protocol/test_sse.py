@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,7 @@ def test_a_last_event_without_blank_line_is_flushed() -> None:
     assert parse_sse([b"data: tail"]) == [(None, "tail")]
 
 
+@pytest.mark.slow  # 100 random event lists: ~0.5 s (test_done_frame_and_unnamed_data stays fast)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(

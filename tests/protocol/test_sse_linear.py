@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def reference(data: bytes) -> tuple[list[tuple[str | None, str]], bytes]:
     return out, data
 
 
+@pytest.mark.slow  # 300 random streams: ~0.7 s (the long-event examples stay fast)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=300)
 @given(
     st.lists(
@@ -78,6 +80,7 @@ def test_stream_end_keeps_a_long_event_in_parts() -> None:
     assert e.feed(b"\n\n")
 
 
+@pytest.mark.slow  # 300 random streams: ~0.7 s
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=300)
 @given(
     st.sampled_from(["chat", "messages", "responses"]),

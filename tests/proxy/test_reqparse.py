@@ -136,6 +136,7 @@ def extra(kind: str, s: Session) -> bytes:
     return convo  # a top-level array
 
 
+@pytest.mark.slow  # 100 random sessions of up to 12 bodies: 1-2 s (the examples below stay fast)
 @settings(SETTINGS, max_examples=100)  # the cheapest way to find a new way to be wrong
 @given(
     key=st.sampled_from(["messages", "input"]),
@@ -177,6 +178,7 @@ def test_sequences_parse_as_orjson_does(key: str, named: bool, steps: list[Any])
         check(cache, raws, raw, sid, f"c{n}")
 
 
+@pytest.mark.slow  # 50 random histories: ~1 s (test_edit_before_the_end... stays fast)
 @SETTINGS
 @given(
     st.lists(messages(), min_size=1, max_size=6),

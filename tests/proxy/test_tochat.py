@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ def _translate(f: Any) -> Any:
     return orjson.dumps(out), out
 
 
+@pytest.mark.slow  # 120 random conversations: 1-2 s (the two examples below stay fast)
 @settings(SETTINGS, max_examples=120)
 @given(dialect=st.sampled_from([Dialect.RESPONSES, Dialect.MESSAGES]), data=st.data())
 def test_reused_translation_is_to_chat(dialect: Dialect, data: Any) -> None:

@@ -89,7 +89,7 @@ def _check_invariants(session: Session, samples: list[Sample]) -> None:
     assert samples[0].prompt_ids == list(session.calls[0].prompt_ids)  # type: ignore[arg-type]
 
 
-@pytest.mark.slow  # 300 random sessions: ~10 s on a loaded machine (the linear property below stays fast)
+@pytest.mark.slow  # 300 random sessions: ~10 s on a loaded machine
 @settings(max_examples=300, deadline=None)
 @given(sessions())
 def test_invariants_hold_for_any_session(session: Session) -> None:
@@ -101,6 +101,7 @@ def test_invariants_hold_for_any_session(session: Session) -> None:
         assert s.tokens == list(last.prompt_ids) + list(last.completion_ids)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # 200 random sessions: 1-2.7 s (test_merge.py's linear session stays fast)
 @settings(max_examples=200, deadline=None)
 @given(sessions(linear_only=True))
 def test_prefix_extending_calls_merge_into_one_sample(session: Session) -> None:

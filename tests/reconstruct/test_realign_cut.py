@@ -6,11 +6,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
+
 from orchard_rec.reconstruct.generation import Generation
 from orchard_rec.reconstruct.merge import reconstruct, template_turn_end
 from orchard_rec.tokenizer import load_hf_tokenizer as _load
 
 load_hf_tokenizer: Any = functools.lru_cache(maxsize=1)(_load)
+
+# a Hugging Face tokenizer: the only fast-tier test that loaded transformers (1-4 s)
+pytestmark = pytest.mark.slow
 
 
 def _session(tok):  # type: ignore[no-untyped-def]

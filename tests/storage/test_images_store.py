@@ -8,13 +8,12 @@ import base64
 import io
 import json
 import random
-import threading
 import urllib.request
 from typing import Any
 
 import orjson
 import pytest
-from factories import call
+from factories import call, run_threads
 from sqlalchemy import create_engine, text
 
 from orchard_rec.records import Dialect
@@ -299,15 +298,12 @@ def test_tool_result_screenshots_odd_base64_and_sessions_sharing_images(db_url: 
     texts = {ses: [raw(n, ses) for n in range(5)] for ses in ("ta", "tb")}
     stores = [store, Store(db_url)]
 
-    def write(st: Store, ses: str) -> None:
+    def write(k: int) -> None:  # two stores (two engines) at once, a session each
+        ses = list(texts)[k]
         for n, t in enumerate(texts[ses]):
-            st.write_batch([_record(Dialect.MESSAGES, ses, n, t)])
+            stores[k].write_batch([_record(Dialect.MESSAGES, ses, n, t)])
 
-    threads = [threading.Thread(target=write, args=(st, ses)) for st, ses in zip(stores, texts, strict=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(write, len(stores))
     for ses, want in texts.items():
         assert [r.request_text for r in store.calls(ses)] == want
         assert read_with_small_cache(db_url, ses, 1000) == want

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from factories import call
+from factories import call, run_threads
 from sqlalchemy import create_engine, func, select, text
 
 from orchard_rec.records import Dialect
@@ -315,25 +315,10 @@ def test_an_upstream_value_equal_to_the_requests_but_of_another_type_is_kept(
 def test_compress_from_many_threads_at_once_round_trips() -> None:
     """Several proxies' writer and spool threads compress at once (a shared ZstdCompressor wrote
     corrupt frames: "Dictionary is corrupted" when a replica read them back)."""
-    import threading
-
-    from orchard_rec.storage import layout
-
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
     def work(k: int) -> None:
-        start.wait()
-        try:
-            for i in range(300):
-                obj = [f"{k}-{i}-" + "x" * (i * 37 % 5000), {"k": k, "i": i}]
-                assert layout.decompress(layout.compress(obj)) == obj
-        except BaseException as exc:
-            errors.append(exc)
+        for i in range(300):
+            obj = [f"{k}-{i}-" + "x" * (i * 37 % 5000), {"k": k, "i": i}]
+            assert layout.decompress(layout.compress(obj)) == obj
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_threads(work, 8)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-
-from factories import call
+from factories import call, run_threads
 
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store
@@ -69,21 +67,12 @@ def test_sequence_numbers_are_gap_free_under_concurrent_writers(db_url: str) -> 
     store = Store(db_url)
     store.upgrade()
     sessions = [f"s{i}" for i in range(5)]
-    errors: list[BaseException] = []
 
     def writer(k: int) -> None:
-        try:
-            for j in range(15):
-                store.write_batch([call(sessions[(k + j) % 5]) for _ in range(3)])
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for j in range(15):
+            store.write_batch([call(sessions[(k + j) % 5]) for _ in range(3)])
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(writer, 8)
     total = 0
     for s in sessions:
         seqs = [r.seq for r in store.calls(s)]

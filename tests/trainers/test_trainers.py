@@ -18,11 +18,10 @@ from orchard_rec.exporters import read_jsonl
 from orchard_rec.exporters.contracts import SlimeSample
 from orchard_rec.exporters.pipeline import export
 from orchard_rec.trainers import slime as slime_plugins
-from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
 from orchard_rec.trainers.verl import RecordedAgentLoop, agent_loop_output
 
 if TYPE_CHECKING:
-    import torch  # imported where used: collecting the fast tier should not load torch (~4 s)
+    import torch  # imported where used (also trainers.dataset): collecting the fast tier should not load torch (~2-4 s)
 
 pytestmark = pytest.mark.slow  # the session-scoped recorded_db fixture records sessions through a real proxy (~70 s on a loaded machine); torch training
 
@@ -83,6 +82,8 @@ def test_slime_generate_runs_a_harness_against_the_rollout_server(upstream, tmp_
 
 
 def test_dataset_tensors_equal_the_jsonl_export(recorded_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchard_rec.trainers.dataset import OrchardDataset, OrchardIterableDataset, collate, collate_packed
+
     export(recorded_db, "jsonl", tmp_path / "s.jsonl")
     ref = list(read_jsonl(tmp_path / "s.jsonl"))
     ds = OrchardDataset(tmp_path / "s.jsonl", advantage_fn=lambda s: s.reward - 0.5)
@@ -137,7 +138,7 @@ def test_sft_trains_only_credited_tokens_and_the_loss_falls(recorded_db, tmp_pat
 
     from orchard_rec.demo.tokenizer import build_tokenizer
     from orchard_rec.reconstruct import Sample, SampleBuilder
-    from orchard_rec.trainers.dataset import sample_tensors
+    from orchard_rec.trainers.dataset import collate, sample_tensors
     from orchard_rec.trainers.sft import credited_loss, train_sft
 
     vocab = build_tokenizer().get_vocab_size()
