@@ -90,7 +90,10 @@ class OneFailure:
         return self._write(records, known_new=known_new)
 
 
-@pytest.mark.parametrize("durability", ["wal", "async"])
+@pytest.mark.parametrize(
+    "durability",
+    ["wal", pytest.param("async", marks=pytest.mark.slow)],  # the replay: ~1.2 s each
+)
 def test_a_call_during_a_one_write_failure_is_not_lost(upstream, db_url, tmp_path, durability) -> None:  # type: ignore[no-untyped-def]
     store = Store(db_url)
     store.upgrade()

@@ -20,8 +20,7 @@ def test_batches_leave_no_reference_cycles(sqlite_url: str) -> None:
     was = gc.isenabled()
     gc.disable()
     try:
-        gc.collect()
-        gc.freeze()  # only the objects made from here on are scanned (a full heap late in a run: ~1 s a collection)
+        gc.freeze()  # only objects made from here on are collected and counted (a run's full heap: ~1 s a scan)
         for k in range(20):
             rec = call(f"s{k % 3}", prompt_ids=[1, 2, k], completion_ids=[3], harness="h")
             store.write_batch([rec], known_new=True)  # as the recorder writes a batch the first time
