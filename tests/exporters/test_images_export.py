@@ -385,6 +385,7 @@ def test_images_column_added_after_text_row_groups(tmp_path) -> None:  # type: i
     assert "images" in pq.read_schema(tmp_path / "stdout.parquet").names
 
 
+@pytest.mark.slow  # its slime export imports torch: 2-3 s (the last fast-tier test that did)
 def test_exports_from_the_database_carry_the_recorded_screenshots(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Through ``Store.write_batch`` (images stored once) and ``export``: the same samples, images
     and per-turn runs as reconstructing the call records directly."""
