@@ -505,6 +505,12 @@ def serve(
         "--max-queue-bytes",
         help="Bytes of calls waiting for the database before 429 (default 256 MiB; 0: no limit).",
     ),
+    pace_queue_bytes: int = typer.Option(
+        32 * 1024 * 1024,
+        "--pace-queue-bytes",
+        help="Above this many queued bytes new calls wait for the writer instead of queueing"
+        " (default 32 MiB; 0: off).",
+    ),
     api_key: list[str] | None = typer.Option(
         None,
         "--api-key",
@@ -535,6 +541,8 @@ def serve(
 
     if max_queue_bytes < 0:
         raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
+    if pace_queue_bytes < 0:
+        raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
     upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
     if mode == "tito" and not tokenizer:
         raise usage_error(
@@ -562,6 +570,7 @@ def serve(
         spool=spool,
         max_inflight=max_inflight,
         max_queue_bytes=max_queue_bytes,
+        pace_queue_bytes=pace_queue_bytes,
         api_keys=_keys(api_key),
         admin_keys=_keys(admin_key),
         upstream_key=upstream_key,

@@ -267,6 +267,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         _authorize(request, cap.session_id)
         cfg = app[CONFIG]
         if (
+            cfg.pace_queue_bytes
+            and not (cfg.max_inflight and recorder.inflight > cfg.max_inflight)
+            and not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout)
+        ):
+            raise TooManyRequests(
+                f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
+                f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
+            )
+        if (
             (cfg.max_inflight and recorder.inflight > cfg.max_inflight)
             or (cfg.max_queue and recorder.depth > cfg.max_queue)
             or (cfg.max_queue_bytes and recorder.queued_bytes > cfg.max_queue_bytes)
@@ -545,6 +554,9 @@ async def healthz(request: web.Request) -> web.Response:
         "upstream": {"url": request.app[CONFIG].upstream, **upstream},
         "queue_depth": rec.depth,
         "queued_bytes": rec.queued_bytes,
+        "max_queue_bytes": request.app[CONFIG].max_queue_bytes,
+        "pace_queue_bytes": request.app[CONFIG].pace_queue_bytes,
+        "paced": rec.paced,
         "spool_depth": rec.spool_depth,
         "written": rec.written,
         "mode": request.app[CONFIG].mode,
@@ -634,7 +646,13 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         durability=config.durability,
     )
     app[RECORDER] = recorder
-    app[METRICS] = Metrics(lambda: recorder.depth, lambda: recorder.spool_depth, lambda: recorder.inflight)
+    app[METRICS] = Metrics(
+        lambda: recorder.depth,
+        lambda: recorder.spool_depth,
+        lambda: recorder.inflight,
+        lambda: recorder.queued_bytes,
+        lambda: recorder.paced,
+    )
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer
 

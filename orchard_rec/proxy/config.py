@@ -44,6 +44,12 @@ class ProxyConfig(BaseModel):
     max_queue_bytes: int = Field(256 * 1024 * 1024, ge=0)
     """Request + response bytes of the calls waiting for the database before new calls get 429
     (0: no limit). What bounds the proxy's memory when records are large (long contexts)."""
+    pace_queue_bytes: int = Field(32 * 1024 * 1024, ge=0)
+    """Pacing: above this many queued bytes a new call waits (before its body is read) until the
+    writer brings the queue back under it, instead of adding to it (0: no pacing). Keeps the queue
+    near this mark, well under ``max_queue_bytes``, when calls come faster than they are recorded."""
+    pace_timeout: float = Field(30.0, gt=0)
+    """A paced call that waited this long gets 429."""
     api_keys: tuple[str, ...] = ()
     """Keys clients must present (``Authorization: Bearer`` or ``x-api-key``); ``KEY:PREFIX`` binds
     a key to sessions whose id starts with PREFIX. Empty: no proxy authentication."""

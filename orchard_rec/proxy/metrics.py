@@ -17,6 +17,8 @@ class Metrics:
         queue_depth: Callable[[], float],
         spool_depth: Callable[[], float] = lambda: 0,
         inflight: Callable[[], float] = lambda: 0,
+        queued_bytes: Callable[[], float] = lambda: 0,
+        paced: Callable[[], float] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -47,6 +49,14 @@ class Metrics:
         spool.set_function(spool_depth)
         busy = Gauge("orchard_inflight_calls", "Calls being relayed", registry=r)
         busy.set_function(inflight)
+        qbytes = Gauge("orchard_writer_queue_bytes", "Bytes of the calls waiting to be committed", registry=r)
+        qbytes.set_function(queued_bytes)
+        pacing = Gauge(
+            "orchard_paced_calls",
+            "Calls so far that waited for the writer before being read (pacing)",
+            registry=r,
+        )
+        pacing.set_function(paced)
 
         self._children: dict[tuple[str, str], tuple[object, ...]] = {}
         self._bytes_in = self.bytes.labels("in")

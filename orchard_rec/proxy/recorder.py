@@ -30,6 +30,14 @@ Memory: ``queued_bytes`` counts the request and response bytes of calls submitte
 yet in the database (or, once the database is down, in the spool), the parsed request as twice
 its bytes; the proxy answers 429 beyond ``--max-queue-bytes``. A writer batch stops at
 ``batch_bytes`` as well as at ``batch_size`` calls.
+
+Pacing (``--pace-queue-bytes``, default 32 MiB): above this lower mark a new call waits
+(``admit``) before its body is read, until the writer brings the queue back under the mark,
+instead of adding to it. The client sees a slower answer, not a 429: with calls arriving faster
+than the writer records them (150k-token contexts back to back, an instant upstream), the queue
+stays near the mark instead of filling to ``--max-queue-bytes`` and answering 429. A call that
+waits longer than ``pace_timeout`` gets 429. The waiters are woken from the writer threads
+(``_release``) through the event loop, only when some wait.
 """
 
 from __future__ import annotations
@@ -157,6 +165,13 @@ class Recorder:
         self.spooled_bytes = 0
         """Bytes appended to the spool so far (lines and newlines)."""
         self.spooled_calls = 0
+        self.paced = 0
+        """Calls that waited in ``admit`` for the queue to come back under the pacing mark."""
+        self.paced_s = 0.0
+        """Seconds those calls waited, in all."""
+        self._pace_waiters = 0
+        self._pace_event: asyncio.Event | None = None
+        self._pace_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def depth(self) -> int:
@@ -223,6 +238,39 @@ class Recorder:
         await fut  # not through asyncio.shield: two loop steps fewer on the client's wait; a
         # cancelled handler cancels only this future (``settle`` skips it), never the append
 
+    async def admit(self, limit: int, timeout: float) -> bool:
+        """Wait while more than ``limit`` bytes are queued (pacing; 0: never). False when the queue
+        is still above it after ``timeout`` seconds (the caller answers 429). Event-loop thread."""
+        if not limit or self.queued_bytes <= limit:
+            return True
+        loop = asyncio.get_running_loop()
+        if self._pace_event is None or self._pace_loop is not loop:
+            self._pace_event = asyncio.Event()
+            self._pace_loop = loop
+        event = self._pace_event
+        self.paced += 1
+        start = time.monotonic()
+        deadline = start + timeout
+        self._pace_waiters += 1
+        try:
+            while self.queued_bytes > limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                event.clear()
+                try:
+                    await asyncio.wait_for(event.wait(), left)
+                except TimeoutError:
+                    return self.queued_bytes <= limit
+            return True
+        finally:
+            self._pace_waiters -= 1
+            self.paced_s += time.monotonic() - start
+
+    def _wake_paced(self) -> None:
+        if self._pace_event is not None:
+            self._pace_event.set()
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until every call started so far is committed or spooled (tests, shutdown)."""
         deadline = time.monotonic() + timeout
@@ -249,6 +297,11 @@ class Recorder:
         with self._count_lock:
             self._bytes_out += nbytes
             self._dbq_calls -= ncalls
+        if self._pace_waiters and self._pace_loop is not None:  # calls wait in ``admit``
+            try:
+                self._pace_loop.call_soon_threadsafe(self._wake_paced)
+            except RuntimeError:  # the loop is closed (shutdown)
+                pass
 
     # -- the spool / async writer thread -------------------------------------------------------
 
