@@ -1045,7 +1045,7 @@ def main() -> None:
     ap.add_argument("--fast-seconds", type=float, default=15.0)
     ap.add_argument(
         "--paced-rate",
-        default="8,100",
+        default="8,100,150",
         help="calls/s of the paced parts, comma-separated (/healthz when not saturated)",
     )
     ap.add_argument("--inproc-turns", type=int, default=200, help="in-process per-part CPU (0 skips it)")
@@ -1287,7 +1287,7 @@ def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
         f" sessions in turn ({r.get('tp_session_count', r['tp_sessions'])} sessions, a turn per call; clients out of"
         f" calls before the window's end: {r.get('tp_ran_out', 0)}), {r['tp_window_s']:.1f} s ({r['load_tp']}): accepted"
         f" {r['accepted_per_s']:.1f} calls/s, recorded {r['recorded_per_s']:.1f} calls/s in the same window"
-        f" (the rest {r['drain_s']:.2f} s after), {r.get('tp_rejected', 0)} calls answered 429 (queue at its byte bound),"
+        f" (the rest {r['drain_s']:.2f} s after), {r.get('tp_rejected', 0)} calls answered 429{' (queue at its byte bound)' if r.get('tp_rejected') else ''},"
         f" {r.get('tp_paced', 0)} paced (waited for the writer before being read; mark {r.get('pace_mb', 0):.1f} MB,"
         f" bound {r.get('bound_mb', 0):.1f} MB), queue at most {r['max_depth']} calls / {r['max_queued_mb']:.1f} MB"
         f" (~{r.get('per_call_mb', 0):.2f} MB a call),"
