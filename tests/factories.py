@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -132,6 +133,19 @@ def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
+
+
+def post_status(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """POST ``body`` as JSON: ``(status, the answer's bytes)``, or for an HTTP error ``(status, its
+    JSON body parsed)``, so a test can check the error's dialect."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def serve_process(

@@ -31,17 +31,7 @@ from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 from orchard_rec.storage import Store
 from orchard_rec.storage.spool import FORMAT, Spool, record_from_json, record_to_json
-
-
-def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from tests.factories import post_status
 
 
 def _health(base: str) -> dict[str, Any]:
@@ -104,11 +94,11 @@ def test_a_call_during_a_one_write_failure_is_not_lost(upstream, db_url, tmp_pat
     with BackgroundServer(lambda: build_app(cfg, store=store)) as proxy:
         rec = proxy.app[RECORDER]
         chat = {"model": "m", "messages": [{"role": "user", "content": "A"}]}
-        assert _post(f"{proxy.url}/s/one/v1/chat/completions", chat)[0] == 200
+        assert post_status(f"{proxy.url}/s/one/v1/chat/completions", chat)[0] == 200
         proxy.app[RECORDER].flush()
         flaky.fail = 1  # the next write fails once
         assert (
-            _post(
+            post_status(
                 f"{proxy.url}/s/one/v1/chat/completions",
                 {**chat, "messages": [{"role": "user", "content": "B"}]},
             )[0]
@@ -117,7 +107,7 @@ def test_a_call_during_a_one_write_failure_is_not_lost(upstream, db_url, tmp_pat
         assert rec.flush()
         assert rec.spool_depth >= 1  # B is in the spool, not lost
         assert (
-            _post(
+            post_status(
                 f"{proxy.url}/s/one/v1/chat/completions",
                 {**chat, "messages": [{"role": "user", "content": "C"}]},
             )[0]
@@ -250,18 +240,18 @@ def test_back_pressure_is_bounded_in_bytes(upstream, sqlite_url, tmp_path, monke
     with BackgroundServer(lambda: build_app(cfg)) as proxy:
         rec = proxy.app[RECORDER]
         chat = {"model": "m", "messages": [{"role": "user", "content": big}]}
-        assert _post(f"{proxy.url}/s/bb/v1/chat/completions", chat)[0] == 200
+        assert post_status(f"{proxy.url}/s/bb/v1/chat/completions", chat)[0] == 200
         assert rec.queued_bytes > 20_000
-        code, err = _post(f"{proxy.url}/s/bb/v1/chat/completions", chat)
+        code, err = post_status(f"{proxy.url}/s/bb/v1/chat/completions", chat)
         assert (
             code == 429 and err["error"]["type"] == "rate_limit_error" and "bytes" in err["error"]["message"]
         )
         msgs = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-        code, err = _post(f"{proxy.url}/s/bb/v1/messages", msgs, {"anthropic-version": "2023-06-01"})
+        code, err = post_status(f"{proxy.url}/s/bb/v1/messages", msgs, {"anthropic-version": "2023-06-01"})
         assert code == 429 and err["type"] == "error" and err["error"]["type"] == "rate_limit_error"
         assert rec.flush()
         assert rec.queued_bytes == 0
-        assert _post(f"{proxy.url}/s/bb/v1/chat/completions", chat)[0] == 200  # room again
+        assert post_status(f"{proxy.url}/s/bb/v1/chat/completions", chat)[0] == 200  # room again
         assert rec.flush()
         assert [c.status_code for c in Store(sqlite_url).calls("bb")] == [200, 429, 429, 200]
 
@@ -383,7 +373,7 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
         assert call is not None, f"an answered call of {len(body)} bytes is not stored"
         direct = json.loads(body)
         direct.update(stream=False, return_token_ids=True, logprobs=True)
-        _, out = _post(upstream.url + "/chat/completions", direct)
+        _, out = post_status(upstream.url + "/chat/completions", direct)
         want = json.loads(out)
         assert list(call.prompt_ids or ()) == want["prompt_token_ids"]
         assert list(call.completion_ids or ()) == want["choices"][0]["token_ids"]

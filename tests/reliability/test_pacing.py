@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,56 +23,50 @@ from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import CallOutcome
 from orchard_rec.storage import Store
+from tests.factories import post_status
 
 BIG = {"model": "m", "messages": [{"role": "user", "content": "x" * 30_000}]}  # one call is past the mark
 
 
-def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+@contextmanager
+def _one_call_queued(
+    upstream: Any,
+    db: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sid: str,
+    delay: float,
+    **cfg: Any,
+) -> Iterator[tuple[BackgroundServer, Recorder, str]]:
+    """A proxy over a database that takes ``delay`` s a write, and one call of ``BIG`` in its queue:
+    ``(proxy, recorder, the session's chat URL)``."""
+    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", str(delay))
+    config = ProxyConfig(upstream=upstream.url, db=db, spool=str(tmp_path / f"{sid}.spool"), **cfg)
+    with BackgroundServer(lambda: build_app(config)) as proxy:
+        rec = proxy.app[RECORDER]
+        url = f"{proxy.url}/s/{sid}/v1/chat/completions"
+        assert post_status(url, BIG)[0] == 200
+        # under async a call is submitted just after its last byte is sent: the client may see the
+        # answer a moment before the queue holds it
+        deadline = time.monotonic() + 10
+        while rec.queued_bytes <= 20_000:
+            assert time.monotonic() < deadline, "the first call never reached the queue"
+            time.sleep(0.01)
+        yield proxy, rec, url
 
 
 def _health(base: str) -> dict[str, Any]:
     with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
-        return json.loads(r.read())
-
-
-def _until(pred: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def _queued(rec: Recorder, n: int = 20_000) -> None:
-    # under async a call is submitted just after its last byte is sent: the client may see the
-    # answer a moment before the queue holds it
-    _until(lambda: rec.queued_bytes > n)
+        return dict(json.loads(r.read()))
 
 
 @pytest.mark.parametrize("durability", ["wal", "async"])
 def test_a_call_over_the_mark_waits_for_the_writer_instead_of_queueing(  # type: ignore[no-untyped-def]
     upstream, sqlite_url, tmp_path, monkeypatch, durability
 ) -> None:
-    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.6")  # a slow database
-    cfg = ProxyConfig(
-        upstream=upstream.url,
-        db=sqlite_url,
-        spool=str(tmp_path / "p.spool"),
-        durability=durability,
-        pace_queue_bytes=20_000,
-    )
-    with BackgroundServer(lambda: build_app(cfg)) as proxy:
-        rec = proxy.app[RECORDER]
-        url = f"{proxy.url}/s/pp/v1/chat/completions"
-        assert _post(url, BIG)[0] == 200
-        _queued(rec)
+    with _one_call_queued(
+        upstream, sqlite_url, tmp_path, monkeypatch, "pp", 0.6, durability=durability, pace_queue_bytes=20_000
+    ) as (proxy, rec, url):
 
         async def second() -> tuple[int, int]:
             async with aiohttp.ClientSession() as http, http.post(url, json=BIG) as r:
@@ -83,7 +79,7 @@ def test_a_call_over_the_mark_waits_for_the_writer_instead_of_queueing(  # type:
         assert rec.paced == 1 and rec.paced_s > 0.1
         health = _health(proxy.url)
         assert health["paced"] == 1 and health["pace_queue_bytes"] == 20_000
-        assert health["max_queue_bytes"] == cfg.max_queue_bytes
+        assert health["max_queue_bytes"] == 256 * 1024 * 1024
         assert rec.flush()
         assert [c.status_code for c in Store(sqlite_url).calls("pp")] == [200, 200]
         metrics = urllib.request.urlopen(proxy.url + "/metrics", timeout=5).read().decode()
@@ -94,23 +90,14 @@ def test_a_call_over_the_mark_waits_for_the_writer_instead_of_queueing(  # type:
 def test_a_call_paced_past_the_timeout_gets_429_in_its_dialect(  # type: ignore[no-untyped-def]
     upstream, sqlite_url, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.8")
-    cfg = ProxyConfig(
-        upstream=upstream.url,
-        db=sqlite_url,
-        spool=str(tmp_path / "t.spool"),
-        pace_queue_bytes=20_000,
-        pace_timeout=0.1,
-    )
-    with BackgroundServer(lambda: build_app(cfg)) as proxy:
-        rec = proxy.app[RECORDER]
-        assert _post(f"{proxy.url}/s/pt/v1/chat/completions", BIG)[0] == 200
-        _queued(rec)
-        code, err = _post(f"{proxy.url}/s/pt/v1/chat/completions", BIG)
+    with _one_call_queued(
+        upstream, sqlite_url, tmp_path, monkeypatch, "pt", 0.8, pace_queue_bytes=20_000, pace_timeout=0.1
+    ) as (proxy, rec, url):
+        code, err = post_status(url, BIG)
         assert code == 429 and err["error"]["type"] == "rate_limit_error"
         assert "stayed above 20000 bytes" in err["error"]["message"]
         msgs = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-        code, err = _post(f"{proxy.url}/s/pt/v1/messages", msgs, {"anthropic-version": "2023-06-01"})
+        code, err = post_status(f"{proxy.url}/s/pt/v1/messages", msgs, {"anthropic-version": "2023-06-01"})
         assert code == 429 and err["type"] == "error" and err["error"]["type"] == "rate_limit_error"
         assert rec.flush()
         assert [c.status_code for c in Store(sqlite_url).calls("pt")] == [200, 429, 429]
@@ -120,15 +107,13 @@ def test_a_call_paced_past_the_timeout_gets_429_in_its_dialect(  # type: ignore[
 def test_several_paced_calls_proceed_and_a_hang_up_while_paced_is_recorded(  # type: ignore[no-untyped-def]
     upstream, sqlite_url, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.5")
-    cfg = ProxyConfig(
-        upstream=upstream.url, db=sqlite_url, spool=str(tmp_path / "s.spool"), pace_queue_bytes=20_000
-    )
-    with BackgroundServer(lambda: build_app(cfg)) as proxy:
-        rec = proxy.app[RECORDER]
-        url = f"{proxy.url}/s/ps/v1/chat/completions"
-        assert _post(url, BIG)[0] == 200
-        _queued(rec)
+    with _one_call_queued(
+        upstream, sqlite_url, tmp_path, monkeypatch, "ps", 0.5, pace_queue_bytes=20_000
+    ) as (
+        _,
+        rec,
+        url,
+    ):
 
         async def main() -> list[int | str]:
             async with aiohttp.ClientSession() as http:
@@ -161,15 +146,11 @@ def test_pacing_off_and_bad_flag(upstream, sqlite_url, tmp_path, monkeypatch) ->
     res = CliRunner().invoke(cli, ["serve", "--upstream", upstream.url, "--pace-queue-bytes", "-1"])
     assert res.exit_code == 2 and "--pace-queue-bytes must be >= 0" in res.output
     assert "Traceback" not in res.output
-    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.3")
-    cfg = ProxyConfig(
-        upstream=upstream.url, db=sqlite_url, spool=str(tmp_path / "o.spool"), pace_queue_bytes=0
-    )
-    with BackgroundServer(lambda: build_app(cfg)) as proxy:
-        rec = proxy.app[RECORDER]
-        url = f"{proxy.url}/s/po/v1/chat/completions"
-        assert _post(url, BIG)[0] == 200
-        _queued(rec)
-        assert _post(url, BIG)[0] == 200  # not paced: queued behind the first
+    with _one_call_queued(upstream, sqlite_url, tmp_path, monkeypatch, "po", 0.3, pace_queue_bytes=0) as (
+        _,
+        rec,
+        url,
+    ):
+        assert post_status(url, BIG)[0] == 200  # not paced: queued behind the first
         assert rec.paced == 0
         assert rec.flush()
