@@ -186,8 +186,8 @@ class SessionState:
         return s
 
     def measure(self) -> int:
-        n = (
-            64 * (len(self.tokens) + len(self.completion))
+        n = (  # an id: a list slot and its int object (36 bytes; often shared with the id parser's cache)
+            40 * (len(self.tokens) + len(self.completion))
             + 64 * len(self.known)
             + 32 * (len(self.refs) + len(self.up_refs))
         )

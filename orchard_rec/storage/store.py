@@ -37,6 +37,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage import layout
@@ -146,8 +147,10 @@ class Store:
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
-        self.encoder = Encoder()
-        """The writer's per-session cache (last call's ids, request split, blob digests)."""
+        self.encoder = Encoder(env_megabytes("ORCHARD_STATE_CACHE_MB", 256))
+        """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
+        ``ORCHARD_STATE_CACHE_MB`` (default 256: ~40 sessions at a 150k-token context). A session
+        that fell out of it is read back from the database on its next call (O(its context), once)."""
 
     @property
     def dialect(self) -> str:

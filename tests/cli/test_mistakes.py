@@ -137,6 +137,7 @@ def test_port_in_use_is_reported_before_the_banner_and_leaves_no_database(tmp_pa
         "ORCHARD_REQUEST_CACHE_MB",  # read as proxy.tochat is imported: the fast tier keeps this one
         pytest.param("ORCHARD_SPOOL_BASES_MB", marks=pytest.mark.slow),  # a fresh interpreter each: 1.5-3.5 s
         pytest.param("ORCHARD_IDS_CACHE_MB", marks=pytest.mark.slow),
+        pytest.param("ORCHARD_STATE_CACHE_MB", marks=pytest.mark.slow),
     ],
 )
 def test_a_cache_size_that_is_not_a_number_names_the_variable(tmp_path: Path, var: str) -> None:
