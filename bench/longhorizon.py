@@ -531,6 +531,99 @@ def _bodies(turns: int, seed: int = 7) -> list[bytes]:
     return out
 
 
+class _Grower:
+    """``_bodies`` one turn at a time (the whole list of 64 sessions' bodies would be gigabytes)."""
+
+    def __init__(self, seed: int) -> None:
+        self.s = Session(seed)
+        self.head = b'{"model":"m","tools":' + json.dumps(TOOLS).encode() + b',"messages":['
+        self.done: list[bytes] = [json.dumps(self.s.messages[0]).encode()]
+        self.k = 0
+
+    def next(self) -> bytes:
+        s, k = self.s, self.k
+        s.add_command()
+        self.done.append(json.dumps(s.messages[-1]).encode())
+        body = self.head + b",".join(self.done) + b"]}"
+        cmd = s.messages[-1]["content"][5:-1]
+        call = {
+            "id": f"call_{k}",
+            "type": "function",
+            "function": {"name": "exec_command", "arguments": json.dumps({"cmd": cmd})},
+        }
+        s.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        self.done.append(json.dumps(s.messages[-1]).encode())
+        s.add_result(type("C", (), {"id": f"call_{k}"})())
+        self.done.append(json.dumps(s.messages[-1]).encode())
+        self.k += 1
+        return body
+
+
+def interleave_run(tmp: Path, durability: str, sessions: int, turns: int) -> dict[str, Any]:
+    """``sessions`` sessions advancing in turn, a call each per round (what a proxy sees from many
+    rollouts at once), each round recorded before the next: the proxy's CPU per call by turn, when
+    the sessions outnumber what its per-session caches hold (ids, request, storage state)."""
+    st = FastStack(tmp, durability, name=f"interleave-{durability}")
+    growers = [_Grower(100 + i) for i in range(sessions)]
+    rows = []
+    h = Http(st.port)
+    written = st.written()
+    try:
+        for k in range(1, turns + 1):
+            bodies = [g.next() for g in growers]
+            m0, o0 = _threads_cpu(st.proxy.pid)
+            t0 = time.perf_counter()
+            for i, body in enumerate(bodies):
+                h.post(f"/s/il-{i}/v1/chat/completions", body)
+            lat = (time.perf_counter() - t0) / sessions
+            written += sessions
+            st.settle(written)
+            m1, o1 = _threads_cpu(st.proxy.pid)
+            rows.append(
+                {
+                    "turn": k,
+                    "tokens": int(len(bodies[0]) * TOKENS_PER_BYTE),
+                    "cpu_ms": (m1 - m0 + o1 - o0) * 1e3 / sessions,
+                    "loop_ms": (m1 - m0) * 1e3 / sessions,
+                    "other_ms": (o1 - o0) * 1e3 / sessions,
+                    "latency_ms": lat * 1e3,
+                }
+            )
+        rss = _rss_mb(st.proxy.pid)
+    finally:
+        st.stop()
+    return {"durability": durability, "sessions": sessions, "rows": rows, "rss_mb": rss, "load": _load()}
+
+
+def _interleave_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
+    rows, n, d = r["rows"], len(r["rows"]), r["durability"]
+    out = [
+        "",
+        f"{r['sessions']} sessions interleaved (fast upstream, `--durability {d}`, SQLite): a call of each"
+        f" session per round, each round recorded before the next, so from one call to the next of a session"
+        f" {r['sessions'] - 1} other sessions' calls went through the proxy's per-session caches"
+        f" ({r['load']}; proxy RSS at the end {r['rss_mb']:.0f} MB):",
+        "",
+        "| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | other threads (writer) | latency ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
+        sel = [x for x in rows if lo <= x["turn"] <= hi]
+        if not sel:
+            continue
+        vals = [_bucket(rows, lo, hi, k) or 0.0 for k in ("cpu_ms", "loop_ms", "other_ms", "latency_ms")]
+        out.append(
+            f"| {lo}-{hi} | ~{sel[-1]['tokens']:,} | {vals[0]:.2f} | {vals[1]:.2f} | {vals[2]:.2f} | {vals[3]:.1f} |"
+        )
+    early, late = _bucket(rows, 1, 5, "cpu_ms"), _bucket(rows, n - 9, n, "cpu_ms")
+    if early and late:
+        verdicts.append(
+            f"- Proxy CPU per call late <= 2x early, {r['sessions']} sessions interleaved ({d}): {late:.2f} /"
+            f" {early:.2f} ms = {late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
+        )
+    return out
+
+
 class HttpError(RuntimeError):
     def __init__(self, status: int, msg: str) -> None:
         super().__init__(msg)
@@ -587,14 +680,15 @@ def _load() -> str:
 class FastStack:
     """The fake upstream and a proxy (``--durability``) on a fresh SQLite database."""
 
-    def __init__(self, tmp: Path, durability: str) -> None:
+    def __init__(self, tmp: Path, durability: str, name: str | None = None) -> None:
+        name = name or durability  # of the database and spool files
         self.up_port, self.port = _free_port(), _free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.up = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--fake-upstream", str(self.up_port)], env=env
         )
         _wait(f"http://127.0.0.1:{self.up_port}/v1/models")
-        self.db = f"sqlite:///{tmp / f'fast-{durability}.db'}"
+        self.db = f"sqlite:///{tmp / f'fast-{name}.db'}"
         self.proxy = subprocess.Popen(
             [
                 *CLI,
@@ -610,7 +704,7 @@ class FastStack:
                 "--port",
                 str(self.port),
                 "--spool",
-                str(tmp / f"spool-fast-{durability}"),
+                str(tmp / f"spool-fast-{name}"),
             ],
             env=env,
             stderr=subprocess.DEVNULL,
@@ -1050,6 +1144,13 @@ def main() -> None:
     )
     ap.add_argument("--inproc-turns", type=int, default=200, help="in-process per-part CPU (0 skips it)")
     ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="sessions advancing in turn, a call each per round, for --fast-turns turns under each --fast"
+        " durability: proxy CPU per call by turn past its per-session caches (0 skips it)",
+    )
+    ap.add_argument(
         "--before", default=None, help="with --render: a --json of the same run on an earlier tree, compared"
     )
     ap.add_argument("--fake-upstream", type=int, default=None, help=argparse.SUPPRESS)
@@ -1113,6 +1214,12 @@ def main() -> None:
         fast.append(r)
     if fast:
         results["fast"] = fast
+    if a.interleave:
+        results["interleave"] = []
+        for d in [d for d in a.fast.split(",") if d]:
+            r = interleave_run(tmp, d, a.interleave, a.fast_turns)
+            print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+            results["interleave"].append(r)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     section = report(results, a)
@@ -1150,7 +1257,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
     verdicts: list[str] = []
     extra: list[str] = []
     for backend, res in results.items():
-        if backend in ("fast", "inproc", "before"):
+        if backend in ("fast", "inproc", "before", "interleave"):
             continue
         runs = {r["turns"]: r for r in res["runs"]}
         for t, r in sorted(runs.items()):
@@ -1213,6 +1320,8 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
         extra += _inproc_report(results["inproc"], verdicts)
     for r in results.get("fast", []):
         extra += _fast_report(r, verdicts)
+    for r in results.get("interleave", []):
+        extra += _interleave_report(r, verdicts)
     lines += [*extra, "", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)
 
