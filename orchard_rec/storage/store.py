@@ -244,7 +244,7 @@ class Store:
             .limit(1)
         ).first()
         if last is not None:
-            p, c = reader.tokens(last.id, last.prompt_ids, last.completion_ids)
+            p, c = reader.tokens(last.id, last.prompt_ids, last.completion_ids, sid)
             st.tokens, st.completion, st.tokens_id = p or (), c or (), last.id
         for col, attr in (("request_refs", "refs"), ("upstream_refs", "up_refs")):
             row = conn.execute(
@@ -254,7 +254,7 @@ class Store:
                 .limit(1)
             ).first()
             if row is not None:
-                refs = reader.refs(col, row.id, row[1])
+                refs = reader.refs(col, row.id, row[1], sid)
                 setattr(st, attr, refs)
                 setattr(st, attr + "_id", row.id)
                 st.known.update(refs)
@@ -569,7 +569,9 @@ class Store:
             reader = Reader(db.connection())
             literals = layout.decompress(bytes(row.request_skel))
             refs = (
-                reader.refs("request_refs", row.id, row.request_refs) if row.request_refs is not None else []
+                reader.refs("request_refs", row.id, row.request_refs, row.session_id)
+                if row.request_refs is not None
+                else []
             )
             blobs = reader.blobs(row.session_id, refs) if refs else {}
             return layout.join_request(literals, refs, blobs)
@@ -577,10 +579,12 @@ class Store:
     def prompt_ids(self, call_id: str) -> tuple[int, ...] | None:
         """The call's prompt ids alone; None if the call or its ids are not stored."""
         with self._sessions() as db:
-            row = db.execute(select(Call.prompt_ids, Call.completion_ids).where(Call.id == call_id)).first()
+            row = db.execute(
+                select(Call.prompt_ids, Call.completion_ids, Call.session_id).where(Call.id == call_id)
+            ).first()
             if row is None or row[0] is None:
                 return None
-            return Reader(db.connection()).tokens(call_id, row[0], row[1])[0]
+            return Reader(db.connection()).tokens(call_id, row[0], row[1], row[2])[0]
 
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
@@ -706,7 +710,7 @@ _LIGHT_COLUMNS = (
 
 def _light_record(c: Any, reader: Reader) -> CallRecord:
     """A record without bodies or timings: what reconstruction reads."""
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids)
+    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
     return CallRecord(
         call_id=c.id,
         session_id=c.session_id,
@@ -732,7 +736,7 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
 
 
 def _record(c: Call, reader: Reader) -> CallRecord:
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids)
+    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
     bodies = reader.bodies(c, prompt, completion)
     return CallRecord(
         call_id=c.id,

@@ -322,3 +322,54 @@ def test_compress_from_many_threads_at_once_round_trips() -> None:
             assert layout.decompress(layout.compress(obj)) == obj
 
     run_threads(work, 8)
+
+
+def test_a_deep_chain_is_read_back_cold_in_a_few_queries(db_url: str) -> None:
+    """A session's last call read by a new process (a restarted writer continuing the session, a
+    single call looked up): its ids and its request's digests are deltas on each earlier call in
+    turn, 60 deep here. Read back equal, in a number of queries that does not grow with the depth
+    (one query a link was ~80 ms at 180 calls of a 140k-token session, issue 16)."""
+    from sqlalchemy import event
+
+    store = Store(db_url)
+    store.upgrade()
+    ids: list[int] = list(range(1000, 1300))
+    want = []
+    for t in range(1, 61):
+        body = _bodies("chat", t)
+        r = call(
+            "deep",
+            prompt_ids=ids,
+            completion_ids=[t, t + 1],
+            request=body,
+            request_text=json.dumps(body),
+            received_at=float(t),
+        )
+        store.write_batch([r])
+        want.append(r)
+        ids = [*ids, t, t + 1, *range(5000 + 10 * t, 5005 + 10 * t)]
+    store.close()
+
+    def count(fn: Any) -> tuple[Any, int]:
+        cold = Store(db_url)
+        seen: list[str] = []
+        event.listen(cold.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        try:
+            return fn(cold), len(seen)
+        finally:
+            cold.close()
+
+    last = want[-1]
+    got, n = count(lambda s: s.prompt_ids(last.call_id))
+    assert got == last.prompt_ids and n <= 4, n
+    got, n = count(lambda s: s.get_call(last.call_id))
+    assert got.prompt_ids == last.prompt_ids and got.request_text == last.request_text  # type: ignore[union-attr]
+    assert n <= 12, n
+    # a new writer continues the session: its state is read back from the database once
+    nxt = call("deep", prompt_ids=[*ids], completion_ids=[1], received_at=61.0)
+    _, n = count(lambda s: s.write_batch([nxt]))
+    assert n <= 16, n
+    back = Store(db_url)
+    assert back.calls("deep")[-1].prompt_ids == tuple(ids)
+    assert [c.prompt_ids for c in back.calls("deep")[:-1]] == [r.prompt_ids for r in want]
+    back.close()
