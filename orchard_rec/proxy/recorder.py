@@ -152,9 +152,10 @@ class Recorder:
         84-194 calls, 19-84 answered 429 in 10 s; 0: queue 12-26, none), and a niced thread that holds
         the GIL when the scheduler parks it stalls the event loop. Under wal only the database thread
         is niced: the spool thread's fsync is what clients wait for."""
-        self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 128))
+        self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
-        ids (``ORCHARD_IDS_CACHE_MB``, default 128) so a call parses only the ids new to it."""
+        ids (``ORCHARD_IDS_CACHE_MB``, default 512: ~70 sessions at a 150k-token context) so a call
+        parses only the ids new to it."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
         self.lines = capline.Encoder()
