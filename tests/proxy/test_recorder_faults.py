@@ -380,6 +380,45 @@ def test_an_upstream_base_read_back_other_than_written_is_refused() -> None:
         capline.Decoder(Db(wrong)).capture(line)  # type: ignore[arg-type]
 
 
+def test_a_request_base_read_back_other_than_written_is_refused() -> None:
+    """The same for a request base: the database's request text is as long as the one the line was
+    written against but one character differs (its blobs replaced, say): refused, not rebuilt into
+    a request the client never sent."""
+
+    def chat(sid: str, n: int) -> Capture:
+        msgs = [{"role": "user", "content": f"turn {i} " + "x" * 900} for i in range(n)]
+        raw = orjson.dumps({"model": "m", "messages": msgs})
+        cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
+        cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+        cap.status_code, cap.body = 200, b'{"id":"x","choices":[]}'
+        return capline.snapshot(cap)
+
+    enc = capline.Encoder()
+    first, second = chat("rq", 6), chat("rq", 7)
+    enc.encode(first)
+    line = orjson.loads(enc.encode(second))
+    assert any(p[:2] == ["ref", "req"] and len(p) == 7 for p in line["request"])  # with its CRC
+    assert first.request_raw is not None
+    text = first.request_raw.decode()
+    wrong = text.replace("turn 3", "turn 8")
+    assert len(wrong) == len(text) and wrong != text
+
+    class Db:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def request_text(self, call_id: str) -> str:
+            return self.text
+
+    got = capline.Decoder(Db(text)).capture(line)  # type: ignore[arg-type]
+    assert got.request_raw == second.request_raw
+    with pytest.raises(SpoolFormatError, match="other than it was written"):
+        capline.Decoder(Db(wrong)).capture(line)  # type: ignore[arg-type]
+    old = orjson.loads(orjson.dumps(line))  # a line of a build before the request's CRC: length only
+    old["request"] = [p[:6] if p[0] == "ref" else p for p in old["request"]]
+    assert capline.Decoder(Db(text)).capture(old).request_raw == second.request_raw  # type: ignore[arg-type]
+
+
 # -- capture lines: one list of the Capture fields written as they are (D2) --------------------------
 
 OLD_LINE = (
