@@ -228,7 +228,7 @@ class IdParser:
         return ids, True
 
     def _remember(self, session: str, data: bytes, s: int, e: int, ids: Ids) -> None:
-        size = len(data) + 40 * len(ids)  # the answer the prefix is a view of, the ids' int objects
+        size = len(data) + ids.nbytes  # the answer the prefix is a view of, the ids' buffer
         old = self._cache.pop(session, None)
         if old is not None:
             self._bytes -= old[2]

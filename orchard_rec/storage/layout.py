@@ -134,6 +134,11 @@ def unpack_delta(data: bytes) -> tuple[str | None, int, bytes]:
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     """Length of the longest common prefix (the whole shorter one compared at C speed first)."""
+    fa, fb = getattr(a, "array", None), getattr(b, "array", None)  # ``delta.Ids``: 4-byte ints
+    if fa is not None and fb is not None:
+        aa, ab = fa(), fb()
+        if aa is not None and ab is not None:  # compared as arrays (memcmp), not as tuples of ints
+            a, b = aa, ab
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

@@ -147,7 +147,8 @@ def test_parser_non_int_ids_are_converted_as_before() -> None:
 
 
 def test_parser_cache_is_bounded() -> None:
-    ids = IdParser(max_bytes=3 * 40 * len(PROMPT))
+    one = len(orjson.dumps(answer())) + 4 * len(PROMPT)  # the answer, the ids as 4-byte ints
+    ids = IdParser(max_bytes=3 * one)
     for s in "abcd":
         record(orjson.dumps(answer()), ids, session=s)
     assert ids._bytes <= ids.max_bytes and len(ids._cache) < 4
@@ -271,6 +272,16 @@ def test_ids_is_a_view_equal_to_its_tuple() -> None:
     assert hash(a) == hash((1, 2, 3)) and a + (7,) == (1, 2, 3, 7) and (0,) + a == (0, 1, 2, 3)
     with pytest.raises(IndexError):
         a[3]
+    # the buffer is 4-byte ints; an id that does not fit (no vocabulary's) makes a list, and an
+    # extend that hits one leaves the shared buffer and the views on it as they were
+    assert a.array() is not None and a.nbytes == 4 * 5  # the buffer ``b`` grew
+    big = a.extend([2**40])
+    assert big == (1, 2, 3, 2**40) and big.array() is None and big._buf is not a._buf
+    assert b == (1, 2, 3, 4, 5) and len(b._buf) == 5
+    d = b.extend([6, 2**33, 7])  # ``b`` is the end: its buffer was tried, then given back
+    assert d == (1, 2, 3, 4, 5, 6, 2**33, 7) and len(b._buf) == 5 and b.extend([6]) == (1, 2, 3, 4, 5, 6)
+    assert Ids([2**40, 1]) == (2**40, 1) and Ids([2**40]) != Ids([1]) and Ids([1, 2]) == Ids((1, 2))
+    assert Ids([1, 2**40])[:1] == (1,) and big != Ids([1, 2, 3, 4])
 
 
 def capture(data: Any, stream: bool, injected: bool) -> Capture:
