@@ -154,7 +154,7 @@ class Recorder:
         is niced: the spool thread's fsync is what clients wait for."""
         self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
-        ids (``ORCHARD_IDS_CACHE_MB``, default 512: ~70 sessions at a 150k-token context) so a call
+        ids (``ORCHARD_IDS_CACHE_MB``, default 512: ~300 sessions at a 150k-token context) so a call
         parses only the ids new to it."""
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""

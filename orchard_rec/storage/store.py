@@ -149,7 +149,7 @@ class Store:
         self._insert_fix: list[tuple[int, Any]] = []
         self.encoder = Encoder(env_megabytes("ORCHARD_STATE_CACHE_MB", 1024))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
-        ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~120 sessions at a 150k-token context by its
+        ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
         estimate, which counts the ids the id parser's cache shares). A session that fell out of it
         is read back from the database on its next call: O(its context), ~25 ms at 158k tokens, so a
         proxy serving more sessions at once than its caches hold pays that on every call."""
