@@ -510,25 +510,8 @@ def fake_upstream(port: int) -> None:
 def _bodies(turns: int, seed: int = 7) -> list[bytes]:
     """Request bodies of one SWE-like session, turn 1..turns (the answers written here: a tool call
     repeating the command, as the demo model does)."""
-    s = Session(seed)
-    head = b'{"model":"m","tools":' + json.dumps(TOOLS).encode() + b',"messages":['
-    done: list[bytes] = [json.dumps(s.messages[0]).encode()]
-    out = []
-    for k in range(turns):
-        s.add_command()
-        done.append(json.dumps(s.messages[-1]).encode())
-        out.append(head + b",".join(done) + b"]}")
-        cmd = s.messages[-1]["content"][5:-1]
-        call = {
-            "id": f"call_{k}",
-            "type": "function",
-            "function": {"name": "exec_command", "arguments": json.dumps({"cmd": cmd})},
-        }
-        s.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        done.append(json.dumps(s.messages[-1]).encode())
-        s.add_result(type("C", (), {"id": f"call_{k}"})())
-        done.append(json.dumps(s.messages[-1]).encode())
-    return out
+    g = _Grower(seed)
+    return [g.next() for _ in range(turns)]
 
 
 class _Grower:
