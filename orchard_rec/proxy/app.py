@@ -266,9 +266,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         call.name_session(request.match_info.get("sid") or request.headers.get(SESSION_HEADER))
         _authorize(request, cap.session_id)
         cfg = app[CONFIG]
+        crowded = bool(cfg.max_inflight and recorder.inflight > cfg.max_inflight)
         if (
             cfg.pace_queue_bytes
-            and not (cfg.max_inflight and recorder.inflight > cfg.max_inflight)
+            and not crowded
             and not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout)
         ):
             raise TooManyRequests(
@@ -276,7 +277,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
         if (
-            (cfg.max_inflight and recorder.inflight > cfg.max_inflight)
+            crowded
             or (cfg.max_queue and recorder.depth > cfg.max_queue)
             or (cfg.max_queue_bytes and recorder.queued_bytes > cfg.max_queue_bytes)
         ):

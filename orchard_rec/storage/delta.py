@@ -516,7 +516,7 @@ class Reader:
         chain: list[tuple[int, bytes, bytes]] = []  # (shared prefix, own ids, completion), newest first
         pcol, ccol = bytes(prompt_col), b"" if completion_col is None else bytes(completion_col)
         cid = call_id
-        rows: dict[str, tuple[bytes, bytes]] | None = None
+        rows: dict[str, tuple[bytes, ...]] | None = None
         while True:
             base, n, payload = layout.unpack_delta(pcol)
             chain.append((n, payload, ccol))
@@ -546,16 +546,14 @@ class Reader:
         self._remember(call_id, prompt, completion or ())
         return prompt, completion
 
-    def _session_columns(self, session_id: str, *cols: Any) -> dict[str, Any]:
+    def _session_columns(self, session_id: str, *cols: Any) -> dict[str, tuple[bytes, ...]]:
         """Call id -> ``cols`` (bytes; b"" for NULL after the first) of the session's calls whose
         first column is set: a whole delta chain in one query."""
-        out: dict[str, Any] = {}
         t = Call.__table__
         q = select(t.c.id, *cols).where(t.c.session_id == session_id, cols[0].is_not(None))
-        for row in self.conn.execute(q):
-            vals = tuple(b"" if v is None else bytes(v) for v in row[1:])
-            out[row[0]] = vals if len(vals) > 1 else vals[0]
-        return out
+        return {
+            row[0]: tuple(b"" if v is None else bytes(v) for v in row[1:]) for row in self.conn.execute(q)
+        }
 
     def _remember(self, cid: str, prompt: tuple[int, ...], comp: tuple[int, ...]) -> None:
         self._tokens[cid] = (prompt, comp)
@@ -571,7 +569,7 @@ class Reader:
         cache = self._refs[column]
         chain: list[tuple[int, bytes]] = []  # (shared prefix, own digests), newest first
         cid, col = call_id, bytes(data)
-        rows: dict[str, bytes] | None = None
+        rows: dict[str, tuple[bytes, ...]] | None = None
         while True:
             base, n, payload = layout.unpack_delta(col)
             chain.append((n, payload))
@@ -581,10 +579,11 @@ class Reader:
                 rows = self._session_columns(session_id, Call.__table__.c[column])
             got = rows.get(base) if rows is not None else None
             if got is None:
-                got = self.conn.execute(select(Call.__table__.c[column]).where(Call.id == base)).scalar()
-                if got is None:
+                value = self.conn.execute(select(Call.__table__.c[column]).where(Call.id == base)).scalar()
+                if value is None:
                     raise LookupError(f"call {cid} is stored on call {base}, which is missing")
-            cid, col = base, bytes(got)
+                got = (bytes(value),)
+            cid, (col,) = base, got
         size = layout.DIGEST
         out: list[bytes] = [] if base is None else list(cache[base])
         for n, payload in reversed(chain):
