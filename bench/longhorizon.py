@@ -94,14 +94,33 @@ def _wait(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def _children(pid: int) -> list[int]:
+    """The process's child processes (the proxy's database writer process, under wal)."""
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                out += [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
 def _cpu(pid: int) -> float:
-    """CPU time of a process (all its threads, nanosecond schedstat), seconds."""
+    """CPU time of a process and its children (all their threads, nanosecond schedstat), seconds."""
     total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for p in (pid, *_children(pid)):
         try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
             continue
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError):
+                continue
     return total / 1e9
 
 
@@ -635,7 +654,8 @@ class Http:
 
 
 def _threads_cpu(pid: int) -> tuple[float, float]:
-    """(main thread, other threads) CPU seconds of a process: the event loop runs in the main thread."""
+    """(main thread, other threads and child processes) CPU seconds of a process: the event loop
+    runs in the main thread; under wal the records are built and written in a child process."""
     main = rest = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -646,14 +666,20 @@ def _threads_cpu(pid: int) -> tuple[float, float]:
             main += v
         else:
             rest += v
-    return main / 1e9, rest / 1e9
+    return main / 1e9, rest / 1e9 + sum(_cpu(c) for c in _children(pid))
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """Resident memory of a process and its children."""
+    total = 0.0
+    for p in (pid, *_children(pid)):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
 
 
 def _load() -> str:

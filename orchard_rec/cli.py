@@ -494,6 +494,11 @@ def serve(
         "--durability",
         help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
     ),
+    db_writer: Literal["process", "thread"] = typer.Option(
+        "process",
+        "--db-writer",
+        help="wal: build and write records in a child process (default: off the event loop's GIL) or a thread.",
+    ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
     ),
@@ -567,6 +572,7 @@ def serve(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         durability=durability,
+        db_writer=db_writer,
         spool=spool,
         max_inflight=max_inflight,
         max_queue_bytes=max_queue_bytes,

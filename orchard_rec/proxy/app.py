@@ -641,10 +641,13 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
+    in_memory = config.db in ("sqlite://", "sqlite:///:memory:")
     recorder = Recorder(
         app[STORE],
         spool=Path(config.spool) if config.spool else default_spool(config.db),
         durability=config.durability,
+        # a Store handed in is the caller's own (it may not even be the URL's): it writes
+        writer=config.db_writer if owned_store and not in_memory else "thread",
     )
     app[RECORDER] = recorder
     app[METRICS] = Metrics(

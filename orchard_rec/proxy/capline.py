@@ -56,11 +56,23 @@ import orjson
 from orchard_rec.errors import env_megabytes
 from orchard_rec.proxy import idcut
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.records import CallOutcome, Dialect
-from orchard_rec.storage.spool import FORMAT, SpoolFormatError
+from orchard_rec.proxy.idcut import IdParser
+from orchard_rec.proxy.reqparse import RequestCache
+from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.storage.spool import FORMAT, SpoolFormatError, load_line, record_from_dict
 from orchard_rec.storage.store import Store
 
-__all__ = ["FIELDS", "KIND", "LIVE_ONLY", "PARTS", "Decoder", "Encoder", "is_capture_line", "snapshot"]
+__all__ = [
+    "FIELDS",
+    "KIND",
+    "LIVE_ONLY",
+    "PARTS",
+    "Decoder",
+    "Encoder",
+    "is_capture_line",
+    "record_of_line",
+    "snapshot",
+]
 
 log = logging.getLogger("orchard_rec.capline")
 
@@ -105,9 +117,9 @@ _ENUMS: dict[str, type[Dialect] | type[CallOutcome]] = {
     "upstream_dialect": Dialect,
     "outcome": CallOutcome,
 }
-PARTS: tuple[str, ...] = ("request_raw", "request", "upstream_request", "tokens", "body", "chunks")
+PARTS: tuple[str, ...] = ("request_raw", "request", "upstream_request", "tokens", "body", "chunks", "id_cut")
 """The slots a line holds in its own form: ``request``, ``upstream``, ``tokens``, ``answer``."""
-LIVE_ONLY: tuple[str, ...] = ("request_base", "id_cut", "complete", "submitted")
+LIVE_ONLY: tuple[str, ...] = ("request_base", "complete", "submitted")
 """The slots no line holds: the response path's hints and state (a record is the same without them)."""
 
 
@@ -280,6 +292,8 @@ class Encoder:
         else:
             answer = cap.body
         d["answer"] = None if answer is None else self._answer(cap, answer, sid, offers)
+        if cap.id_cut is not None and answer is cap.body:
+            d["cut"] = cap.id_cut[1]  # where the answer's id arrays are (token mode found them)
         if offers:
             d["bases"] = offers
         return orjson.dumps(d, default=_default)
@@ -504,22 +518,58 @@ class Decoder:
     ``SpoolFormatError`` for a line that cannot be rebuilt (set it aside); anything the database
     raises while a base is read propagates (the database is down: retry the pass later)."""
 
-    def __init__(self, store: Store | None) -> None:
+    def __init__(
+        self, store: Store | None, *, requests: RequestCache | None = None, max_bytes: int | None = None
+    ) -> None:
         self.store = store
+        self.requests = requests
+        """Parses requests reusing the session's earlier bodies (the database writer process: O(new)
+        per call); else ``orjson.loads`` whole (a replay)."""
+        self.max_bytes = max_bytes
+        """``prune`` keeps at most this many bytes of bases (the least recently offered sessions'
+        go first; a later line that needs one reads it from the database). None: no bound."""
         self._bases: dict[tuple[str, str], bytes] = {}
         """``(kind, call id)`` -> the base's bytes, from lines of this pass."""
         self._objs: dict[str, dict[str, Any]] = {}
         """call id -> its translated upstream body (this pass's, or read back)."""
-        self._latest: dict[tuple[str, str | None], str] = {}
+        self._latest: OrderedDict[tuple[str, str | None], str] = OrderedDict()
+        """``(kind, session)`` -> the call id of the session's latest base of that kind, the least
+        recently offered first."""
+        self._stale: list[tuple[str, str]] = []
+        """``(kind, call id)`` of bases no longer a session's latest (superseded, or read back from
+        the database): ``prune`` drops them, so its cost is what changed since the last one."""
+        self._held = 0
+        """Bytes in ``_bases``."""
         self.from_db = 0
 
     def prune(self) -> None:
-        """Everything decoded so far is in the database: keep only each session's latest bases."""
-        keep = {(kind, cid) for (kind, _), cid in self._latest.items()}
-        for key in [k for k in self._bases if k not in keep]:
-            del self._bases[key]
-        for cid in [c for c in self._objs if ("upobj", c) not in keep]:
-            del self._objs[cid]
+        """Everything decoded so far is in the database: keep only each session's latest bases
+        (and, with ``max_bytes``, only the most recently offered sessions' within it)."""
+        for kind, cid in self._stale:
+            self._drop(kind, cid)
+        self._stale.clear()
+        while self.max_bytes is not None and self._held > self.max_bytes and self._latest:
+            (kind, _), cid = self._latest.popitem(last=False)
+            self._drop(kind, cid)
+
+    def _drop(self, kind: str, cid: str) -> None:
+        if kind == "upobj":
+            self._objs.pop(cid, None)
+            return
+        data = self._bases.pop((kind, cid), None)
+        if data is not None:
+            self._held -= len(data)
+
+    def _keep(self, kind: str, cid: str, data: bytes) -> None:
+        old = self._bases.get((kind, cid))
+        self._held += len(data) - (0 if old is None else len(old))
+        self._bases[(kind, cid)] = data
+
+    def _latest_is(self, kind: str, sid: str | None, cid: str) -> None:
+        old = self._latest.pop((kind, sid), None)  # to the end: eviction goes from the front
+        if old is not None and old != cid:
+            self._stale.append((kind, old))
+        self._latest[(kind, sid)] = cid
 
     def capture(self, d: dict[str, Any]) -> Capture:
         try:
@@ -540,7 +590,7 @@ class Decoder:
             raw = self._bytes(d["request"])
             cap.request_raw = raw
             if d["parsed"]:
-                cap.request = orjson.loads(raw)
+                cap.request = orjson.loads(raw) if self.requests is None else self.requests.parse(raw, sid).obj
             if offers.get("req"):
                 self._offer("req", sid, cap.call_id, raw)
         up = d["upstream"]
@@ -560,7 +610,7 @@ class Decoder:
                 cap.upstream_request = {key: msgs if key == "messages" else other[key] for key in up["keys"]}
                 if offers.get("upobj"):
                     self._objs[cap.call_id] = cap.upstream_request
-                    self._latest[("upobj", sid)] = cap.call_id
+                    self._latest_is("upobj", sid, cap.call_id)
             else:
                 data = self._bytes(up["bytes"])
                 cap.upstream_request = orjson.loads(data)
@@ -576,6 +626,15 @@ class Decoder:
                 cap.chunks = [answer]
             else:
                 cap.body = answer
+            cut = d.get("cut")
+            if cut and not cap.stream:  # the id arrays' places: the writer need not search for them
+                spans = [(tuple(path), s, e) for path, s, e in cut]
+                parts, pos = [], 0
+                for _, s, e in spans:
+                    parts += (answer[pos:s], b"null")
+                    pos = e
+                parts.append(answer[pos:])
+                cap.id_cut = (b"".join(parts), spans)
             span = offers.get("ids")
             if span:
                 self._offer("ids", sid, cap.call_id, answer[span[0] : span[1]])
@@ -589,6 +648,7 @@ class Decoder:
             body = None if rec is None else rec.upstream_request
             if isinstance(body, dict):
                 self._objs[cid] = body
+                self._stale.append(("upobj", cid))
                 self.from_db += 1
         if not isinstance(body, dict):
             raise SpoolFormatError(
@@ -601,8 +661,8 @@ class Decoder:
         return msgs
 
     def _offer(self, kind: str, sid: str | None, call_id: str, data: bytes) -> None:
-        self._bases[(kind, call_id)] = data
-        self._latest[(kind, sid)] = call_id
+        self._keep(kind, call_id, data)
+        self._latest_is(kind, sid, call_id)
 
     def _bytes(self, parts: list[Any]) -> bytes:
         out: list[bytes] = []
@@ -638,7 +698,8 @@ class Decoder:
             raise SpoolFormatError(
                 f"its {kind} base, call {cid}, reads back from the database other than it was written"
             )
-        self._bases[(kind, cid)] = data
+        self._keep(kind, cid, data)
+        self._stale.append((kind, cid))
         self.from_db += 1
         return data
 
@@ -662,3 +723,16 @@ class Decoder:
             rec = self.store.get_call(cid)
             return None if rec is None or rec.upstream_request is None else orjson.dumps(rec.upstream_request)
         raise SpoolFormatError(f"capture line: unknown base kind {kind!r}")
+
+
+def record_of_line(dec: Decoder, line: bytes, ids: IdParser | None) -> CallRecord:
+    """A spool line's record: a capture line's built by ``to_record`` as a live call's is.
+    ``SpoolFormatError`` for a line that cannot become one."""
+    d = load_line(line)
+    if not is_capture_line(d):
+        return record_from_dict(d)
+    cap = dec.capture(d)
+    try:
+        return cap.to_record(ids)
+    except Exception as exc:
+        raise SpoolFormatError(f"its record cannot be built: {type(exc).__name__}: {exc}") from None

@@ -56,9 +56,10 @@ from typing import Any
 from orchard_rec.errors import env_megabytes
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.dbproc import WriterDied, WriterProcess
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
-from orchard_rec.storage.spool import Spool, SpoolFormatError, load_line, record_from_dict, record_to_json
+from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
 from orchard_rec.storage.store import Store
 
 __all__ = ["Recorder"]
@@ -91,9 +92,12 @@ class Recorder:
         batch_bytes: int = 32 << 20,
         retry_s: float = 1.0,
         linger_s: float | None = None,
+        writer: str = "thread",
     ) -> None:
         if durability not in ("async", "wal"):
             raise ValueError("durability must be async or wal")
+        if writer not in ("thread", "process"):
+            raise ValueError("writer must be thread or process")
         if durability == "wal" and spool is None:
             raise ValueError("wal durability needs a spool path")
         self.store = store
@@ -119,6 +123,11 @@ class Recorder:
         has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits for
         the commit): the batch's clients are being answered at that moment, and the records' Python
         work would take the GIL from the event loop doing it."""
+        self.writer = writer if durability == "wal" else "thread"
+        """wal: where the spooled batches' records are built and written: ``process``, a child
+        process (``proxy.dbproc``: that work off this process's GIL, so the event loop never waits
+        for it), or ``thread``, this process's database thread. Replays are this process's always."""
+        self.proc: WriterProcess | None = None
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
@@ -432,7 +441,8 @@ class Recorder:
             ack()
         with self._count_lock:
             self._dbq_calls += len(batch)
-        self._dbq.put_nowait((batch, start, end, db_acks, nbytes))
+        # a call without a line (set aside) goes to the database from this process, as in-thread
+        self._dbq.put_nowait((batch, start, end, db_acks, nbytes, lines if len(lines) == len(batch) else None))
 
     def _write_async(self, batch: list[CallRecord], acks: list[Ack], nbytes: int) -> None:
         try:
@@ -465,7 +475,18 @@ class Recorder:
     # -- the database thread (wal) ---------------------------------------------------------------
 
     def _db_run(self) -> None:
-        self._lower_priority()
+        if self.writer == "process":
+            self.proc = WriterProcess(self.store.url)
+            self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``)
+        else:
+            self._lower_priority()
+        try:
+            self._db_loop()
+        finally:
+            if self.proc is not None:
+                self.proc.close()
+
+    def _db_loop(self) -> None:
         assert self.spool is not None
         if self.spool_pending:
             self._replay()
@@ -478,8 +499,8 @@ class Recorder:
             if item is _STOP:
                 self._dbq.task_done()
                 break
-            batch, start, end, db_acks, nbytes = item
-            if self.db_delay_s and not db_acks and not self._closing and self._dbq.empty():
+            batch, start, end, db_acks, nbytes, lines = item
+            if self.db_delay_s and self.proc is None and not db_acks and not self._closing and self._dbq.empty():
                 # the clients of this batch are being answered on the event loop right now: let it
                 # finish before this thread takes the GIL for the records (sleeping releases it)
                 time.sleep(self.db_delay_s)
@@ -490,6 +511,8 @@ class Recorder:
                         self._retry_in_memory(records)
                 elif end <= self.spool.acked or self.spool_pending:
                     pass  # stored by a replay already, or the next replay carries it from the spool
+                elif self.proc is not None and lines:
+                    self._write_in_process(lines, len(batch), start, end)
                 elif len(records := self._records(batch)) < len(batch):
                     # a call whose record cannot be built: its line may be a base of later lines, so
                     # the spool keeps it (a replay sets it aside, decoding those against it), and
@@ -513,6 +536,33 @@ class Recorder:
                 self._dbq.task_done()
         if self.spool_pending:
             self._replay()
+
+    def _write_in_process(self, lines: list[bytes], n: int, start: int, end: int) -> None:
+        """wal, ``writer="process"``: the child builds and stores the batch's records from its spool
+        lines; what it answers is handled as the thread's own outcome would be."""
+        assert self.proc is not None and self.spool is not None
+        try:
+            got = self.proc.write(lines, first=start >= self.spool.acked)
+        except WriterDied as exc:
+            self.write_errors += 1
+            self.last_error = str(exc)[:500]
+            log.error("%s; the spool keeps the batch (%d calls) for a replay", exc, n)
+            self.spool_pending = True
+            return
+        if not got.ok:
+            self.write_errors += 1
+            self.last_error = (got.error or "the database writer process failed")[:500]
+            log.warning("database write failed (%d calls), spooling: %s", n, self.last_error)
+            self.spool_pending = True
+            return
+        self.written += got.built
+        self.last_error = None
+        if got.built < n:  # as in-thread: the spool keeps the line a replay sets aside, and no
+            with self._encoding:  # line written from now on is written against it
+                self.lines.reset()
+            self.spool_pending = True
+        else:
+            self.spool.ack(end)
 
     def _records(self, batch: list[Capture | CallRecord]) -> list[CallRecord]:
         out: list[CallRecord] = []
@@ -613,11 +663,4 @@ class Recorder:
 
     def _decode(self, dec: capline.Decoder, line: bytes) -> CallRecord:
         """A spool line's record: a capture line's built by ``to_record`` as a live call's is."""
-        d = load_line(line)
-        if not capline.is_capture_line(d):
-            return record_from_dict(d)
-        cap = dec.capture(d)
-        try:
-            return cap.to_record(self.ids)
-        except Exception as exc:
-            raise SpoolFormatError(f"its record cannot be built: {type(exc).__name__}: {exc}") from None
+        return capline.record_of_line(dec, line, self.ids)
