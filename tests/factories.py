@@ -1,6 +1,7 @@
 """Builders and small helpers for tests: call records (like mitmproxy's tflow), image data URLs,
 free loopback ports, session base URLs, a raw JSON POST, ``orchard-rec serve`` in a subprocess, a
-private copy of a recorded database, threads started together whose errors fail the test."""
+private copy of a recorded database, threads started together whose errors fail the test, the
+bodies and captures of a growing session, waiting for a condition."""
 
 from __future__ import annotations
 
@@ -190,3 +191,70 @@ def copy_db(db: str, folder: Path) -> str:
     dst = folder / "o.db"
     shutil.copy(db.removeprefix("sqlite:///"), dst)
     return f"sqlite:///{dst}"
+
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+
+def _text(turn: int, n: int = 1000) -> str:
+    return " ".join(WORDS[(turn * 7 + k * 3) % len(WORDS)] + str(k % 10) for k in range(n))
+
+
+def growing_body(dialect: str, turns: int, stream: bool) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """``(path, body, headers)`` of a session's call after ``turns`` exchanges (it grows each turn)."""
+    hist: list[dict[str, Any]] = []
+    for t in range(turns):
+        hist.append({"role": "user", "content": f"turn {t}: {_text(t)}"})
+        hist.append({"role": "assistant", "content": f"done with turn {t}"})
+    hist.append({"role": "user", "content": f"turn {turns}: {_text(turns)}"})
+    if dialect == "chat":
+        return "v1/chat/completions", {"model": "m", "messages": hist, "stream": stream}, {}
+    if dialect == "completions":
+        prompt = "\n".join(m["content"] for m in hist)
+        return "v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24, "stream": stream}, {}
+    if dialect == "responses":
+        return "v1/responses", {"model": "m", "input": hist, "stream": stream}, {}
+    return (
+        "v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": hist, "stream": stream},
+        {"anthropic-version": "2023-06-01"},
+    )
+
+
+def growing_capture(sid: str, turn: int, *, broken: bool = False) -> Any:
+    """Call ``turn`` of a growing chat session as the proxy captures it: a request of 6 kB and
+    more, an answer whose prompt ids extend the previous call's (each a base of the next capture
+    line). ``broken``: its record cannot be built (``tokens`` of the wrong shape: ``to_record``
+    raises, the capture line is fine)."""
+    import orjson
+
+    from orchard_rec.proxy.capture import Capture
+
+    msgs = [{"role": "user", "content": f"turn {k} " + "w" * 6000} for k in range(turn + 1)]
+    raw = orjson.dumps({"model": "m", "messages": msgs})
+    ids = list(range(1000, 5000 + 100 * turn))
+    answer = (
+        b'{"id":"x","choices":[{"message":{"content":"ok"}}],"prompt_token_ids":[%s]}'
+        % ",".join(map(str, ids)).encode()
+    )
+    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
+    cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+    cap.status_code, cap.body, cap.bytes_out = 200, answer, len(answer)
+    if broken:
+        cap.tokens = ("not", "four")
+    return cap
+
+
+def rejected_ids(path: Path) -> set[str]:
+    """The call ids of a spool's ``.rejected`` file."""
+    if not path.exists():
+        return set()
+    return {json.loads(line)["call_id"] for line in path.read_bytes().splitlines()}
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 10.0) -> None:
+    """Until ``pred()`` is true (an assertion error after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -21,9 +21,35 @@ May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``
 (mounted with ``--ui``). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
 """
 
-from orchard_rec.proxy.app import build_app, dialect_of
-from orchard_rec.proxy.config import Mode, ProxyConfig
-from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.server import BackgroundServer, run_forever
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchard_rec.proxy.app import build_app, dialect_of
+    from orchard_rec.proxy.config import Mode, ProxyConfig
+    from orchard_rec.proxy.recorder import Recorder
+    from orchard_rec.proxy.server import BackgroundServer, run_forever
 
 __all__ = ["BackgroundServer", "Mode", "ProxyConfig", "Recorder", "build_app", "dialect_of", "run_forever"]
+
+_HOME = {
+    "build_app": "app",
+    "dialect_of": "app",
+    "Mode": "config",
+    "ProxyConfig": "config",
+    "Recorder": "recorder",
+    "BackgroundServer": "server",
+    "run_forever": "server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, imported when first asked for: the database writer process imports
+    ``proxy.dbproc`` without the HTTP side (aiohttp, the app) it never uses."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

@@ -590,7 +590,9 @@ class Decoder:
             raw = self._bytes(d["request"])
             cap.request_raw = raw
             if d["parsed"]:
-                cap.request = orjson.loads(raw) if self.requests is None else self.requests.parse(raw, sid).obj
+                cap.request = (
+                    orjson.loads(raw) if self.requests is None else self.requests.parse(raw, sid).obj
+                )
             if offers.get("req"):
                 self._offer("req", sid, cap.call_id, raw)
         up = d["upstream"]

@@ -31,9 +31,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import IO, Any
@@ -87,66 +89,128 @@ def _write_msg(f: IO[bytes], *parts: bytes) -> None:
 
 
 class WriterProcess:
-    """The proxy's side: starts the child, hands it batches, reads its answers (one thread uses it:
-    the recorder's database thread)."""
+    """The proxy's side: starts the child, hands it batches, reads its answers (the recorder's
+    database thread; ``ready`` may be asked from any thread).
 
-    def __init__(self, url: str) -> None:
+    A child takes ~0.3 s to start (imports, the database's engine); it says so on its pipe when it
+    can take batches. Until then (at the proxy's start, after a child died) ``ready`` is False and
+    the recorder writes in its own thread, so no batch waits for a start-up."""
+
+    def __init__(self, url: str, *, access_log: bool = False) -> None:
         self.url = url
+        self.access_log = access_log
+        """The child logs an access line per call it stores (``serve``'s store does, ``LoggedStore``)."""
         self._p: subprocess.Popen[bytes] | None = None
+        self._ready = False
+        self._used = False
+        """The current child was handed a batch (else closing it can stop it at once: it has nothing
+        to finish, and may still be starting)."""
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        """The thread that starts children (the first to): they die with it (``PR_SET_PDEATHSIG``)."""
+        self._not_before = 0.0
+        """A child that died before it was ready is started again no sooner than this (monotonic)."""
         self.started = 0
         """Children started so far (more than one: some died)."""
 
     @property
     def pid(self) -> int | None:
-        return None if self._p is None else self._p.pid
+        p = self._p
+        return None if p is None else p.pid
 
     def start(self) -> None:
+        from orchard_rec.proxy.logs import JsonFormatter
+
         root = logging.getLogger("orchard_rec")
-        fmt = "json" if any(type(h.formatter).__name__ == "_JsonFormatter" for h in root.handlers) else "text"
+        fmt = "json" if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers) else "text"
         level = logging.getLevelName(root.getEffectiveLevel()).lower()
-        self._p = subprocess.Popen(
-            [sys.executable, "-c", "from orchard_rec.proxy.dbproc import main; main()", level, fmt],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "ORCHARD_DB_WRITER_URL": self.url},  # not on the command line: it may hold a password
-        )
-        self.started += 1
+        access = "access" if self.access_log else "-"
+        with self._lock:
+            if self._owner is None:
+                self._owner = threading.get_ident()
+            self._ready = self._used = False
+            self._p = subprocess.Popen(
+                [sys.executable, "-c", "from orchard_rec.proxy.dbproc import main; main()", level, fmt, access],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                # the database's URL not on the command line (``ps``): it may hold a password
+                env={**os.environ, "ORCHARD_DB_WRITER_URL": self.url},
+            )
+            self.started += 1
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether the child can take a batch now (waiting up to ``timeout`` seconds for it to say
+        so). A child that is gone is started again (and is not ready yet), from the thread that
+        started the first one."""
+        with self._lock:
+            if self._ready:
+                return True
+            p = self._p
+            if p is None or p.poll() is not None:
+                restart = True
+                if p is not None:
+                    self._reap()
+                    self._not_before = time.monotonic() + 5.0
+            else:
+                restart = False
+                assert p.stdout is not None
+                if select.select([p.stdout], [], [], timeout)[0]:
+                    try:
+                        hello = _read_msg(p.stdout)
+                    except (OSError, ValueError):
+                        hello = None
+                    if hello is not None and orjson.loads(hello).get("ready"):
+                        self._ready = True
+                    else:  # it died starting (its stderr says why): another, in a while
+                        self._reap()
+                        restart = True
+                        self._not_before = time.monotonic() + 5.0
+        if restart and threading.get_ident() == self._owner and time.monotonic() >= self._not_before:
+            self.start()
+        return self._ready
 
     def write(self, lines: list[bytes], *, first: bool) -> Result:
-        """Decode, build and store ``lines`` in the child; raises ``WriterDied`` if it is gone."""
-        if self._p is None or self._p.poll() is not None:
-            self._reap()
-            self.start()
-        p = self._p
-        assert p is not None and p.stdin is not None and p.stdout is not None
-        try:
-            _write_msg(p.stdin, WRITE, b"1" if first else b"0", b"\n".join(lines))
-            answer = _read_msg(p.stdout)
-        except (BrokenPipeError, ConnectionError, OSError, ValueError) as exc:
-            self._reap()
-            raise WriterDied(f"the database writer process failed: {type(exc).__name__}: {exc}") from None
+        """Decode, build and store ``lines`` in the child (once ``ready``); raises ``WriterDied``
+        if it is gone, and the next child is started."""
+        with self._lock:
+            p = self._p
+            assert self._ready and p is not None and p.stdin is not None and p.stdout is not None
+            self._used = True
+            try:
+                _write_msg(p.stdin, WRITE, b"1" if first else b"0", b"\n".join(lines))
+                answer = _read_msg(p.stdout)
+            except (OSError, ValueError) as exc:  # a broken pipe, a closed file
+                self._reap()
+                answer, why = None, f"failed: {type(exc).__name__}: {exc}"
+            else:
+                why = "" if answer is not None else f"exited (code {self._reap()}) with a batch unanswered"
         if answer is None:
-            code = self._reap()
-            raise WriterDied(f"the database writer process exited (code {code}) with a batch unanswered")
+            self.start()
+            raise WriterDied(f"the database writer process {why}")
         d = orjson.loads(answer)
         return Result(int(d["built"]), bool(d["ok"]), d.get("error"))
 
     def close(self, timeout: float = 30.0) -> None:
-        p = self._p
-        if p is None:
-            return
-        try:
-            if p.poll() is None and p.stdin is not None:
-                _write_msg(p.stdin, STOP)
-                p.stdin.close()
-            p.wait(timeout)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            p.kill()
-            p.wait()
-        self._reap()
+        with self._lock:
+            p = self._p
+            if p is None:
+                return
+            if not self._used:  # nothing to finish: no need to wait for its start-up
+                p.kill()
+            try:
+                if p.poll() is None and p.stdin is not None:
+                    _write_msg(p.stdin, STOP)
+                    p.stdin.close()
+                p.wait(timeout)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                p.kill()
+                p.wait()
+            self._reap()
 
     def _reap(self) -> int | None:
+        """Forget the current child (the lock held): its pipes closed, its exit code."""
         p, self._p = self._p, None
+        self._ready = False
         if p is None:
             return None
         for f in (p.stdin, p.stdout):
@@ -176,14 +240,18 @@ def _die_with_parent() -> None:
 
 
 class _Child:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, access_log: bool) -> None:
         from orchard_rec.errors import env_megabytes
         from orchard_rec.proxy import capline
         from orchard_rec.proxy.idcut import IdParser
         from orchard_rec.proxy.reqparse import RequestCache
         from orchard_rec.storage.store import Store
 
-        self.store = Store(url)
+        self.store: Any = Store(url)
+        if access_log:
+            from orchard_rec.proxy.logs import LoggedStore
+
+            self.store = LoggedStore(self.store)
         self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
         self.requests = RequestCache(env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256))
         self.decoder = capline.Decoder(
@@ -212,14 +280,14 @@ class _Child:
         return {"built": len(records), "ok": True, "error": None}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
     # the protocol's pipe is this process's stdout as it was started; anything printed goes to stderr
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     inp = sys.stdin.buffer
-    from orchard_rec.proxy.server import configure_logging
+    from orchard_rec.proxy.logs import configure_logging
 
     configure_logging(argv[0] if argv else "info", argv[1] if len(argv) > 1 else "text")
     nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
@@ -228,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             os.nice(nice)
         except OSError:  # pragma: no cover - not permitted
             pass
-    child = _Child(os.environ["ORCHARD_DB_WRITER_URL"])
+    child = _Child(os.environ["ORCHARD_DB_WRITER_URL"], access_log=len(argv) > 2 and argv[2] == "access")
+    _write_msg(out, orjson.dumps({"ready": True}))
     while True:
         msg = _read_msg(inp)
         if msg is None or msg[:1] == STOP:
@@ -237,6 +306,5 @@ def main(argv: list[str] | None = None) -> int:
         lines = msg[2:].split(b"\n") if len(msg) > 2 else []
         _write_msg(out, orjson.dumps(child.write(lines, first)))
     child.store.close()
-    return 0
-
-
+    logging.shutdown()
+    os._exit(0)  # nothing else to clean up: skip the interpreter's own tear-down

@@ -442,7 +442,9 @@ class Recorder:
         with self._count_lock:
             self._dbq_calls += len(batch)
         # a call without a line (set aside) goes to the database from this process, as in-thread
-        self._dbq.put_nowait((batch, start, end, db_acks, nbytes, lines if len(lines) == len(batch) else None))
+        self._dbq.put_nowait(
+            (batch, start, end, db_acks, nbytes, lines if len(lines) == len(batch) else None)
+        )
 
     def _write_async(self, batch: list[CallRecord], acks: list[Ack], nbytes: int) -> None:
         try:
@@ -476,7 +478,7 @@ class Recorder:
 
     def _db_run(self) -> None:
         if self.writer == "process":
-            self.proc = WriterProcess(self.store.url)
+            self.proc = WriterProcess(self.store.url, access_log=bool(getattr(self.store, "logs_access", False)))
             self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``)
         else:
             self._lower_priority()
@@ -500,7 +502,13 @@ class Recorder:
                 self._dbq.task_done()
                 break
             batch, start, end, db_acks, nbytes, lines = item
-            if self.db_delay_s and self.proc is None and not db_acks and not self._closing and self._dbq.empty():
+            if (
+                self.db_delay_s
+                and self.proc is None
+                and not db_acks
+                and not self._closing
+                and self._dbq.empty()
+            ):
                 # the clients of this batch are being answered on the event loop right now: let it
                 # finish before this thread takes the GIL for the records (sleeping releases it)
                 time.sleep(self.db_delay_s)
@@ -511,7 +519,7 @@ class Recorder:
                         self._retry_in_memory(records)
                 elif end <= self.spool.acked or self.spool_pending:
                     pass  # stored by a replay already, or the next replay carries it from the spool
-                elif self.proc is not None and lines:
+                elif self.proc is not None and lines and self.proc.ready():
                     self._write_in_process(lines, len(batch), start, end)
                 elif len(records := self._records(batch)) < len(batch):
                     # a call whose record cannot be built: its line may be a base of later lines, so

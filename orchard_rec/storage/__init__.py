@@ -4,7 +4,8 @@ Never imported on the proxy's response path except through the recorder's writer
 thread; nothing here is async.
 """
 
-from orchard_rec.storage.migrate import current, downgrade, upgrade
+from typing import TYPE_CHECKING, Any
+
 from orchard_rec.storage.models import Base, Call, Session
 from orchard_rec.storage.store import SessionSummary, Store, default_db_url
 
@@ -19,3 +20,16 @@ __all__ = [
     "downgrade",
     "upgrade",
 ]
+
+if TYPE_CHECKING:
+    from orchard_rec.storage.migrate import current, downgrade, upgrade
+
+
+def __getattr__(name: str) -> Any:
+    """``current``, ``downgrade``, ``upgrade``: Alembic is imported when a migration is asked for,
+    not by every process that only reads or writes records (the database writer process)."""
+    if name in ("current", "downgrade", "upgrade"):
+        from orchard_rec.storage import migrate
+
+        return getattr(migrate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

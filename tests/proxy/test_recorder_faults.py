@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 import pytest
-from factories import call
+from factories import call, growing_capture, rejected_ids
 
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
@@ -224,35 +224,10 @@ class Schedule:
         return self._write(records, known_new=known_new)
 
 
-def _cap(sid: str, turn: int, *, broken: bool = False) -> Capture:
-    """Call ``turn`` of a growing chat session: a request of 6 kB and more, an answer whose prompt
-    ids extend the previous call's (each a base of the next line). ``broken``: its record cannot be
-    built (``tokens`` of the wrong shape: ``to_record`` raises, the capture line is fine)."""
-    msgs = [{"role": "user", "content": f"turn {k} " + "w" * 6000} for k in range(turn + 1)]
-    raw = orjson.dumps({"model": "m", "messages": msgs})
-    ids = list(range(1000, 5000 + 100 * turn))
-    answer = (
-        b'{"id":"x","choices":[{"message":{"content":"ok"}}],"prompt_token_ids":[%s]}'
-        % ",".join(map(str, ids)).encode()
-    )
-    cap = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", sid)
-    cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
-    cap.status_code, cap.body, cap.bytes_out = 200, answer, len(answer)
-    if broken:
-        cap.tokens = ("not", "four")  # type: ignore[assignment]
-    return cap
-
-
 def _submit(rec: Recorder, cap: Capture) -> None:
     rec.begin()
     rec.submit(cap)
     assert rec.flush(5)
-
-
-def _rejected(path: Path) -> set[str]:
-    if not path.exists():
-        return set()
-    return {orjson.loads(line)["call_id"] for line in path.read_bytes().splitlines()}
 
 
 def test_wal_a_call_whose_record_fails_stays_in_the_spool_for_the_lines_written_against_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -266,7 +241,7 @@ def test_wal_a_call_whose_record_fails_stays_in_the_spool_for_the_lines_written_
     spool = tmp_path / "b.spool"
     rec = Recorder(store, spool=spool, durability="wal", retry_s=3600)
     rec.start()
-    a, b, c = _cap("s", 0), _cap("s", 1, broken=True), _cap("s", 2)
+    a, b, c = growing_capture("s", 0), growing_capture("s", 1, broken=True), growing_capture("s", 2)
     _submit(rec, a)
     _submit(rec, b)
     down[0] = True
@@ -278,7 +253,7 @@ def test_wal_a_call_whose_record_fails_stays_in_the_spool_for_the_lines_written_
     _wait(lambda: rec2.spool_depth == 0 and rec2.healthy)
     rec2.close()
     assert [r.call_id for r in store.calls("s")] == [a.call_id, c.call_id]
-    assert _rejected(tmp_path / "b.spool.rejected") == {b.call_id}
+    assert rejected_ids(tmp_path / "b.spool.rejected") == {b.call_id}
     store.close()
 
 
@@ -292,11 +267,11 @@ def test_wal_a_call_whose_record_fails_is_no_base_after_the_replay_set_it_aside(
     spool = tmp_path / "n.spool"
     rec = Recorder(store, spool=spool, durability="wal", retry_s=0.05)
     rec.start()
-    a, b, c = _cap("s", 0), _cap("s", 1, broken=True), _cap("s", 2)
+    a, b, c = growing_capture("s", 0), growing_capture("s", 1, broken=True), growing_capture("s", 2)
     _submit(rec, a)
     _submit(rec, b)
     _wait(lambda: rec.spool_depth == 0 and rec.healthy)
-    assert _rejected(tmp_path / "n.spool.rejected") == {b.call_id}
+    assert rejected_ids(tmp_path / "n.spool.rejected") == {b.call_id}
     down[0] = True
     rec.retry_s = 3600
     _submit(rec, c)
@@ -307,7 +282,7 @@ def test_wal_a_call_whose_record_fails_is_no_base_after_the_replay_set_it_aside(
     _wait(lambda: rec2.spool_depth == 0 and rec2.healthy)
     rec2.close()
     assert [r.call_id for r in store.calls("s")] == [a.call_id, c.call_id]
-    assert _rejected(tmp_path / "n.spool.rejected") == {b.call_id}
+    assert rejected_ids(tmp_path / "n.spool.rejected") == {b.call_id}
     store.close()
 
 
@@ -317,7 +292,7 @@ def test_a_replay_does_not_acknowledge_past_a_line_set_aside_before_it_is_done(t
     C's write. Had X's write acknowledged the spool past B, the next pass would start at C with
     B's bases neither in the spool nor in the database, and set C aside."""
     enc = capline.Encoder()
-    b, x, c = _cap("s", 1, broken=True), _cap("t", 0), _cap("s", 2)
+    b, x, c = growing_capture("s", 1, broken=True), growing_capture("t", 0), growing_capture("s", 2)
     lines = [enc.encode(capline.snapshot(k)) for k in (b, x, c)]
     assert any(p[0] == "ref" for p in orjson.loads(lines[2])["request"])  # C is written against B
     spool = tmp_path / "p.spool"
@@ -330,7 +305,7 @@ def test_a_replay_does_not_acknowledge_past_a_line_set_aside_before_it_is_done(t
     _wait(lambda: rec.spool_depth == 0 and rec.healthy)
     rec.close()
     assert {r.call_id for r in store.calls()} == {x.call_id, c.call_id}
-    assert _rejected(tmp_path / "p.spool.rejected") == {b.call_id}
+    assert rejected_ids(tmp_path / "p.spool.rejected") == {b.call_id}
     store.close()
 
 

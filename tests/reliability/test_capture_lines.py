@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+from factories import growing_body
 
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.app import RECORDER, build_app
@@ -29,33 +30,6 @@ from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import CallRecord
 from orchard_rec.storage import Store
 from orchard_rec.storage.spool import Spool, SpoolFormatError
-
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
-
-
-def _text(turn: int, n: int = 1000) -> str:
-    return " ".join(WORDS[(turn * 7 + k * 3) % len(WORDS)] + str(k % 10) for k in range(n))
-
-
-def _body(dialect: str, turns: int, stream: bool) -> tuple[str, dict[str, Any], dict[str, str]]:
-    """``(path, body, headers)`` of a session's call after ``turns`` exchanges (it grows each turn)."""
-    hist: list[dict[str, Any]] = []
-    for t in range(turns):
-        hist.append({"role": "user", "content": f"turn {t}: {_text(t)}"})
-        hist.append({"role": "assistant", "content": f"done with turn {t}"})
-    hist.append({"role": "user", "content": f"turn {turns}: {_text(turns)}"})
-    if dialect == "chat":
-        return "v1/chat/completions", {"model": "m", "messages": hist, "stream": stream}, {}
-    if dialect == "completions":
-        prompt = "\n".join(m["content"] for m in hist)
-        return "v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24, "stream": stream}, {}
-    if dialect == "responses":
-        return "v1/responses", {"model": "m", "input": hist, "stream": stream}, {}
-    return (
-        "v1/messages",
-        {"model": "m", "max_tokens": 64, "messages": hist, "stream": stream},
-        {"anthropic-version": "2023-06-01"},
-    )
 
 
 def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
@@ -124,7 +98,7 @@ def _run_session(
             if fail_from is not None and t == fail_from:
                 taps.down = True
             stream = t % 4 >= 2  # in pairs: a pair's second body repeats the first's tail
-            path, body, headers = _body(dialect, t, stream=stream)
+            path, body, headers = growing_body(dialect, t, stream=stream)
             _post(f"{proxy.url}/s/cl-{dialect}/{path}", body, headers)
             assert rec.flush()
         taps.down = False

@@ -1,0 +1,208 @@
+"""The database writer in a child process (``--db-writer process``, the default under ``wal``).
+
+- What it stores equals what the writer thread stores from the same calls (every dialect, stream
+  and not, token mode and tito), read back through ``Store``.
+- A child that dies (killed while idle, or in the middle of a write) loses nothing: the spool keeps
+  the batch, the proxy replays it and starts another child.
+- A call whose record cannot be built in the child is set aside by the replay, as in-thread.
+- The child dies with the proxy (``kill -9``), and the next start replays what was spooled.
+
+Real ``Store`` on SQLite, real spool, real child processes; the proxy end to end over loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factories import (
+    free_port,
+    growing_body,
+    growing_capture,
+    post_json,
+    rejected_ids,
+    serve_process,
+    wait_for,
+)
+
+from orchard_rec.proxy import BackgroundServer, ProxyConfig
+from orchard_rec.proxy.app import RECORDER, build_app
+from orchard_rec.proxy.idcut import IdParser
+from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.records import CallRecord
+from orchard_rec.storage import Store
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> list[CallRecord]:
+    """Six calls of one growing session through a wal proxy with its own store (so: the writer
+    process); the records the writer thread would have built from the same calls."""
+    kw: dict[str, Any] = {"tokenizer": "demo"} if mode == "tito" else {}
+    cfg = ProxyConfig(upstream=upstream_url, db=db, mode=mode, spool=str(tmp / "w.spool"), **kw)
+    assert cfg.durability == "wal" and cfg.db_writer == "process"  # the defaults
+    with BackgroundServer(lambda: build_app(cfg)) as proxy:
+        rec = proxy.app[RECORDER]
+        spool_batch = rec._spool_batch
+        caps: list[Any] = []
+
+        def keep(batch: Any, *args: Any) -> None:
+            caps.extend(batch)
+            spool_batch(batch, *args)
+
+        rec._spool_batch = keep
+        wait_for(lambda: rec.proc is not None and rec.proc.ready())  # else the first batches go in-thread
+        for t in range(6):
+            path, body, headers = growing_body(dialect, t, stream=t % 4 >= 2)
+            post_json(f"{proxy.url}/s/wp-{dialect}/{path}", body, headers)
+            assert rec.flush()
+        assert rec.proc is not None and rec.proc.started == 1
+        assert rec.healthy and rec.spool_depth == 0 and rec.written == 6
+    ids = IdParser()
+    return [c.to_record(ids) for c in caps]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "mode"),
+    [
+        ("chat", "token"),
+        pytest.param("responses", "token", marks=pytest.mark.slow),
+        pytest.param("messages", "token", marks=pytest.mark.slow),
+        pytest.param("completions", "token", marks=pytest.mark.slow),
+        pytest.param("chat", "tito", marks=pytest.mark.slow),
+    ],
+)
+def test_the_writer_process_stores_what_the_thread_would(upstream, tmp_path, dialect, mode) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'proc.db'}"
+    live = _session(upstream.url, db, tmp_path, dialect, mode)
+    ref = Store(f"sqlite:///{tmp_path / 'thread.db'}")
+    ref.upgrade()
+    ref.write_batch(live)
+    store = Store(db)
+    got, want = store.calls(f"wp-{dialect}"), ref.calls(f"wp-{dialect}")
+    assert [c.call_id for c in got] == [c.call_id for c in want] == [r.call_id for r in live]
+    for g, w in zip(got, want, strict=True):
+        assert g == w, g.call_id
+    assert got[-1].prompt_ids and got[-1].completion_ids
+    store.close()
+    ref.close()
+
+
+def _store(tmp_path: Path) -> Store:
+    store = Store(f"sqlite:///{tmp_path / 'w.db'}")
+    store.upgrade()
+    return store
+
+
+def _recorder(tmp_path: Path, store: Store) -> Recorder:
+    rec = Recorder(store, spool=tmp_path / "k.spool", durability="wal", retry_s=0.05, writer="process")
+    rec.start()
+    wait_for(lambda: rec.proc is not None and rec.proc.ready())
+    return rec
+
+
+def _submit(rec: Recorder, *caps: Any) -> None:
+    for cap in caps:
+        rec.begin()
+        rec.submit(cap)
+
+
+def test_a_writer_process_killed_idle_or_mid_write_loses_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    store = _store(tmp_path)
+    rec = _recorder(tmp_path, store)
+    assert rec.proc is not None
+    a, b, c, d, e = (growing_capture("s", k) for k in range(5))
+    _submit(rec, a)
+    wait_for(lambda: rec.written == 1 and rec.spool_depth == 0)
+    first = rec.proc.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)  # idle: the next batch finds it gone
+    wait_for(lambda: not _alive(first))
+    _submit(rec, b)
+    wait_for(lambda: rec.written == 2 and rec.spool_depth == 0 and rec.healthy)
+    assert rec.proc.started == 2  # b was replayed here; a new child started
+    wait_for(lambda: rec.proc is not None and rec.proc.ready())
+    _submit(rec, c)
+    wait_for(lambda: rec.written == 3 and rec.spool_depth == 0 and rec.healthy)
+    rec.close()
+    # in the middle of a write: the child sleeps before it writes (it reads the variable at start)
+    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "2")
+    rec = _recorder(tmp_path, store)
+    assert rec.proc is not None
+    _submit(rec, d)
+    time.sleep(0.5)
+    assert rec.written == 0 and rec.spool_depth == 1
+    pid = rec.proc.pid
+    assert pid is not None
+    monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0")  # for the next child
+    rec.fault_write_delay = 0  # and the replay here
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: rec.spool_depth == 0 and rec.healthy)
+    assert rec.write_errors >= 1
+    wait_for(lambda: rec.proc is not None and rec.proc.ready())
+    _submit(rec, e)
+    wait_for(lambda: rec.written == 2 and rec.spool_depth == 0 and rec.healthy)
+    assert rec.proc.started == 2
+    rec.close()
+    assert [r.call_id for r in store.calls("s")] == [x.call_id for x in (a, b, c, d, e)]
+    store.close()
+
+
+def test_a_record_the_writer_process_cannot_build_is_set_aside_by_the_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = _store(tmp_path)
+    rec = _recorder(tmp_path, store)
+    a, b, c = growing_capture("s", 0), growing_capture("s", 1, broken=True), growing_capture("s", 2)
+    _submit(rec, a, b)
+    wait_for(lambda: rec.spool_depth == 0 and rec.healthy)
+    _submit(rec, c)
+    wait_for(lambda: rec.spool_depth == 0 and rec.healthy and rec.written >= 2)
+    rec.close()
+    assert [r.call_id for r in store.calls("s")] == [a.call_id, c.call_id]
+    assert rejected_ids(tmp_path / "k.spool.rejected") == {b.call_id}
+    store.close()
+
+
+def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    db = f"sqlite:///{tmp_path / 'k9.db'}"
+    spool = tmp_path / "k9.spool"
+    proc = serve_process(port, upstream.url, db, "--spool", str(spool))
+    try:
+        kids = _children(proc.pid)
+        assert len(kids) == 1  # the writer process
+        for t in range(3):
+            path, body, headers = growing_body("chat", t, stream=False)
+            post_json(f"http://127.0.0.1:{port}/s/k9/{path}", body, headers)
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: not _alive(kids[0]))
+    again = serve_process(port, upstream.url, db, "--spool", str(spool), "--db-writer", "thread")
+    try:
+        store = Store(db)
+        wait_for(lambda: len(store.calls("k9")) == 3)  # every answered call: stored, or replayed now
+        assert not _children(again.pid)  # --db-writer thread
+        store.close()
+    finally:
+        again.terminate()
+        again.wait(30)
