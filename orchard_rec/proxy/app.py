@@ -562,6 +562,7 @@ async def healthz(request: web.Request) -> web.Response:
         "written": rec.written,
         "mode": request.app[CONFIG].mode,
         "durability": rec.durability,
+        "db_writer": rec.writer_state,
     }
     if rec.last_error:
         body["error"] = rec.last_error

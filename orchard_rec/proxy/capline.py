@@ -631,7 +631,8 @@ class Decoder:
             cut = d.get("cut")
             if cut and not cap.stream:  # the id arrays' places: the writer need not search for them
                 spans = [(tuple(path), s, e) for path, s, e in cut]
-                parts, pos = [], 0
+                parts: list[bytes] = []
+                pos = 0
                 for _, s, e in spans:
                     parts += (answer[pos:s], b"null")
                     pos = e

@@ -114,6 +114,11 @@ class WriterProcess:
         """Children started so far (more than one: some died)."""
 
     @property
+    def is_ready(self) -> bool:
+        """What ``ready`` last found (without asking the child)."""
+        return self._ready
+
+    @property
     def pid(self) -> int | None:
         p = self._p
         return None if p is None else p.pid
@@ -130,7 +135,14 @@ class WriterProcess:
                 self._owner = threading.get_ident()
             self._ready = self._used = False
             self._p = subprocess.Popen(
-                [sys.executable, "-c", "from orchard_rec.proxy.dbproc import main; main()", level, fmt, access],
+                [
+                    sys.executable,
+                    "-c",
+                    "from orchard_rec.proxy.dbproc import main; main()",
+                    level,
+                    fmt,
+                    access,
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 # the database's URL not on the command line (``ps``): it may hold a password

@@ -204,6 +204,16 @@ class Recorder:
         return self.spool.rejected if self.spool is not None else 0
 
     @property
+    def writer_state(self) -> str:
+        """Where records are built and written: ``thread``; ``process`` (the writer process takes
+        the batches); ``starting`` (it is not ready yet, or is starting again after it died: the
+        batches are written in-thread meanwhile)."""
+        if self.writer != "process":
+            return "thread"
+        proc = self.proc
+        return "process" if proc is not None and proc.is_ready else "starting"
+
+    @property
     def healthy(self) -> bool:
         return self.last_error is None and not self.spool_pending
 
@@ -478,7 +488,9 @@ class Recorder:
 
     def _db_run(self) -> None:
         if self.writer == "process":
-            self.proc = WriterProcess(self.store.url, access_log=bool(getattr(self.store, "logs_access", False)))
+            self.proc = WriterProcess(
+                self.store.url, access_log=bool(getattr(self.store, "logs_access", False))
+            )
             self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``)
         else:
             self._lower_priority()
@@ -492,11 +504,21 @@ class Recorder:
         assert self.spool is not None
         if self.spool_pending:
             self._replay()
+        # the next replay's time while the spool holds what the database has not taken, checked
+        # between batches too: a steady stream of calls must not put it off
+        due = time.monotonic() + self.retry_s
         while True:
-            try:
-                item = self._dbq.get(timeout=self.retry_s if self.spool_pending else None)
-            except queue.Empty:
+            if self.spool_pending and time.monotonic() >= due:
                 self._replay()
+                due = time.monotonic() + self.retry_s
+            timeout = max(0.0, due - time.monotonic()) if self.spool_pending else None
+            if self.proc is not None and not self.proc.is_ready:  # ask it again soon
+                timeout = 0.05 if timeout is None else min(timeout, 0.05)
+            try:
+                item = self._dbq.get(timeout=timeout)
+            except queue.Empty:
+                if self.proc is not None and not self.proc.is_ready:
+                    self.proc.ready()
                 continue
             if item is _STOP:
                 self._dbq.task_done()
@@ -542,6 +564,8 @@ class Recorder:
                     ack()
                 self._release(nbytes, len(batch))
                 self._dbq.task_done()
+            if not self.spool_pending:
+                due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
         if self.spool_pending:
             self._replay()
 

@@ -452,3 +452,26 @@ def test_an_old_capture_line_decodes_and_a_new_one_says_the_same() -> None:
     assert cap.request == {"model": "m", "input": "hi"} and cap.body == b'{"id":"x","choices":[]}'
     again = capline.Encoder().encode(capline.snapshot(cap))
     assert orjson.loads(again) == orjson.loads(OLD_LINE)
+
+
+def test_wal_a_replay_is_not_put_off_by_calls_that_keep_coming(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One write fails; calls keep coming every 20 ms, never leaving the database thread idle for
+    ``retry_s``: the replay still runs ``retry_s`` after the failure, not after the traffic."""
+    store = _store(tmp_path)
+    flaky = Flaky(store)
+    rec = Recorder(store, spool=tmp_path / "t.spool", durability="wal", retry_s=0.2)
+    rec.start()
+    flaky.fail = 1
+    caps = [growing_capture(f"s{k}", 0) for k in range(60)]
+    stored_while_busy = False
+    for cap in caps:
+        rec.begin()
+        rec.submit(cap)
+        time.sleep(0.02)
+        if rec.write_errors and rec.spool_depth == 0 and rec.healthy:
+            stored_while_busy = True
+            break
+    assert rec.flush(10)
+    rec.close()
+    assert stored_while_busy
+    store.close()
