@@ -497,6 +497,7 @@ def serve(
     db_writer: Literal["process", "thread"] = typer.Option(
         "process",
         "--db-writer",
+        envvar="ORCHARD_DB_WRITER",
         help="wal: build and write records in a child process (default: off the event loop's GIL) or a thread.",
     ),
     spool: str | None = typer.Option(
