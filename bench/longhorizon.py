@@ -234,7 +234,7 @@ class Stack:
         )
 
     def stop(self) -> None:
-        for p in (self.proxy, self.up, self.idle):
+        for p in (self.proxy, self.up):
             if p.poll() is not None:
                 continue
             p.terminate()

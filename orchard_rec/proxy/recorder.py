@@ -11,11 +11,15 @@ Durability (``--durability``):
   *capture line* (``capline``): the call's raw material, with what it repeats of its session's
   earlier calls written as references, so the work on the client's wait is O(what is new in
   the call), not O(context); no record is built there. Group commit: the spool thread takes
-  every call queued while its previous fsync ran and covers them all with one fsync; a second
-  thread (niced if ``ORCHARD_WRITER_NICE`` says so) builds the records from the ``Capture`` objects still in memory (``to_record``)
-  and writes them to the database meanwhile (a pipeline: neither the record's cost nor the
-  database's latency is on the response path) and acknowledges them in the spool, which
-  deletes only what the database has acknowledged. A replay decodes the lines back into
+  every call queued while its previous fsync ran and covers them all with one fsync; the
+  records are built and written to the database meanwhile (a pipeline: neither the record's
+  cost nor the database's latency is on the response path), and acknowledged in the spool,
+  which deletes only what the database has acknowledged. Where (``writer``): by default in a
+  child process (``proxy.dbproc``), which the database thread hands each batch's spool lines to
+  (it decodes them as a replay does, so its records equal the thread's), keeping that Python
+  work off this process's GIL and the event loop; or (``writer="thread"``, and while the child
+  starts) in the database thread itself, from the ``Capture`` objects still in memory
+  (``to_record``). A replay decodes the lines back into
   ``Capture`` objects and builds the records the same way, so they equal the live ones. A failed database write
   leaves its batch in the spool, and every later batch behind it, until a replay stores them
   all (the spool is the truth until then). Guarantee: every call whose response the client
@@ -160,7 +164,8 @@ class Recorder:
         calls back to back the queue grew to its byte bound and callers got 429 (niceness 10: queue
         84-194 calls, 19-84 answered 429 in 10 s; 0: queue 12-26, none), and a niced thread that holds
         the GIL when the scheduler parks it stalls the event loop. Under wal only the database thread
-        is niced: the spool thread's fsync is what clients wait for."""
+        is niced (or the writer process, which then holds no lock of this process): the spool
+        thread's fsync is what clients wait for."""
         self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
         ids (``ORCHARD_IDS_CACHE_MB``, default 512: ~300 sessions at a 150k-token context) so a call
