@@ -615,7 +615,7 @@ def _interleave_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
     rows, n, d = r["rows"], len(r["rows"]), r["durability"]
     out = [
         "",
-        f"{r['sessions']} sessions interleaved (fast upstream, `--durability {d}`, SQLite): a call of each"
+        f"{r['sessions']} sessions interleaved (fast upstream, `{_flags(d)}`, SQLite): a call of each"
         f" session per round, each round recorded before the next, so from one call to the next of a session"
         f" {r['sessions'] - 1} other sessions' calls went through the proxy's per-session caches"
         f" ({r['load']}; proxy RSS at the end {r['rss_mb']:.0f} MB):",
@@ -700,13 +700,23 @@ def _load() -> str:
     return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def _flags(d: str) -> str:
+    """A ``--fast`` mode as ``serve``'s flags: ``wal``, ``async``, ``wal+process`` (the writer process)."""
+    durability, _, writer = d.partition("+")
+    return f"--durability {durability}" + (f" --db-writer {writer}" if writer else "")
+
+
 class FastStack:
-    """The fake upstream and a proxy (``--durability``) on a fresh SQLite database."""
+    """The fake upstream and a proxy (``--durability``, and ``--db-writer`` after a ``+``) on a
+    fresh SQLite database."""
 
     def __init__(self, tmp: Path, durability: str, name: str | None = None) -> None:
         name = name or durability  # of the database and spool files
+        durability, _, writer = durability.partition("+")
         self.up_port, self.port = _free_port(), _free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if writer:
+            env["ORCHARD_DB_WRITER"] = writer
         self.up = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--fake-upstream", str(self.up_port)], env=env
         )
@@ -1420,7 +1430,7 @@ def _fast_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
     n = len(cpu)
     out = [
         "",
-        f"Fast upstream (`--fake-upstream`: answers at once, vLLM's wire format), `serve --mode token --durability {d}`,"
+        f"Fast upstream (`--fake-upstream`: answers at once, vLLM's wire format), `serve --mode token {_flags(d)}`,"
         f" SQLite, records written by the {r.get('writer', 'thread')} writer. One session alone, non-stream, each call"
         f" recorded before the next ({r['load_start']} at the start):",
         "",

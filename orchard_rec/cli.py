@@ -494,11 +494,11 @@ def serve(
         "--durability",
         help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
     ),
-    db_writer: Literal["process", "thread"] = typer.Option(
-        "process",
+    db_writer: Literal["thread", "process"] = typer.Option(
+        "thread",
         "--db-writer",
         envvar="ORCHARD_DB_WRITER",
-        help="wal: build and write records in a child process (default: off the event loop's GIL) or a thread.",
+        help="wal: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
     ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."

@@ -35,11 +35,14 @@ class ProxyConfig(BaseModel):
     """``wal`` (default): the client's last byte waits until the record is fsync'd in the spool
     (kill -9 safe; group commit: one fsync per batch of calls); ``async``: recorded after the
     response (an explicit opt-out: ``kill -9`` loses the calls still queued)."""
-    db_writer: Literal["process", "thread"] = "process"
-    """Under ``wal``: build and write the records in a child process (default: that Python work
-    never holds this process's GIL against the event loop) or in a thread of this process. A
-    ``Store`` handed to ``build_app``, an in-memory SQLite database and ``async`` durability
-    always use the thread."""
+    db_writer: Literal["thread", "process"] = "thread"
+    """Under ``wal``: build and write the records in a thread of this process (default), or in a
+    child process (``proxy.dbproc``), whose Python work then never holds this process's GIL against
+    the event loop, at the price of its own caches (memory) and of decoding the spool lines it is
+    handed (~25 % more CPU per long call). Worth it where the proxy's process is CPU-bound on one
+    core; on a 2-core box saturated with 150k-token calls it halved ``/healthz`` p50 but not p99
+    (``bench/RESULTS.md``). A ``Store`` handed to ``build_app``, an in-memory SQLite database and
+    ``async`` durability always use the thread."""
     spool: str | None = None
     """Spool file (default: ``.orchard-spool/<hash of db>.jsonl`` in the working folder)."""
     max_inflight: int = Field(4096, ge=0)

@@ -1,12 +1,17 @@
-"""The database writer in a process of its own (``--db-writer process``, the default under ``wal``).
+"""The database writer in a process of its own (``--db-writer process``, under ``wal``).
 
 Why: building a 150k-token call's record and writing it is ~1-2 ms of Python per call. In the
-proxy's process that work holds the interpreter's lock (GIL) against the event loop: with calls
-flowing as fast as two cores take them, ``/healthz`` waited 6-14 ms at p99 behind it (a GIL trace:
-held 76 % of the time, 59 % of that by the database thread). Here the proxy's database thread
-hands each spooled batch's lines, the bytes it has just fsync'd, to a child process that decodes
-them (``capline.Decoder``, as a replay does), builds the records (``Capture.to_record``) and writes
-them (``Store.write_batch``); the proxy's process keeps only the response path and the spool.
+proxy's process that work holds the interpreter's lock (GIL) against the event loop (a GIL trace
+with calls flowing as fast as two cores take them: held 76 % of the time, 59 % of that by the
+database thread). Here the proxy's database thread hands each spooled batch's lines, the bytes
+it has just fsync'd, to a child process that decodes them (``capline.Decoder``, as a replay
+does), builds the records (``Capture.to_record``) and writes them (``Store.write_batch``); the
+proxy's process keeps only the response path and the spool (the GIL then held ~35 % of the
+time). The price: the child's own caches (memory: 64 sessions of 158k tokens interleaved ran in
+1.45 GB against 0.64 GB in-thread) and the decoding (~25 % more CPU per long call). Measured on 2
+cores saturated by 150k-token calls, ``/healthz`` p50 halved (1.8 -> 1.2 ms) but p99 did not move
+out of the box's own noise (4.8-6.1 ms either way, a do-nothing server 2.6-4.2 ms beside it):
+not the default; worth it where the proxy's one core is the limit.
 
 Protocol (the child's stdin and stdout, one batch at a time, the parent waits for each answer):
 - parent -> child: ``!I`` length, then ``op`` (1 byte: ``W`` write, ``S`` stop), ``first`` (1

@@ -14,12 +14,11 @@ Durability (``--durability``):
   every call queued while its previous fsync ran and covers them all with one fsync; the
   records are built and written to the database meanwhile (a pipeline: neither the record's
   cost nor the database's latency is on the response path), and acknowledged in the spool,
-  which deletes only what the database has acknowledged. Where (``writer``): by default in a
-  child process (``proxy.dbproc``), which the database thread hands each batch's spool lines to
-  (it decodes them as a replay does, so its records equal the thread's), keeping that Python
-  work off this process's GIL and the event loop; or (``writer="thread"``, and while the child
-  starts) in the database thread itself, from the ``Capture`` objects still in memory
-  (``to_record``). A replay decodes the lines back into
+  which deletes only what the database has acknowledged. Where (``writer``): in the database
+  thread itself, from the ``Capture`` objects still in memory (``to_record``; the default), or
+  (``writer="process"``) in a child process (``proxy.dbproc``) that the database thread hands
+  each batch's spool lines to (it decodes them as a replay does, so its records equal the
+  thread's), keeping that Python work off this process's GIL; batches go in-thread while it starts. A replay decodes the lines back into
   ``Capture`` objects and builds the records the same way, so they equal the live ones. A failed database write
   leaves its batch in the spool, and every later batch behind it, until a replay stores them
   all (the spool is the truth until then). Guarantee: every call whose response the client
@@ -128,9 +127,9 @@ class Recorder:
         the commit): the batch's clients are being answered at that moment, and the records' Python
         work would take the GIL from the event loop doing it."""
         self.writer = writer if durability == "wal" else "thread"
-        """wal: where the spooled batches' records are built and written: ``process``, a child
-        process (``proxy.dbproc``: that work off this process's GIL, so the event loop never waits
-        for it), or ``thread``, this process's database thread. Replays are this process's always."""
+        """wal: where the spooled batches' records are built and written: ``thread``, this process's
+        database thread, or ``process``, a child process (``proxy.dbproc``: that work off this
+        process's GIL, so the event loop never waits for it). Replays are this process's always."""
         self.proc: WriterProcess | None = None
         self.spool_path = spool
         self.spool: Spool | None = None
@@ -529,6 +528,7 @@ class Recorder:
                 self._dbq.task_done()
                 break
             batch, start, end, db_acks, nbytes, lines = item
+            was_pending = self.spool_pending
             if (
                 self.db_delay_s
                 and self.proc is None
@@ -569,7 +569,7 @@ class Recorder:
                     ack()
                 self._release(nbytes, len(batch))
                 self._dbq.task_done()
-            if not self.spool_pending:
+            if self.spool_pending and not was_pending:
                 due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
         if self.spool_pending:
             self._replay()

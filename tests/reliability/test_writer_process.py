@@ -1,4 +1,4 @@
-"""The database writer in a child process (``--db-writer process``, the default under ``wal``).
+"""The database writer in a child process (``--db-writer process``, under ``wal``).
 
 - What it stores equals what the writer thread stores from the same calls (every dialect, stream
   and not, token mode and tito), read back through ``Store``.
@@ -59,8 +59,10 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
     """Six calls of one growing session through a wal proxy with its own store (so: the writer
     process); the records the writer thread would have built from the same calls."""
     kw: dict[str, Any] = {"tokenizer": "demo"} if mode == "tito" else {}
-    cfg = ProxyConfig(upstream=upstream_url, db=db, mode=mode, spool=str(tmp / "w.spool"), **kw)
-    assert cfg.durability == "wal" and cfg.db_writer == "process"  # the defaults
+    cfg = ProxyConfig(
+        upstream=upstream_url, db=db, mode=mode, spool=str(tmp / "w.spool"), db_writer="process", **kw
+    )
+    assert cfg.durability == "wal"  # the default
     with BackgroundServer(lambda: build_app(cfg)) as proxy:
         rec = proxy.app[RECORDER]
         spool_batch = rec._spool_batch
@@ -186,7 +188,7 @@ def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, 
     port = free_port()
     db = f"sqlite:///{tmp_path / 'k9.db'}"
     spool = tmp_path / "k9.spool"
-    proc = serve_process(port, upstream.url, db, "--spool", str(spool))
+    proc = serve_process(port, upstream.url, db, "--spool", str(spool), "--db-writer", "process")
     try:
         kids = _children(proc.pid)
         assert len(kids) == 1  # the writer process
@@ -197,11 +199,11 @@ def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, 
         proc.kill()
         proc.wait()
     wait_for(lambda: not _alive(kids[0]))
-    again = serve_process(port, upstream.url, db, "--spool", str(spool), "--db-writer", "thread")
+    again = serve_process(port, upstream.url, db, "--spool", str(spool))
     try:
         store = Store(db)
         wait_for(lambda: len(store.calls("k9")) == 3)  # every answered call: stored, or replayed now
-        assert not _children(again.pid)  # --db-writer thread
+        assert not _children(again.pid)  # the default: the thread
         store.close()
     finally:
         again.terminate()
