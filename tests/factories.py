@@ -258,3 +258,19 @@ def wait_for(pred: Callable[[], object], timeout: float = 10.0) -> None:
     while not pred():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def check_stored_as_written(store: Any, sid: str, live: list[CallRecord], ref_db: Path) -> None:
+    """Session ``sid`` reads back from ``store`` as ``live`` (the records the writer thread would
+    have built) read back after a plain ``write_batch`` into a fresh database at ``ref_db``."""
+    from orchard_rec.storage import Store
+
+    ref = Store(f"sqlite:///{ref_db}")
+    ref.upgrade()
+    ref.write_batch(live)
+    got, want = store.calls(sid), ref.calls(sid)
+    assert [c.call_id for c in got] == [c.call_id for c in want] == [r.call_id for r in live]
+    for g, w in zip(got, want, strict=True):
+        assert g == w, g.call_id
+    assert got[-1].prompt_ids and got[-1].completion_ids
+    ref.close()

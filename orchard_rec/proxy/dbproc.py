@@ -10,7 +10,7 @@ proxy's process keeps only the response path and the spool (the GIL then held ~3
 time). The price: the child's own caches (memory: 64 sessions of 158k tokens interleaved ran in
 1.45 GB against 0.64 GB in-thread) and the decoding (~25 % more CPU per long call). Measured on 2
 cores saturated by 150k-token calls, ``/healthz`` p50 halved (1.8 -> 1.2 ms) but p99 did not move
-out of the box's own noise (4.8-6.1 ms either way, a do-nothing server 2.6-4.2 ms beside it):
+out of the box's own noise (4.8-6.1 ms either way, a do-nothing server 2.6-4.3 ms beside it):
 not the default; worth it where the proxy's one core is the limit.
 
 Protocol (the child's stdin and stdout, one batch at a time, the parent waits for each answer):

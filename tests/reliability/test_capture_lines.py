@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from factories import growing_body
+from factories import check_stored_as_written, growing_body
 
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.app import RECORDER, build_app
@@ -184,17 +184,8 @@ def test_a_database_failure_mid_session_replays_on_postgresql(upstream, pg, tmp_
 def _replayed_equals_live(upstream_url: str, db: str, tmp_path: Path, dialect: str, mode: str) -> None:
     store, taps, live = _run_session(upstream_url, db, tmp_path, dialect, mode, turns=6, fail_from=2)
     assert taps.records  # a write failed
-    ref = Store(f"sqlite:///{tmp_path / 'reference.db'}")
-    ref.upgrade()
-    ref.write_batch(live)
-    got = store.calls(f"cl-{dialect}")
-    want = ref.calls(f"cl-{dialect}")
-    assert [c.call_id for c in got] == [c.call_id for c in want] == [r.call_id for r in live]
-    for g, w in zip(got, want, strict=True):
-        assert g == w, g.call_id
-    assert got[-1].prompt_ids and got[-1].completion_ids
+    check_stored_as_written(store, f"cl-{dialect}", live, tmp_path / "reference.db")
     store.close()
-    ref.close()
 
 
 def test_a_line_whose_base_is_gone_is_set_aside_with_a_reason(upstream, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from factories import (
+    check_stored_as_written,
     free_port,
     growing_body,
     growing_capture,
@@ -97,17 +98,9 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
 def test_the_writer_process_stores_what_the_thread_would(upstream, tmp_path, dialect, mode) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'proc.db'}"
     live = _session(upstream.url, db, tmp_path, dialect, mode)
-    ref = Store(f"sqlite:///{tmp_path / 'thread.db'}")
-    ref.upgrade()
-    ref.write_batch(live)
     store = Store(db)
-    got, want = store.calls(f"wp-{dialect}"), ref.calls(f"wp-{dialect}")
-    assert [c.call_id for c in got] == [c.call_id for c in want] == [r.call_id for r in live]
-    for g, w in zip(got, want, strict=True):
-        assert g == w, g.call_id
-    assert got[-1].prompt_ids and got[-1].completion_ids
+    check_stored_as_written(store, f"wp-{dialect}", live, tmp_path / "thread.db")
     store.close()
-    ref.close()
 
 
 def _store(tmp_path: Path) -> Store:
