@@ -128,7 +128,19 @@ class WriterProcess:
         p = self._p
         return None if p is None else p.pid
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start a child; False (logged) when one cannot be started: the batches then stay in-thread,
+        and ``ready`` tries again later."""
+        try:
+            self._start()
+        except OSError as exc:  # no such interpreter, no processes left, no memory
+            log.error("cannot start the database writer process (%s); writing in-thread meanwhile", exc)
+            with self._lock:
+                self._not_before = time.monotonic() + 5.0
+            return False
+        return True
+
+    def _start(self) -> None:
         from orchard_rec.proxy.logs import JsonFormatter
 
         root = logging.getLogger("orchard_rec")

@@ -495,7 +495,8 @@ class Recorder:
             self.proc = WriterProcess(
                 self.store.url, access_log=bool(getattr(self.store, "logs_access", False))
             )
-            self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``)
+            self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``); if it
+            # cannot start, batches are written in-thread and ``ready`` tries again now and then
         else:
             self._lower_priority()
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,20 @@ def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, 
     finally:
         again.terminate()
         again.wait(30)
+
+
+def test_a_writer_process_that_cannot_start_leaves_the_writing_to_the_thread(
+    tmp_path, monkeypatch, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    store = _store(tmp_path)
+    rec = Recorder(store, spool=tmp_path / "n.spool", durability="wal", retry_s=0.05, writer="process")
+    rec.start()
+    caps = [growing_capture("s", k) for k in range(3)]
+    _submit(rec, *caps)
+    wait_for(lambda: rec.written == 3 and rec.spool_depth == 0 and rec.healthy)
+    assert rec.writer_state == "starting"
+    rec.close()
+    assert [r.call_id for r in store.calls("s")] == [c.call_id for c in caps]
+    assert "cannot start the database writer process" in caplog.text
+    store.close()
