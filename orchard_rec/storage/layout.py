@@ -132,13 +132,34 @@ def unpack_delta(data: bytes) -> tuple[str | None, int, bytes]:
     return base, n, data[start + k :]
 
 
+def _int_array(x: Any) -> Any:
+    """``x`` as an ``array("i")``: a ``delta.Ids``'s own, ``x`` itself, or a tuple / list of ints
+    converted (at C speed); None when it is none of these (or holds an id past 4 bytes)."""
+    f = getattr(x, "array", None)
+    if f is not None:
+        return f()
+    if isinstance(x, array):
+        return x if x.typecode == "i" else None
+    if isinstance(x, (tuple, list)):
+        try:
+            return array("i", x)
+        except (OverflowError, TypeError):
+            return None
+    return None
+
+
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix (the whole shorter one compared at C speed first)."""
-    fa, fb = getattr(a, "array", None), getattr(b, "array", None)  # ``delta.Ids``: 4-byte ints
-    if fa is not None and fb is not None:
-        aa, ab = fa(), fb()
-        if aa is not None and ab is not None:  # compared as arrays (memcmp), not as tuples of ints
+    """Length of the longest common prefix (the whole shorter one compared at C speed first).
+    Token ids are compared as 4-byte arrays (memcmp) when one side is a ``delta.Ids``, the other
+    converted if it is a tuple (a session's prompt read back from the database): at 150k ids 1.9 ms
+    where building tuples of both and comparing them took 6.4."""
+    if hasattr(a, "array") or hasattr(b, "array"):
+        aa = _int_array(a)
+        ab = _int_array(b) if aa is not None else None
+        if aa is not None and ab is not None:
             a, b = aa, ab
+    if type(a) is not type(b):  # a list's slice never equals a tuple's: compare tuples
+        a, b = (x if isinstance(x, tuple) else tuple(x) for x in (a, b))
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

@@ -373,3 +373,28 @@ def test_a_deep_chain_is_read_back_cold_in_a_few_queries(db_url: str) -> None:
     assert back.calls("deep")[-1].prompt_ids == tuple(ids)
     assert [c.prompt_ids for c in back.calls("deep")[:-1]] == [r.prompt_ids for r in want]
     back.close()
+
+
+def test_common_prefix_of_ids_tuples_lists_and_arrays_alike() -> None:
+    """``layout.common_prefix`` gives the naive answer whatever mix of sequences it is handed: a
+    ``delta.Ids`` against a tuple (a prompt read back from the database) is compared as 4-byte arrays,
+    an id past 4 bytes falls back to tuples, and a list against a tuple no longer reads as 0."""
+    import random
+    from array import array
+
+    from orchard_rec.storage.delta import Ids
+
+    def naive(x: list[int], y: list[int]) -> int:
+        i = 0
+        while i < min(len(x), len(y)) and x[i] == y[i]:
+            i += 1
+        return i
+
+    rng = random.Random(7)
+    for _ in range(300):
+        base = [rng.randrange(5) for _ in range(rng.randrange(40))]
+        x = base + [rng.randrange(5) for _ in range(rng.randrange(4))]
+        y = base[: rng.randrange(len(base) + 1)] + [rng.randrange(5) for _ in range(rng.randrange(4))]
+        for xa in (Ids(x), tuple(x), list(x), array("i", x)):
+            for ya in (Ids(y), tuple(y), list(y), (*y, 1 << 40), array("i", y)):
+                assert layout.common_prefix(xa, ya) == naive(list(xa), list(ya)), (x, y)
