@@ -631,13 +631,7 @@ class Decoder:
             cut = d.get("cut")
             if cut and not cap.stream:  # the id arrays' places: the writer need not search for them
                 spans = [(tuple(path), s, e) for path, s, e in cut]
-                parts: list[bytes] = []
-                pos = 0
-                for _, s, e in spans:
-                    parts += (answer[pos:s], b"null")
-                    pos = e
-                parts.append(answer[pos:])
-                cap.id_cut = (b"".join(parts), spans)
+                cap.id_cut = (idcut.without_arrays(answer, [(s, e) for _, s, e in spans]), spans)
             span = offers.get("ids")
             if span:
                 self._offer("ids", sid, cap.call_id, answer[span[0] : span[1]])

@@ -128,17 +128,15 @@ class WriterProcess:
         p = self._p
         return None if p is None else p.pid
 
-    def start(self) -> bool:
-        """Start a child; False (logged) when one cannot be started: the batches then stay in-thread,
-        and ``ready`` tries again later."""
+    def start(self) -> None:
+        """Start a child; one that cannot be started is logged: the batches then stay in-thread, and
+        ``ready`` tries again later."""
         try:
             self._start()
         except OSError as exc:  # no such interpreter, no processes left, no memory
             log.error("cannot start the database writer process (%s); writing in-thread meanwhile", exc)
             with self._lock:
                 self._not_before = time.monotonic() + 5.0
-            return False
-        return True
 
     def _start(self) -> None:
         from orchard_rec.proxy.logs import JsonFormatter
@@ -167,10 +165,9 @@ class WriterProcess:
             )
             self.started += 1
 
-    def ready(self, timeout: float = 0.0) -> bool:
-        """Whether the child can take a batch now (waiting up to ``timeout`` seconds for it to say
-        so). A child that is gone is started again (and is not ready yet), from the thread that
-        started the first one."""
+    def ready(self) -> bool:
+        """Whether the child can take a batch now (it has said so). A child that is gone is started
+        again (and is not ready yet), from the thread that started the first one."""
         with self._lock:
             if self._ready:
                 return True
@@ -183,7 +180,7 @@ class WriterProcess:
             else:
                 restart = False
                 assert p.stdout is not None
-                if select.select([p.stdout], [], [], timeout)[0]:
+                if select.select([p.stdout], [], [], 0)[0]:
                     try:
                         hello = _read_msg(p.stdout)
                     except (OSError, ValueError):
@@ -287,14 +284,13 @@ class _Child:
             self.store, requests=self.requests, max_bytes=env_megabytes("ORCHARD_SPOOL_BASES_MB", 256)
         )
         self.delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
+        self.record_of_line = capline.record_of_line
 
     def write(self, lines: list[bytes], first: bool) -> dict[str, Any]:
-        from orchard_rec.proxy.capline import record_of_line
-
         records = []
         for line in lines:
             try:
-                records.append(record_of_line(self.decoder, line, self.ids))
+                records.append(self.record_of_line(self.decoder, line, self.ids))
             except Exception:  # the proxy keeps the line in the spool; its replay sets it aside
                 log.exception("database writer: a spooled line cannot become a record")
         try:

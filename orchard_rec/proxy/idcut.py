@@ -109,6 +109,17 @@ def id_paths(obj: Any) -> list[tuple[Path, str]]:
     return out
 
 
+def without_arrays(data: bytes, spans: list[tuple[int, int]]) -> bytes:
+    """``data`` with the bytes of each span (in order) replaced by ``null``: what ``cut`` parses."""
+    parts: list[bytes] = []
+    pos = 0
+    for s, e in spans:
+        parts += (data[pos:s], b"null")
+        pos = e
+    parts.append(data[pos:])
+    return b"".join(parts)
+
+
 def cut(data: bytes) -> Cut | None:
     """The body without its id arrays, parsed, and where they were; None when ``data`` has no
     array to cut, is small, or anything about it is not as expected (then parse it whole)."""
@@ -117,15 +128,7 @@ def cut(data: bytes) -> Cut | None:
     found = _find(data)
     if not found or all(s == e for _, _, s, e in found):
         return None
-    parts: list[bytes] = []
-    pos = 0
-    for _, _, s, e in found:
-        if s != e:
-            parts.append(data[pos:s])
-            parts.append(b"null")
-            pos = e
-    parts.append(data[pos:])
-    rest = b"".join(parts)
+    rest = without_arrays(data, [(s, e) for _, _, s, e in found if s != e])
     try:
         obj = orjson.loads(rest)
     except orjson.JSONDecodeError:

@@ -59,7 +59,7 @@ from typing import Any
 from orchard_rec.errors import env_megabytes
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.dbproc import WriterDied, WriterProcess
+from orchard_rec.proxy.dbproc import Result, WriterDied, WriterProcess
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
@@ -547,20 +547,19 @@ class Recorder:
                         self._retry_in_memory(records)
                 elif end <= self.spool.acked or self.spool_pending:
                     pass  # stored by a replay already, or the next replay carries it from the spool
-                elif self.proc is not None and lines and self.proc.ready():
-                    self._write_in_process(lines, len(batch), start, end)
-                elif len(records := self._records(batch)) < len(batch):
-                    # a call whose record cannot be built: its line may be a base of later lines, so
-                    # the spool keeps it (a replay sets it aside, decoding those against it), and
-                    # no line written from now on uses it as a base
-                    with self._encoding:
-                        self.lines.reset()
-                    self._store(records, first=start >= self.spool.acked)
-                    self.spool_pending = True
-                elif self._store(records, first=start >= self.spool.acked):
-                    self.spool.ack(end)
                 else:
-                    self.spool_pending = True  # the spool keeps it, and everything after it
+                    built, ok = self._build_and_store(batch, lines, first=start >= self.spool.acked)
+                    if built < len(batch):
+                        # a call whose record cannot be built: its line may be a base of later lines,
+                        # so the spool keeps it (a replay sets it aside, decoding those against it),
+                        # and no line written from now on uses it as a base
+                        with self._encoding:
+                            self.lines.reset()
+                        self.spool_pending = True
+                    elif ok:
+                        self.spool.ack(end)
+                    else:
+                        self.spool_pending = True  # the spool keeps it, and everything after it
             except Exception as exc:  # e.g. ``ack`` failed: the spool keeps the batch, a replay stores it
                 self.last_error = f"database thread: {type(exc).__name__}: {exc}"[:500]
                 log.exception("database thread: a batch of %d calls failed", len(batch))
@@ -575,32 +574,26 @@ class Recorder:
         if self.spool_pending:
             self._replay()
 
-    def _write_in_process(self, lines: list[bytes], n: int, start: int, end: int) -> None:
-        """wal, ``writer="process"``: the child builds and stores the batch's records from its spool
-        lines; what it answers is handled as the thread's own outcome would be."""
-        assert self.proc is not None and self.spool is not None
+    def _build_and_store(
+        self, batch: list[Capture | CallRecord], lines: list[bytes] | None, *, first: bool
+    ) -> tuple[int, bool]:
+        """wal: build and store a spooled batch's records, in the writer process when it is ready
+        (from the batch's spool lines) or here: ``(records built, the database took them)``."""
+        if self.proc is None or not lines or not self.proc.ready():
+            records = self._records(batch)
+            return len(records), self._store(records, first=first)
         try:
-            got = self.proc.write(lines, first=start >= self.spool.acked)
+            got = self.proc.write(lines, first=first)
         except WriterDied as exc:
-            self.write_errors += 1
-            self.last_error = str(exc)[:500]
-            log.error("%s; the spool keeps the batch (%d calls) for a replay", exc, n)
-            self.spool_pending = True
-            return
-        if not got.ok:
+            got = Result(len(lines), False, str(exc))
+        if got.ok:
+            self.written += got.built
+            self.last_error = None
+        else:
             self.write_errors += 1
             self.last_error = (got.error or "the database writer process failed")[:500]
-            log.warning("database write failed (%d calls), spooling: %s", n, self.last_error)
-            self.spool_pending = True
-            return
-        self.written += got.built
-        self.last_error = None
-        if got.built < n:  # as in-thread: the spool keeps the line a replay sets aside, and no
-            with self._encoding:  # line written from now on is written against it
-                self.lines.reset()
-            self.spool_pending = True
-        else:
-            self.spool.ack(end)
+            log.warning("database write failed (%d calls), spooling: %s", len(lines), self.last_error)
+        return got.built, got.ok
 
     def _records(self, batch: list[Capture | CallRecord]) -> list[CallRecord]:
         out: list[CallRecord] = []
