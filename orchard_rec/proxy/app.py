@@ -324,7 +324,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     chat = chat_of(cap.dialect, body)
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
-    prompt, branch, version, decision = await asyncio.to_thread(tito.plan, key, messages, tools)
+    prompt, branch, version, decision, rendered = await asyncio.to_thread(tito.plan, key, messages, tools)
     images = [u for u, _ in tito.images(messages)]  # a VLM's images go with the ids (tito.py)
     path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
     cap.upstream_request = up_body
@@ -361,7 +361,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
     # the template's closing tokens come with the next turn's (``Tito.covered``)
     branch_index = await asyncio.to_thread(
-        tito.commit, key, branch, version, prompt, ids, messages, answer, tools
+        tito.commit, key, branch, version, prompt, ids, messages, answer, tools, rendered
     )
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:

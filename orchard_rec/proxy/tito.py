@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -69,6 +70,8 @@ __all__ = [
     "synth_chunks",
 ]
 
+log = logging.getLogger("orchard_rec.tito")
+
 _IMAGE_PARTS = ("image_url", "input_image")
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.S)
@@ -85,6 +88,16 @@ class Branch:
     version: int = 0
     images: tuple[str, ...] = ()
     """Digests of the images ``tokens`` show (one placeholder each), in order."""
+    seen: list[dict[str, Any]] | None = None
+    """The messages of the branch's last request, as the client sent them (chat form): a request
+    that repeats them, then the answer, then new messages continues the branch without the whole
+    conversation rendered (``TitoSessions.plan``). None: only a whole rendering can tell."""
+    tools: list[dict[str, Any]] | None = None
+    """That request's tools."""
+    tail: str | None = None
+    """The template's rendering of ``context(seen)`` + the answer, ``covered``: a next request's
+    small rendering (the same context, its messages from the answer on) starts with it when the
+    client sent the answer back as the template renders it."""
 
 
 @dataclass
@@ -120,9 +133,35 @@ class HistorySource(Protocol):
 
 
 class TitoSessions:
-    """Per-session branches of exact token history (thread-safe, bounded)."""
+    """Per-session branches of exact token history (thread-safe, bounded).
 
-    def __init__(self, tokenizer: Any, *, max_sessions: int = 10_000, max_branches: int = 16) -> None:
+    Rendering in O(what is new): a chat template renders the whole conversation, and through
+    ``transformers`` that costs ~25 us a message (10 ms at 150k tokens, twice per call). A
+    request that repeats its branch's last request message for message (compared as objects:
+    the request parser shares them between calls), then the answer, then new messages, is
+    rendered small instead: the system message and the message before the answer (the
+    context: the template's header, the previous role), then the answer as the client sent it
+    and the new messages. That rendering starts with the context + the branch's own answer
+    (``Branch.tail``) when the client sent the answer back as the template renders it, and what
+    follows is what the whole rendering has after the branch's text, for a template whose
+    rendering of a message depends only on the message, its neighbours' roles and the header.
+    Most templates are (ChatML, Qwen2.5, Hermes, Llama 3); one that renders earlier turns by
+    what comes later (Qwen3 drops old reasoning after a new user turn) or numbers its messages
+    is not. So: a probe renders a few conversations both ways at first use; then the first 8
+    small renderings, and every ``verify_every``-th after, are checked against the whole one.
+    Any difference turns it off for the process (logged), and that call uses the whole
+    rendering: a prompt is the template's rendering of the conversation either way.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        max_sessions: int = 10_000,
+        max_branches: int = 16,
+        incremental: bool = True,
+        verify_every: int = 64,
+    ) -> None:
         self.tok = tokenizer
         self.image_token = image_token_id(tokenizer)
         """The VLM's image placeholder id; None for a text model (image parts then dropped)."""
@@ -132,6 +171,16 @@ class TitoSessions:
         self._lock = threading.Lock()
         self.source: HistorySource | None = None
         """Set by the app: rebuild sessions from the database (restarts, several replicas)."""
+        self.incremental = incremental
+        """Small renderings (above)."""
+        self.verify_every = max(1, verify_every)
+        self.off_reason: str | None = None
+        """Why small renderings were turned off (the probe or a check found a difference)."""
+        self.small = 0
+        """Calls planned from a small rendering."""
+        self.checked = 0
+        """Of those, checked against the whole rendering."""
+        self._probed = False
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
@@ -186,37 +235,134 @@ class TitoSessions:
 
     def plan(
         self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[list[int], Branch | None, int, dict[str, Any]]:
-        """``(prompt_ids, branch or None, branch version, decision)`` for this conversation."""
-        full = self.render(messages, tools, True)
-        digests = tuple(d for _, d in self.images(messages))
-        best: Branch | None = None
+    ) -> tuple[list[int], Branch | None, int, dict[str, Any], str]:
+        """``(prompt_ids, branch or None, branch version, decision, the prompt's rendering)``."""
         if key is not None and self.source is not None:
             self._sync(key)
+        snapshot: list[tuple[Branch, int, list[int], str, Any, Any, str | None]] = []
         if key is not None:
             with self._lock:
                 sess = self._sessions.get(key)
                 if sess is not None:
                     self._sessions.move_to_end(key)
-                    for b in sess.branches:
-                        if (
-                            full.startswith(b.text)
-                            and digests[: len(b.images)] == b.images
-                            and (best is None or len(b.text) > len(best.text))
-                        ):
-                            best = b
-                    if best is not None:
-                        prompt = best.tokens + self.encode(full[len(best.text) :])
-                        self._check_images(prompt, digests)
-                        return prompt, best, best.version, {"branch": best.index, "fresh": False}
-                    decision = {"fresh": True, "reason": "history differs from every branch of this session"}
-                else:
-                    decision = {"fresh": True, "reason": "first call of the session"}
+                    snapshot = [
+                        (b, b.version, b.tokens, b.text, b.seen, b.tools, b.tail) for b in sess.branches
+                    ]
         else:
-            decision = {"fresh": True, "reason": "no session"}
+            sess = None
+        digests = tuple(d for _, d in self.images(messages))
+        if snapshot and self.incremental:
+            if not self._probed:
+                self._probe()
+            got = self._small(snapshot, messages, tools) if self.incremental else None
+            if got is not None:
+                b, version, tokens, text, new = got
+                prompt = tokens + self.encode(new)
+                self._check_images(prompt, digests)
+                return prompt, b, version, {"branch": b.index, "fresh": False}, text + new
+        full = self.render(messages, tools, True)
+        best: tuple[Branch, int, list[int], str] | None = None
+        for b, version, tokens, text, _, _, _ in snapshot:
+            if (
+                full.startswith(text)
+                and digests[: len(b.images)] == b.images
+                and (best is None or len(text) > len(best[3]))
+            ):
+                best = (b, version, tokens, text)
+        if best is not None:
+            b, version, tokens, text = best
+            prompt = tokens + self.encode(full[len(text) :])
+            self._check_images(prompt, digests)
+            return prompt, b, version, {"branch": b.index, "fresh": False}, full
+        if key is None:
+            decision: dict[str, Any] = {"fresh": True, "reason": "no session"}
+        elif sess is None:
+            decision = {"fresh": True, "reason": "first call of the session"}
+        else:
+            decision = {"fresh": True, "reason": "history differs from every branch of this session"}
         prompt = self.encode(full)
         self._check_images(prompt, digests)
-        return prompt, None, 0, decision
+        return prompt, None, 0, decision, full
+
+    @staticmethod
+    def context(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What a small rendering starts with: the system message (the template's header) and
+        the last message of the branch's request (the answer's predecessor)."""
+        if len(seen) > 1 and isinstance(seen[0], dict) and seen[0].get("role") in ("system", "developer"):
+            return [seen[0], seen[-1]]
+        return seen[-1:]
+
+    def _small(
+        self,
+        snapshot: list[tuple[Branch, int, list[int], str, Any, Any, str | None]],
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> tuple[Branch, int, list[int], str, str] | None:
+        """The branch this request continues (with its version, ids and text as read) and what the
+        prompt's rendering has past that text (the small rendering past the branch's tail); None
+        when none fits (the whole rendering decides)."""
+        order = sorted(snapshot, key=lambda t: len(t[4]) if t[4] is not None else -1, reverse=True)
+        for b, version, tokens, text, seen, btools, tail in order:
+            if seen is None or tail is None:
+                continue
+            p = len(seen)
+            if len(messages) <= p or not _same_tools(tools, btools) or messages[:p] != seen:
+                continue
+            small = self.render(self.context(seen) + messages[p:], tools, True)
+            if not small.startswith(tail):
+                continue
+            new = small[len(tail) :]
+            self.small += 1
+            if self.small <= 8 or self.small % self.verify_every == 0:
+                self.checked += 1
+                full = self.render(messages, tools, True)
+                if not (full.startswith(text) and full[len(text) :] == new):
+                    self._turn_off("a small rendering differed from the whole one", full, text + new)
+                    return None
+            return b, version, tokens, text, new
+        return None
+
+    def _turn_off(self, why: str, want: str, got: str) -> None:
+        at = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
+        self.off_reason = f"{why} at character {at}: {want[at : at + 60]!r} vs {got[at : at + 60]!r}"
+        self.incremental = False
+        log.warning(
+            "tito: rendering whole conversations from now on (this chat template renders a message by "
+            "more than its neighbours): %s",
+            self.off_reason,
+        )
+
+    def _probe(self) -> None:
+        """Small renderings against whole ones on a few conversations (system or not, tools or not,
+        tool calls and several results, reasoning, a user turn after them); turned off on a difference."""
+        self._probed = True
+        eos = getattr(self.tok, "eos_token_id", None)
+        endings = ([eos] if isinstance(eos, int) else []) + [-1]  # the model's eos, or a stop string
+        try:
+            for conv, tools in _probe_conversations():
+                answers = [k for k, m in enumerate(conv) if k >= 2 and m.get("role") == "assistant"]
+                for k, nxt in zip(answers, [*answers[1:], len(conv)], strict=True):
+                    request, answer = conv[:k], conv[k]
+                    for end in endings:
+                        text, tail = self._grown(
+                            request, answer, tools, [end], self.render(request, tools, True)
+                        )
+                        want = self.branch_text(request, answer, tools, [end])
+                        if text != want:
+                            self._turn_off("the probe's answer rendered differently", want, text)
+                            return
+                        if tail is None or nxt < k + 2:  # no next request with something new
+                            continue
+                        small = self.render(self.context(request) + conv[k:nxt], tools, True)
+                        got = want + small[len(tail) :] if small.startswith(tail) else small
+                        full = self.render(conv[:nxt], tools, True)
+                        if full != got:
+                            self._turn_off("the probe's small rendering differed", full, got)
+                            return
+        except Exception as exc:  # a template that cannot render the probe: whole renderings only
+            self.off_reason = f"the probe did not render: {type(exc).__name__}: {exc}"
+            self.incremental = False
+            log.info("tito: rendering whole conversations (%s)", self.off_reason)
 
     def _check_images(self, prompt: list[int], digests: tuple[str, ...]) -> None:
         if self.image_token is None or not digests:
@@ -245,7 +391,11 @@ class TitoSessions:
             text = self.branch_text(r.messages, r.answer, r.tools, r.completion)
             prompt = r.prompt if self.image_token is None else collapse_images(r.prompt, self.image_token)
             digests = tuple(d for _, d in self.images(r.messages))
-            sess.branches.append(Branch(r.branch, prompt + r.completion, text, images=digests))
+            b = Branch(r.branch, prompt + r.completion, text, images=digests)
+            if self.incremental and r.messages:
+                b.seen, b.tools = r.messages, r.tools
+                b.tail = self._tail(r.messages, r.answer, r.tools, r.completion)
+            sess.branches.append(b)
         sess.next_index = max((b.index for b in sess.branches), default=-1) + 1
         with self._lock:
             self._sessions[key] = sess
@@ -272,6 +422,37 @@ class TitoSessions:
         """The rendering a branch's exact ids stand for: the conversation up to the answer."""
         return self.covered(self.render(messages + [answer], tools, False), completion)
 
+    def _tail(
+        self,
+        messages: list[dict[str, Any]],
+        answer: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        completion: list[int],
+    ) -> str:
+        """``Branch.tail``: the context of ``messages`` and the answer, rendered and covered."""
+        return self.covered(self.render(self.context(messages) + [answer], tools, False), completion)
+
+    def _grown(
+        self,
+        messages: list[dict[str, Any]],
+        answer: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        completion: list[int],
+        prompt_text: str | None,
+    ) -> tuple[str, str | None]:
+        """``(branch text, tail)`` after this answer: the prompt's rendering + the answer's
+        rendering past the generation prompt (both from small renderings, the context's), when
+        the template renders an answer as its generation prompt continued; else the whole
+        conversation rendered. The tail is None when small renderings are off."""
+        if not self.incremental or prompt_text is None or not messages:
+            return self.branch_text(messages, answer, tools, completion), None
+        ctx = self.context(messages)
+        opened = self.render(ctx, tools, True)
+        tail = self.covered(self.render(ctx + [answer], tools, False), completion)
+        if not tail.startswith(opened):
+            return self.branch_text(messages, answer, tools, completion), tail
+        return prompt_text + tail[len(opened) :], tail
+
     def commit(
         self,
         key: str | None,
@@ -282,12 +463,21 @@ class TitoSessions:
         messages: list[dict[str, Any]],
         answer: dict[str, Any],
         tools: list[dict[str, Any]] | None,
+        prompt_text: str | None = None,
     ) -> int | None:
-        """Record the new exact history; returns the branch index (None without a session)."""
+        """Record the new exact history; returns the branch index (None without a session).
+        ``prompt_text``: the prompt's rendering (``plan``'s), extended by the answer's instead of
+        the whole conversation rendered again."""
         if key is None:
             return None
-        text = self.branch_text(messages, answer, tools, completion)
+        text, tail = self._grown(messages, answer, tools, completion, prompt_text)
+        if tail is not None and self.incremental and (self.small <= 8 or self.small % self.verify_every == 0):
+            want = self.branch_text(messages, answer, tools, completion)
+            if want != text:
+                self._turn_off("an answer's small rendering differed from the whole one", want, text)
+                text, tail = want, None
         digests = tuple(d for _, d in self.images(messages))
+        seen, btools = (messages, tools) if tail is not None else (None, None)
         with self._lock:
             sess = self._sessions.get(key)
             if sess is None:
@@ -298,14 +488,67 @@ class TitoSessions:
             if branch is not None and branch in sess.branches and branch.version == version:
                 branch.tokens, branch.text, branch.version = prompt + completion, text, version + 1
                 branch.images = digests
+                branch.seen, branch.tools, branch.tail = seen, btools, tail
                 return branch.index
             nb = Branch(
-                sess.next_index, prompt + completion, text, images=digests
+                sess.next_index, prompt + completion, text, images=digests, seen=seen, tools=btools, tail=tail
             )  # a fork: a concurrent call or a fresh render
             sess.next_index += 1
             sess.branches.append(nb)
             del sess.branches[: -self.max_branches]
             return nb.index
+
+
+def _same_tools(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> bool:
+    return a is b or (not a and not b) or a == b
+
+
+def _probe_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]:
+    """Conversations ``TitoSessions._probe`` renders both ways: what agent sessions hold."""
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "run",
+                "description": "Run a shell command.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"cmd": {"type": "string"}},
+                    "required": ["cmd"],
+                },
+            },
+        }
+    ]
+
+    def call(i: int, cmd: str) -> dict[str, Any]:
+        return {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "run", "arguments": json.dumps({"cmd": cmd})},
+        }
+
+    agent: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test."},
+        {
+            "role": "assistant",
+            "content": "<think>\nLook first.\n</think>\n\nListing.",
+            "tool_calls": [call(1, "ls")],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py\ntest_a.py"},
+        {"role": "assistant", "content": None, "tool_calls": [call(2, "cat a.py"), call(3, "cat test_a.py")]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "def f(): return 1"},
+        {"role": "tool", "tool_call_id": "call_3", "content": "assert f() == 2"},
+        {"role": "assistant", "content": "<think>\nf returns 1.\n</think>\n\nThe test expects 2."},
+        {"role": "user", "content": "Then change f."},
+        {"role": "assistant", "content": "Changing it.", "tool_calls": [call(4, "sed -i s/1/2/ a.py")]},
+        {"role": "tool", "tool_call_id": "call_4", "content": ""},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Thanks."},
+        {"role": "assistant", "content": "You're welcome."},
+    ]
+    chat = [m for m in agent if m["role"] != "tool" and not m.get("tool_calls")]
+    return [(agent, tools), (agent, None), (agent[1:], tools), (chat, None), (chat[1:], None)]
 
 
 def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
@@ -331,6 +574,39 @@ def _has_image(content: list[Any]) -> bool:
     return any(isinstance(p, dict) and p.get("type") in _IMAGE_PARTS and _part_url(p) for p in content)
 
 
+class _Digests:
+    """Images' digests by URL, least recently used out past ``max_bytes`` of URLs: every call of a
+    session resends its images (a GUI agent's screenshots, base64), and each call read them three
+    times (the plan, the commit, the upstream request), decoding and hashing every one."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[str, str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> str:
+        with self._lock:
+            got = self._d.get(url)
+            if got is not None:
+                self._d.move_to_end(url)
+                return got
+        decoded = decode_data_url(url)
+        digest = hashlib.sha256(decoded[1] if decoded is not None else url.encode()).hexdigest()
+        if len(url) <= self.max_bytes:
+            with self._lock:
+                if url not in self._d:
+                    self._d[url] = digest
+                    self._bytes += len(url)
+                while self._bytes > self.max_bytes:
+                    old, _ = self._d.popitem(last=False)
+                    self._bytes -= len(old)
+        return digest
+
+
+_DIGESTS = _Digests()
+
+
 def chat_images(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """``(url, digest)`` of each image part of chat messages, in the order a template renders
     them; the digest is the SHA-256 of the decoded bytes (of the URL text for a remote image),
@@ -346,9 +622,7 @@ def chat_images(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
             url = _part_url(p)
             if url is None:
                 continue
-            decoded = decode_data_url(url)
-            data = decoded[1] if decoded is not None else url.encode()
-            out.append((url, hashlib.sha256(data).hexdigest()))
+            out.append((url, _DIGESTS.get(url)))
     return out
 
 
