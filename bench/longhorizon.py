@@ -527,7 +527,48 @@ def fake_upstream(port: int) -> None:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
+    tito = json.loads(os.environ.get("LH_TITO_ANSWER", "null")) or {"ids": comp, "text": words}
+
+    async def completions(request: web.Request) -> web.Response:
+        """vLLM's ``/v1/completions`` with a token-id prompt and ``return_token_ids`` (tito's call):
+        the prompt's ids echoed, the answer the driver asked for (``LH_TITO_ANSWER``)."""
+        body = await request.read()
+        at = body.index(b'"prompt":') + len(b'"prompt":')
+        ids = body[at : body.index(b"]", at) + 1]
+        n = ids.count(b",") + 1
+        out, k = tito["ids"], len(tito["ids"])
+        choice = {
+            "index": 0,
+            "text": tito["text"],
+            "token_ids": out,
+            "logprobs": {
+                "token_logprobs": [-0.5] * k,
+                "tokens": ["x"] * k,
+                "top_logprobs": None,
+                "text_offset": [0] * k,
+            },
+            "finish_reason": "stop",
+            "stop_reason": None,
+        }
+        head = orjson.dumps(
+            {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "created": 1,
+                "model": "m",
+                "choices": [choice],
+                "usage": {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k},
+            }
+        )
+        # vLLM puts the prompt's ids in the choice (return_token_ids): the echo is what it costs
+        cut = head.index(b'"finish_reason"')
+        return web.Response(
+            body=head[:cut] + b'"prompt_token_ids":' + ids + b"," + head[cut:],
+            content_type="application/json",
+        )
+
     app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
 
@@ -609,6 +650,97 @@ def interleave_run(tmp: Path, durability: str, sessions: int, turns: int) -> dic
     finally:
         st.stop()
     return {"durability": durability, "sessions": sessions, "rows": rows, "rss_mb": rss, "load": _load()}
+
+
+def tito_run(tmp: Path, turns: int, durability: str = "wal") -> dict[str, Any]:
+    """One SWE-like session through ``serve --mode tito`` (the proxy renders each prompt with the
+    demo tokenizer's chat template, reuses the branch's exact ids and sends ids to the fake's vLLM
+    token endpoint, which answers at once with a tool call); the answer and a tool result go back
+    in the next request, as a harness sends them. Proxy CPU per call by turn, each call recorded
+    before the next."""
+    import sqlite3
+    from types import SimpleNamespace
+
+    from orchard_rec.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("demo")
+    text = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls -la src"}}\n</tool_call>'
+    ids = [*tok.encode(text, add_special_tokens=False).ids, tok.token_to_id("<|im_end|>")]
+    answer = {"LH_TITO_ANSWER": json.dumps({"ids": ids, "text": text})}
+    st = FastStack(tmp, durability, name="tito", mode="tito", env_extra=answer)
+    s = Session(11)
+    h = Http(st.port)
+    rows = []
+    written = st.written()
+    try:
+        for k in range(1, turns + 1):
+            s.add_command()
+            body = json.dumps({"model": "m", "tools": TOOLS, "messages": s.messages}).encode()
+            m0, o0 = _threads_cpu(st.proxy.pid)
+            t0 = time.perf_counter()
+            got = json.loads(h.post("/s/tito-1/v1/chat/completions", body))
+            lat = time.perf_counter() - t0
+            written += 1
+            st.settle(written)
+            m1, o1 = _threads_cpu(st.proxy.pid)
+            msg = got["choices"][0]["message"]
+            s.messages.append(
+                {"role": "assistant", "content": msg.get("content"), "tool_calls": msg["tool_calls"]}
+            )
+            s.add_result(SimpleNamespace(id=msg["tool_calls"][0]["id"]))
+            rows.append(
+                {
+                    "turn": k,
+                    "tokens": got["usage"]["prompt_tokens"],
+                    "cpu_ms": (m1 - m0 + o1 - o0) * 1e3,
+                    "loop_ms": (m1 - m0) * 1e3,
+                    "other_ms": (o1 - o0) * 1e3,
+                    "latency_ms": lat * 1e3,
+                }
+            )
+        con = sqlite3.connect(st.db.removeprefix("sqlite:///"))
+        try:
+            meta = [json.loads(m)["tito"] for (m,) in con.execute("SELECT metadata FROM calls ORDER BY seq")]
+        finally:
+            con.close()
+    finally:
+        st.stop()
+    return {
+        "durability": durability,
+        "rows": rows,
+        "fresh": sum(1 for m in meta if m.get("fresh")),
+        "calls": len(meta),
+        "load": _load(),
+    }
+
+
+def _tito_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
+    rows, n, d = r["rows"], len(r["rows"]), r["durability"]
+    out = [
+        "",
+        f"Tito (`serve --mode tito --tokenizer demo {_flags(d)}`, fake vLLM token endpoint answering at once,"
+        f" SQLite): one session of {n} turns, the answer and a tool result sent back each turn, each call"
+        f" recorded before the next; {r['calls'] - r['fresh']} of {r['calls']} calls continued the session's"
+        f" branch ({r['load']}):",
+        "",
+        "| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | other threads | latency ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
+        sel = [x for x in rows if lo <= x["turn"] <= hi]
+        if not sel:
+            continue
+        vals = [_bucket(rows, lo, hi, k) or 0.0 for k in ("cpu_ms", "loop_ms", "other_ms", "latency_ms")]
+        out.append(
+            f"| {lo}-{hi} | ~{sel[-1]['tokens']:,} | {vals[0]:.2f} | {vals[1]:.2f} | {vals[2]:.2f} | {vals[3]:.1f} |"
+        )
+    early, late = _bucket(rows, 1, 5, "cpu_ms"), _bucket(rows, n - 9, n, "cpu_ms")
+    if early and late:
+        verdicts.append(
+            f"- Proxy CPU per call late <= 2x early, tito ({d}): {late:.2f} / {early:.2f} ms ="
+            f" {late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
+        )
+    return out
 
 
 def _interleave_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
@@ -710,11 +842,18 @@ class FastStack:
     """The fake upstream and a proxy (``--durability``, and ``--db-writer`` after a ``+``) on a
     fresh SQLite database."""
 
-    def __init__(self, tmp: Path, durability: str, name: str | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        durability: str,
+        name: str | None = None,
+        mode: str = "token",
+        env_extra: dict[str, str] | None = None,
+    ) -> None:
         name = name or durability  # of the database and spool files
         durability, _, writer = durability.partition("+")
         self.up_port, self.port = _free_port(), _free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
         if writer:
             env["ORCHARD_DB_WRITER"] = writer
         self.up = subprocess.Popen(
@@ -727,7 +866,8 @@ class FastStack:
                 *CLI,
                 "serve",
                 "--mode",
-                "token",
+                mode,
+                *(["--tokenizer", "demo"] if mode == "tito" else []),
                 "--durability",
                 durability,
                 "--upstream",
@@ -1210,6 +1350,12 @@ def main() -> None:
     ap.add_argument(
         "--before", default=None, help="with --render: a --json of the same run on an earlier tree, compared"
     )
+    ap.add_argument(
+        "--tito",
+        type=int,
+        default=200,
+        help="turns of one session through serve --mode tito: proxy CPU per call by turn (0 skips it)",
+    )
     ap.add_argument("--fake-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.fake_upstream is not None:
@@ -1277,6 +1423,9 @@ def main() -> None:
             r = interleave_run(tmp, d, a.interleave, a.fast_turns)
             print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
             results["interleave"].append(r)
+    if a.tito:
+        results["tito"] = tito_run(tmp, a.tito)
+        print(json.dumps({k: v for k, v in results["tito"].items() if k != "rows"}), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     section = report(results, a)
@@ -1314,7 +1463,7 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
     verdicts: list[str] = []
     extra: list[str] = []
     for backend, res in results.items():
-        if backend in ("fast", "inproc", "before", "interleave"):
+        if backend in ("fast", "inproc", "before", "interleave", "tito"):
             continue
         runs = {r["turns"]: r for r in res["runs"]}
         for t, r in sorted(runs.items()):
@@ -1379,6 +1528,8 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> str:
         extra += _fast_report(r, verdicts)
     for r in results.get("interleave", []):
         extra += _interleave_report(r, verdicts)
+    if "tito" in results:
+        extra += _tito_report(results["tito"], verdicts)
     lines += [*extra, "", "Targets of issue 16 measured here:", "", *verdicts, ""]
     return "\n".join(lines)
 

@@ -593,6 +593,11 @@ def derive_upstream(
             keys.append([k, "r"])
             continue
         if prompt_ids is not None and isinstance(v, list) and v:
+            if len(v) == len(prompt_ids) and hasattr(prompt_ids, "array"):  # a ``delta.Ids``: memcmp
+                pa = _int_array(prompt_ids)
+                if pa is not None and pa == _int_array(v):
+                    keys.append([k, "p"])
+                    continue
             if plist is None:
                 plist = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
             if len(v) == len(plist) and v == plist:

@@ -398,3 +398,22 @@ def test_common_prefix_of_ids_tuples_lists_and_arrays_alike() -> None:
         for xa in (Ids(x), tuple(x), list(x), array("i", x)):
             for ya in (Ids(y), tuple(y), list(y), (*y, 1 << 40), array("i", y)):
                 assert layout.common_prefix(xa, ya) == naive(list(xa), list(ya)), (x, y)
+
+
+def test_tito_prompt_ids_as_4_byte_arrays_are_derived_as_before() -> None:
+    """A tito prompt reaches the writer as a ``delta.Ids`` (``capture._ints``); the upstream body's
+    ``prompt`` list is still known for the recorded ids, compared as arrays."""
+    from orchard_rec.proxy.capture import _ints
+    from orchard_rec.storage.delta import Ids
+
+    ids = [(k * 7919) % 150_000 for k in range(5000)]
+    got = _ints(list(ids))
+    assert isinstance(got, Ids) and got == ids and list(got) == ids
+    assert _ints([1.0] * 300) == (1,) * 300 and _ints(["a"] * 300) is None  # as before: int() each
+    assert _ints([2**40] * 300) == (2**40,) * 300  # past 4 bytes: a tuple
+    up = {"model": "m", "prompt": list(ids), "max_tokens": 9}
+    recipe, _ = layout.derive_upstream(up, {"model": "m"}, got)
+    assert ["prompt", "p"] in recipe["k"]
+    other = _ints([*ids[:-1], 1])
+    recipe, _ = layout.derive_upstream(up, {"model": "m"}, other)
+    assert ["prompt", "p"] not in recipe["k"]
