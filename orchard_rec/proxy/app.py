@@ -665,7 +665,10 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             raise UsageError(
                 "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
             )
-        app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer))
+        # ORCHARD_TITO_RENDER=whole: every call renders its whole conversation (measurement, a template
+        # whose non-locality the probe and the sampled checks might miss)
+        whole = os.environ.get("ORCHARD_TITO_RENDER", "").strip().lower() == "whole"
+        app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer), incremental=not whole)
         app[TITO].source = StoreHistory(app[STORE], app[TITO].tok)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
