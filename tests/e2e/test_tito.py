@@ -7,6 +7,8 @@ upstream received (its own log) extend each other exactly, turn after turn."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from factories import session_base
 
@@ -106,3 +108,31 @@ def test_a_turn_cut_at_max_tokens_is_continued_with_its_exact_ids(
     assert list(b.prompt_ids)[: len(head)] == head
     [sample] = reconstruct_session([a, b])
     assert sample.tokens == list(b.prompt_ids) + list(b.completion_ids)
+
+
+def test_a_long_session_is_exact_with_the_prompt_echo_cut(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    """Past 16 kB the server's echo of the prompt (``prompt_token_ids``) is cut out of its answer
+    rather than parsed on the event loop, and calls render only what is new (``TitoSessions``):
+    every prompt still extends the last with the exact ids, and the records hold what was sent."""
+    import openai
+
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo")
+    client = openai.OpenAI(base_url=f"{proxy.url}/s/long/v1", api_key="x", max_retries=0)
+    msgs: list[dict] = [{"role": "system", "content": "S"}]  # type: ignore[type-arg]
+    for t in range(8):
+        msgs.append(
+            {"role": "user", "content": f"step {t}: " + " ".join(f"word{k % 97}" for k in range(1500))}
+        )
+        r = client.chat.completions.create(model="m", messages=msgs)  # type: ignore[arg-type]
+        msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+    proxy.flush()
+    calls = proxy.store().calls("long")
+    assert len(calls) == 8 and [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * 7
+    assert len(calls[-1].prompt_ids) > 16_000
+    for a, b in itertools.pairwise(calls):
+        head = list(a.prompt_ids) + list(a.completion_ids)
+        assert list(b.prompt_ids)[: len(head)] == head
+    sent = [b["prompt"] for _, b in upstream.fake.log[-8:]]
+    assert [list(c.prompt_ids) for c in calls] == sent
+    [sample] = reconstruct_session(calls)
+    assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
