@@ -394,7 +394,7 @@ class TitoSessions:
             b = Branch(r.branch, prompt + r.completion, text, images=digests)
             if self.incremental and r.messages:
                 b.seen, b.tools = r.messages, r.tools
-                b.tail = self._tail(r.messages, r.answer, r.tools, r.completion)
+                b.tail = self.branch_text(self.context(r.messages), r.answer, r.tools, r.completion)
             sess.branches.append(b)
         sess.next_index = max((b.index for b in sess.branches), default=-1) + 1
         with self._lock:
@@ -422,16 +422,6 @@ class TitoSessions:
         """The rendering a branch's exact ids stand for: the conversation up to the answer."""
         return self.covered(self.render(messages + [answer], tools, False), completion)
 
-    def _tail(
-        self,
-        messages: list[dict[str, Any]],
-        answer: dict[str, Any],
-        tools: list[dict[str, Any]] | None,
-        completion: list[int],
-    ) -> str:
-        """``Branch.tail``: the context of ``messages`` and the answer, rendered and covered."""
-        return self.covered(self.render(self.context(messages) + [answer], tools, False), completion)
-
     def _grown(
         self,
         messages: list[dict[str, Any]],
@@ -448,7 +438,7 @@ class TitoSessions:
             return self.branch_text(messages, answer, tools, completion), None
         ctx = self.context(messages)
         opened = self.render(ctx, tools, True)
-        tail = self.covered(self.render(ctx + [answer], tools, False), completion)
+        tail = self.branch_text(ctx, answer, tools, completion)  # ``Branch.tail``
         if not tail.startswith(opened):
             return self.branch_text(messages, answer, tools, completion), tail
         return prompt_text + tail[len(opened) :], tail
