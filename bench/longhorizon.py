@@ -714,16 +714,15 @@ def tito_run(tmp: Path, turns: int, durability: str = "wal") -> dict[str, Any]:
     }
 
 
-def _tito_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
-    rows, n, d = r["rows"], len(r["rows"]), r["durability"]
+def _by_turn(rows: list[dict[str, Any]], head: str, other: str, what: str, verdicts: list[str]) -> list[str]:
+    """A per-turn CPU table (early, a quarter, half, the last ten turns) under ``head``, and the
+    late/early verdict for ``what``."""
+    n = len(rows)
     out = [
         "",
-        f"Tito (`serve --mode tito --tokenizer demo {_flags(d)}`, fake vLLM token endpoint answering at once,"
-        f" SQLite): one session of {n} turns, the answer and a tool result sent back each turn, each call"
-        f" recorded before the next; {r['calls'] - r['fresh']} of {r['calls']} calls continued the session's"
-        f" branch ({r['load']}):",
+        head,
         "",
-        "| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | other threads | latency ms |",
+        f"| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | {other} | latency ms |",
         "|---|---|---|---|---|---|",
     ]
     for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
@@ -737,39 +736,33 @@ def _tito_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
     early, late = _bucket(rows, 1, 5, "cpu_ms"), _bucket(rows, n - 9, n, "cpu_ms")
     if early and late:
         verdicts.append(
-            f"- Proxy CPU per call late <= 2x early, tito ({d}): {late:.2f} / {early:.2f} ms ="
+            f"- Proxy CPU per call late <= 2x early, {what}: {late:.2f} / {early:.2f} ms ="
             f" {late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
         )
     return out
 
 
+def _tito_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
+    d = r["durability"]
+    head = (
+        f"Tito (`serve --mode tito --tokenizer demo {_flags(d)}`, fake vLLM token endpoint answering at once,"
+        f" SQLite): one session of {len(r['rows'])} turns, the answer and a tool result sent back each turn, each"
+        f" call recorded before the next; {r['calls'] - r['fresh']} of {r['calls']} calls continued the"
+        f" session's branch ({r['load']}):"
+    )
+    return _by_turn(r["rows"], head, "other threads", f"tito ({d})", verdicts)
+
+
 def _interleave_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
-    rows, n, d = r["rows"], len(r["rows"]), r["durability"]
-    out = [
-        "",
+    d = r["durability"]
+    head = (
         f"{r['sessions']} sessions interleaved (fast upstream, `{_flags(d)}`, SQLite): a call of each"
         f" session per round, each round recorded before the next, so from one call to the next of a session"
         f" {r['sessions'] - 1} other sessions' calls went through the proxy's per-session caches"
-        f" ({r['load']}; proxy RSS at the end {r['rss_mb']:.0f} MB):",
-        "",
-        "| turns | context (tokens) | proxy CPU ms / call | event loop (main thread) | other threads (writer) | latency ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for lo, hi in ((1, 5), (n // 4 - 4, n // 4), (n // 2 - 4, n // 2), (n - 9, n)):
-        sel = [x for x in rows if lo <= x["turn"] <= hi]
-        if not sel:
-            continue
-        vals = [_bucket(rows, lo, hi, k) or 0.0 for k in ("cpu_ms", "loop_ms", "other_ms", "latency_ms")]
-        out.append(
-            f"| {lo}-{hi} | ~{sel[-1]['tokens']:,} | {vals[0]:.2f} | {vals[1]:.2f} | {vals[2]:.2f} | {vals[3]:.1f} |"
-        )
-    early, late = _bucket(rows, 1, 5, "cpu_ms"), _bucket(rows, n - 9, n, "cpu_ms")
-    if early and late:
-        verdicts.append(
-            f"- Proxy CPU per call late <= 2x early, {r['sessions']} sessions interleaved ({d}): {late:.2f} /"
-            f" {early:.2f} ms = {late / early:.1f}x -> **{'met' if late <= 2 * early else 'not met'}**"
-        )
-    return out
+        f" ({r['load']}; proxy RSS at the end {r['rss_mb']:.0f} MB):"
+    )
+    what = f"{r['sessions']} sessions interleaved ({d})"
+    return _by_turn(r["rows"], head, "other threads (writer)", what, verdicts)
 
 
 class HttpError(RuntimeError):
