@@ -239,3 +239,22 @@ def test_image_digests_are_computed_once_per_image(monkeypatch: pytest.MonkeyPat
     first = chat_images(msgs)
     again = chat_images(copy.deepcopy(msgs))
     assert first == again and len(first) == 1 and decoded == [url]
+
+
+@pytest.mark.parametrize(("env", "small"), [("", True), ("whole", False), ("WHOLE ", False)])
+def test_orchard_tito_render_whole_turns_small_renderings_off(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, env: str, small: bool
+) -> None:
+    from orchard_rec.proxy.app import TITO, build_app
+    from orchard_rec.proxy.config import ProxyConfig
+
+    monkeypatch.setenv("ORCHARD_TITO_RENDER", env)
+    cfg = ProxyConfig(
+        upstream="http://127.0.0.1:9/v1",
+        db=f"sqlite:///{tmp_path / 'o.db'}",
+        spool=str(tmp_path / "spool"),
+        mode="tito",
+        tokenizer="demo",
+    )
+    app = build_app(cfg)
+    assert app[TITO].incremental is small
