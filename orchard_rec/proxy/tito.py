@@ -180,6 +180,8 @@ class TitoSessions:
         """Calls planned from a small rendering."""
         self.checked = 0
         """Of those, checked against the whole rendering."""
+        self.grown = 0
+        """Branch texts extended by an answer's small rendering (checked on the same schedule)."""
         self._probed = False
 
     def render(
@@ -313,7 +315,7 @@ class TitoSessions:
                 continue
             new = small[len(tail) :]
             self.small += 1
-            if self.small <= 8 or self.small % self.verify_every == 0:
+            if self._due(self.small):
                 self.checked += 1
                 full = self.render(messages, tools, True)
                 if not (full.startswith(text) and full[len(text) :] == new):
@@ -321,6 +323,10 @@ class TitoSessions:
                     return None
             return b, version, tokens, text, new
         return None
+
+    def _due(self, n: int) -> bool:
+        """Whether the ``n``-th small rendering is checked against the whole one."""
+        return n <= 8 or n % self.verify_every == 0
 
     def _turn_off(self, why: str, want: str, got: str) -> None:
         at = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
@@ -344,7 +350,7 @@ class TitoSessions:
                 for k, nxt in zip(answers, [*answers[1:], len(conv)], strict=True):
                     request, answer = conv[:k], conv[k]
                     for end in endings:
-                        text, tail = self._grown(
+                        text, tail, _ = self._grown(
                             request, answer, tools, [end], self.render(request, tools, True)
                         )
                         want = self.branch_text(request, answer, tools, [end])
@@ -429,19 +435,20 @@ class TitoSessions:
         tools: list[dict[str, Any]] | None,
         completion: list[int],
         prompt_text: str | None,
-    ) -> tuple[str, str | None]:
-        """``(branch text, tail)`` after this answer: the prompt's rendering + the answer's
-        rendering past the generation prompt (both from small renderings, the context's), when
-        the template renders an answer as its generation prompt continued; else the whole
-        conversation rendered. The tail is None when small renderings are off."""
+    ) -> tuple[str, str | None, bool]:
+        """``(branch text, tail, whether the text came from small renderings)`` after this answer:
+        the prompt's rendering + the answer's rendering past the generation prompt (both from
+        small renderings, the context's), when the template renders an answer as its generation
+        prompt continued; else the whole conversation rendered. The tail is None when small
+        renderings are off."""
         if not self.incremental or prompt_text is None or not messages:
-            return self.branch_text(messages, answer, tools, completion), None
+            return self.branch_text(messages, answer, tools, completion), None, False
         ctx = self.context(messages)
         opened = self.render(ctx, tools, True)
         tail = self.branch_text(ctx, answer, tools, completion)  # ``Branch.tail``
         if not tail.startswith(opened):
-            return self.branch_text(messages, answer, tools, completion), tail
-        return prompt_text + tail[len(opened) :], tail
+            return self.branch_text(messages, answer, tools, completion), tail, False
+        return prompt_text + tail[len(opened) :], tail, True
 
     def commit(
         self,
@@ -460,12 +467,14 @@ class TitoSessions:
         the whole conversation rendered again."""
         if key is None:
             return None
-        text, tail = self._grown(messages, answer, tools, completion, prompt_text)
-        if tail is not None and self.incremental and (self.small <= 8 or self.small % self.verify_every == 0):
-            want = self.branch_text(messages, answer, tools, completion)
-            if want != text:
-                self._turn_off("an answer's small rendering differed from the whole one", want, text)
-                text, tail = want, None
+        text, tail, small = self._grown(messages, answer, tools, completion, prompt_text)
+        if small:
+            self.grown += 1
+            if self._due(self.grown):
+                want = self.branch_text(messages, answer, tools, completion)
+                if want != text:
+                    self._turn_off("an answer's small rendering differed from the whole one", want, text)
+                    text, tail = want, None
         digests = tuple(d for _, d in self.images(messages))
         seen, btools = (messages, tools) if tail is not None else (None, None)
         with self._lock:
