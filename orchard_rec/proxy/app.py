@@ -76,6 +76,7 @@ from orchard_rec.proxy.tito import (
     synth_chunks,
     upstream_request,
     upstream_url,
+    wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
@@ -325,16 +326,23 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     chat = chat_of(cap.dialect, body)
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
-    prompt, branch, version, decision, rendered = await asyncio.to_thread(tito.plan, key, messages, tools)
+    plan = await asyncio.to_thread(tito.plan, key, messages, tools)
+    prompt, branch, version, decision, rendered = plan[:5]
     images = [u for u, _ in tito.images(messages)]  # a VLM's images go with the ids (tito.py)
-    path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
+    if images:  # the server expands them: what it ran is recorded (``server_prompt``), not these
+        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images)
+        wire = orjson.dumps(up_body)
+    else:  # the prompt's ``Ids`` in the body (the record's prompt by identity), its JSON kept
+        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
+        wire = wire_body(up_body, prompt, plan.json)
     cap.upstream_request = up_body
+    cap.upstream_raw = wire
     cap.upstream_dialect = Dialect.COMPLETIONS
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
     with _upstream_errors(cap, cfg.upstream):
         async with app[UPSTREAM].post(
-            upstream_url(cfg.upstream_kind, cfg.upstream, path), data=orjson.dumps(up_body), headers=headers
+            upstream_url(cfg.upstream_kind, cfg.upstream, path), data=wire, headers=headers
         ) as up:
             cap.first_byte_at = time.time()
             data = await up.read()
@@ -376,7 +384,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
     # the template's closing tokens come with the next turn's (``Tito.covered``)
     branch_index = await asyncio.to_thread(
-        tito.commit, key, branch, version, prompt, ids, messages, answer, tools, rendered
+        tito.commit, key, branch, version, prompt, ids, messages, answer, tools, rendered, plan.json
     )
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:

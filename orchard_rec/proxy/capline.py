@@ -59,6 +59,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.reqparse import RequestCache
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.storage.delta import Ids
 from orchard_rec.storage.spool import FORMAT, SpoolFormatError, load_line, record_from_dict
 from orchard_rec.storage.store import Store
 
@@ -117,7 +118,16 @@ _ENUMS: dict[str, type[Dialect] | type[CallOutcome]] = {
     "upstream_dialect": Dialect,
     "outcome": CallOutcome,
 }
-PARTS: tuple[str, ...] = ("request_raw", "request", "upstream_request", "tokens", "body", "chunks", "id_cut")
+PARTS: tuple[str, ...] = (
+    "request_raw",
+    "request",
+    "upstream_request",
+    "upstream_raw",
+    "tokens",
+    "body",
+    "chunks",
+    "id_cut",
+)
 """The slots a line holds in its own form: ``request``, ``upstream``, ``tokens``, ``answer``."""
 LIVE_ONLY: tuple[str, ...] = ("request_base", "complete", "submitted")
 """The slots no line holds: the response path's hints and state (a record is the same without them)."""
@@ -331,7 +341,7 @@ class Encoder:
             return {"recipe": recipe}
         if sid is not None and type(up) is dict and isinstance(up.get("messages"), list):
             return self._messages(cap, up, sid, offers)
-        data = orjson.dumps(up)
+        data = cap.upstream_raw if cap.upstream_raw is not None else orjson.dumps(up, default=_default)
         out: list[Any] | None = None
         if sid is not None and len(data) >= _SMALL:
             base = self.bases.get("up", sid)
@@ -505,6 +515,8 @@ def _prompt_at(cap: Capture, answer: bytes) -> tuple[int, int] | None:
 def _default(v: Any) -> Any:
     if isinstance(v, tuple):
         return list(v)
+    if isinstance(v, Ids):
+        return v.tolist()
     raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 
@@ -616,6 +628,7 @@ class Decoder:
             else:
                 data = self._bytes(up["bytes"])
                 cap.upstream_request = orjson.loads(data)
+                cap.upstream_raw = data
                 if offers.get("up"):
                     self._offer("up", sid, cap.call_id, data)
         t = d["tokens"]

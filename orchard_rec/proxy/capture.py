@@ -58,6 +58,7 @@ class Capture:
         "submitted",
         "tokens",
         "upstream_dialect",
+        "upstream_raw",
         "upstream_request",
     )
 
@@ -79,6 +80,9 @@ class Capture:
         base_raw[len(base_raw) - S:]`` (``proxy.reqparse``; the base may be a call of another
         session with the same bytes, or one that was refused later and never recorded)."""
         self.upstream_request: Any = None
+        self.upstream_raw: bytes | None = None
+        """``upstream_request`` as sent, where the handler serialized it (tito: its prompt's ids
+        are an ``Ids`` there, written from their kept JSON): the spool line reuses the bytes."""
         self.stream = False
         self.status_code: int | None = None
         self.outcome = CallOutcome.OK
@@ -237,6 +241,8 @@ def _ints(v: Any, known: list[Known] | None = None) -> Sequence[int] | None:
     """``v`` as a tuple of ints; ``known``: arrays ``IdParser`` parsed as ints only, with their
     ids (no conversion needed: a prompt's ``Ids`` as it is). A stream's reassembly copies the
     list: compared then, at pointer speed (the same int objects)."""
+    if isinstance(v, Ids):  # tito's prompt: the branch's ids, extended
+        return v
     for val, t, _, _ in known or ():
         if v is val:
             return t

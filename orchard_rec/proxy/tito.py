@@ -46,8 +46,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -56,10 +57,12 @@ from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.protocol.images import decode_data_url
 from orchard_rec.reconstruct.vision import image_token_id
 from orchard_rec.records import Dialect
+from orchard_rec.storage.delta import Ids
 
 __all__ = [
     "Branch",
     "HistorySource",
+    "Plan",
     "Recorded",
     "TitoSessions",
     "chat_images",
@@ -68,6 +71,7 @@ __all__ = [
     "collapse_images",
     "parse_generation",
     "synth_chunks",
+    "wire_body",
 ]
 
 log = logging.getLogger("orchard_rec.tito")
@@ -81,10 +85,14 @@ _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
 @dataclass
 class Branch:
     index: int
-    tokens: list[int]
-    """The last call's prompt ids + the ids the model generated."""
+    tokens: Ids
+    """The last call's prompt ids + the ids the model generated: a next prompt extends them in
+    the same buffer (``Ids.extend``), so neither it nor the writer copies the ids it shares."""
     text: str
     """The template's rendering of the conversation up to and including that answer."""
+    json: bytes
+    """``tokens`` as a JSON array less its closing ``]``: a next prompt's JSON is this, a comma
+    and its new ids' (the upstream body is not serialized whole: ``wire_body``)."""
     version: int = 0
     images: tuple[str, ...] = ()
     """Digests of the images ``tokens`` show (one placeholder each), in order."""
@@ -118,6 +126,44 @@ class Recorded:
     messages: list[dict[str, Any]]
     answer: dict[str, Any]
     tools: list[dict[str, Any]] | None
+
+
+class Plan(NamedTuple):
+    """What ``TitoSessions.plan`` decided for a request."""
+
+    prompt: Ids
+    branch: Branch | None
+    version: int
+    """The branch's version as read (``commit`` extends it only if nobody did meanwhile)."""
+    decision: dict[str, Any]
+    text: str
+    """The prompt's rendering."""
+    json: bytes
+    """The prompt's ids as a JSON array (``wire_body``)."""
+
+
+def _open_json(ids: list[int]) -> bytes:
+    """``ids`` as a JSON array less its closing ``]``."""
+    return orjson.dumps(ids)[:-1]
+
+
+def _extend_json(head: bytes | memoryview, ids: list[int], close: bool) -> bytes:
+    """An open JSON array (``Branch.json``) extended by ``ids``; closed with ``]`` if ``close``.
+    One copy of ``head`` (a memcpy), the new ids serialized."""
+    parts = [head]
+    if ids:
+        if len(head) > 1:
+            parts.append(b",")
+        parts.append(orjson.dumps(ids)[1:-1])
+    if close:
+        parts.append(b"]")
+    return b"".join(parts)
+
+
+def wire_body(body: dict[str, Any], prompt: Any, prompt_json: bytes) -> bytes:
+    """``orjson.dumps(body)`` where the value that is ``prompt`` (the prompt's ``Ids``) is written
+    as ``prompt_json`` (its JSON, ``Plan.json``): no pass over 150k ids per call."""
+    return orjson.dumps({k: orjson.Fragment(prompt_json) if v is prompt else v for k, v in body.items()})
 
 
 class HistorySource(Protocol):
@@ -237,18 +283,20 @@ class TitoSessions:
 
     def plan(
         self, key: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[list[int], Branch | None, int, dict[str, Any], str]:
-        """``(prompt_ids, branch or None, branch version, decision, the prompt's rendering)``."""
+    ) -> Plan:
+        """The prompt's ids for this request: the branch it continues (its ids extended by the
+        template's ids for what is new) or a fresh rendering."""
         if key is not None and self.source is not None:
             self._sync(key)
-        snapshot: list[tuple[Branch, int, list[int], str, Any, Any, str | None]] = []
+        snapshot: list[tuple[Branch, int, Ids, str, Any, Any, str | None, bytes]] = []
         if key is not None:
             with self._lock:
                 sess = self._sessions.get(key)
                 if sess is not None:
                     self._sessions.move_to_end(key)
                     snapshot = [
-                        (b, b.version, b.tokens, b.text, b.seen, b.tools, b.tail) for b in sess.branches
+                        (b, b.version, b.tokens, b.text, b.seen, b.tools, b.tail, b.json)
+                        for b in sess.branches
                     ]
         else:
             sess = None
@@ -258,33 +306,42 @@ class TitoSessions:
                 self._probe()
             got = self._small(snapshot, messages, tools) if self.incremental else None
             if got is not None:
-                b, version, tokens, text, new = got
-                prompt = tokens + self.encode(new)
-                self._check_images(prompt, digests)
-                return prompt, b, version, {"branch": b.index, "fresh": False}, text + new
+                b, version, tokens, text, tjson, new = got
+                plan = self._extend(b, version, tokens, tjson, self.encode(new), text + new)
+                self._check_images(plan.prompt, digests)
+                return plan
         full = self.render(messages, tools, True)
-        best: tuple[Branch, int, list[int], str] | None = None
-        for b, version, tokens, text, _, _, _ in snapshot:
+        best: tuple[Branch, int, Ids, str, bytes] | None = None
+        for b, version, tokens, text, _, _, _, tjson in snapshot:
             if (
                 full.startswith(text)
                 and digests[: len(b.images)] == b.images
                 and (best is None or len(text) > len(best[3]))
             ):
-                best = (b, version, tokens, text)
+                best = (b, version, tokens, text, tjson)
         if best is not None:
-            b, version, tokens, text = best
-            prompt = tokens + self.encode(full[len(text) :])
-            self._check_images(prompt, digests)
-            return prompt, b, version, {"branch": b.index, "fresh": False}, full
+            b, version, tokens, text, tjson = best
+            plan = self._extend(b, version, tokens, tjson, self.encode(full[len(text) :]), full)
+            self._check_images(plan.prompt, digests)
+            return plan
         if key is None:
             decision: dict[str, Any] = {"fresh": True, "reason": "no session"}
         elif sess is None:
             decision = {"fresh": True, "reason": "first call of the session"}
         else:
             decision = {"fresh": True, "reason": "history differs from every branch of this session"}
-        prompt = self.encode(full)
+        ids = self.encode(full)
+        prompt = Ids(ids)
         self._check_images(prompt, digests)
-        return prompt, None, 0, decision, full
+        return Plan(prompt, None, 0, decision, full, orjson.dumps(ids))
+
+    def _extend(self, b: Branch, version: int, tokens: Ids, tjson: bytes, new: list[int], text: str) -> Plan:
+        """The plan continuing branch ``b`` (``tokens`` and ``tjson`` as read) with ``new`` ids."""
+        with self._lock:  # two calls extending one buffer at once: the second copies (``Ids.extend``)
+            prompt = tokens.extend(new)
+        return Plan(
+            prompt, b, version, {"branch": b.index, "fresh": False}, text, _extend_json(tjson, new, True)
+        )
 
     @staticmethod
     def context(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -296,15 +353,15 @@ class TitoSessions:
 
     def _small(
         self,
-        snapshot: list[tuple[Branch, int, list[int], str, Any, Any, str | None]],
+        snapshot: list[tuple[Branch, int, Ids, str, Any, Any, str | None, bytes]],
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-    ) -> tuple[Branch, int, list[int], str, str] | None:
-        """The branch this request continues (with its version, ids and text as read) and what the
-        prompt's rendering has past that text (the small rendering past the branch's tail); None
-        when none fits (the whole rendering decides)."""
+    ) -> tuple[Branch, int, Ids, str, bytes, str] | None:
+        """The branch this request continues (with its version, ids, text and ids' JSON as read)
+        and what the prompt's rendering has past that text (the small rendering past the branch's
+        tail); None when none fits (the whole rendering decides)."""
         order = sorted(snapshot, key=lambda t: len(t[4]) if t[4] is not None else -1, reverse=True)
-        for b, version, tokens, text, seen, btools, tail in order:
+        for b, version, tokens, text, seen, btools, tail, tjson in order:
             if seen is None or tail is None:
                 continue
             p = len(seen)
@@ -321,7 +378,7 @@ class TitoSessions:
                 if not (full.startswith(text) and full[len(text) :] == new):
                     self._turn_off("a small rendering differed from the whole one", full, text + new)
                     return None
-            return b, version, tokens, text, new
+            return b, version, tokens, text, tjson, new
         return None
 
     def _due(self, n: int) -> bool:
@@ -370,7 +427,7 @@ class TitoSessions:
             self.incremental = False
             log.info("tito: rendering whole conversations (%s)", self.off_reason)
 
-    def _check_images(self, prompt: list[int], digests: tuple[str, ...]) -> None:
+    def _check_images(self, prompt: Ids, digests: tuple[str, ...]) -> None:
         if self.image_token is None or not digests:
             return
         n = prompt.count(self.image_token)
@@ -397,7 +454,8 @@ class TitoSessions:
             text = self.branch_text(r.messages, r.answer, r.tools, r.completion)
             prompt = r.prompt if self.image_token is None else collapse_images(r.prompt, self.image_token)
             digests = tuple(d for _, d in self.images(r.messages))
-            b = Branch(r.branch, prompt + r.completion, text, images=digests)
+            ids = [*prompt, *r.completion]
+            b = Branch(r.branch, Ids(ids), text, _open_json(ids), images=digests)
             if self.incremental and r.messages:
                 b.seen, b.tools = r.messages, r.tools
                 b.tail = self.branch_text(self.context(r.messages), r.answer, r.tools, r.completion)
@@ -455,18 +513,24 @@ class TitoSessions:
         key: str | None,
         branch: Branch | None,
         version: int,
-        prompt: list[int],
+        prompt: Ids,
         completion: list[int],
         messages: list[dict[str, Any]],
         answer: dict[str, Any],
         tools: list[dict[str, Any]] | None,
         prompt_text: str | None = None,
+        prompt_json: bytes | None = None,
     ) -> int | None:
         """Record the new exact history; returns the branch index (None without a session).
         ``prompt_text``: the prompt's rendering (``plan``'s), extended by the answer's instead of
-        the whole conversation rendered again."""
+        the whole conversation rendered again; ``prompt_json``: its ids' JSON (``plan``'s)."""
         if key is None:
             return None
+        if not isinstance(prompt, Ids):
+            prompt = Ids(prompt)
+        if prompt_json is None:
+            prompt_json = orjson.dumps(list(prompt))
+        tjson = _extend_json(memoryview(prompt_json)[:-1], completion, False)
         text, tail, small = self._grown(messages, answer, tools, completion, prompt_text)
         if small:
             self.grown += 1
@@ -484,13 +548,14 @@ class TitoSessions:
                 while len(self._sessions) > self.max_sessions:
                     self._sessions.popitem(last=False)
             self._sessions.move_to_end(key)
+            tokens = prompt.extend(completion)
             if branch is not None and branch in sess.branches and branch.version == version:
-                branch.tokens, branch.text, branch.version = prompt + completion, text, version + 1
+                branch.tokens, branch.text, branch.json, branch.version = tokens, text, tjson, version + 1
                 branch.images = digests
                 branch.seen, branch.tools, branch.tail = seen, btools, tail
                 return branch.index
             nb = Branch(
-                sess.next_index, prompt + completion, text, images=digests, seen=seen, tools=btools, tail=tail
+                sess.next_index, tokens, text, tjson, images=digests, seen=seen, tools=btools, tail=tail
             )  # a fork: a concurrent call or a fresh render
             sess.next_index += 1
             sess.branches.append(nb)
@@ -809,7 +874,7 @@ GENERATE_PATH = "inference/v1/generate"
 
 
 def upstream_request(
-    kind: str, chat: dict[str, Any], prompt: list[int], images: list[str] | None = None
+    kind: str, chat: dict[str, Any], prompt: Sequence[int], images: list[str] | None = None
 ) -> tuple[str, dict[str, Any]]:
     """``(path, body)`` for the upstream's token endpoint; ``images``: the prompt's image URLs
     in order (vLLM's ``/inference/v1/generate`` with ``content_parts``)."""
@@ -896,7 +961,7 @@ def upstream_url(kind: str, upstream: str, path: str) -> str:
     return f"{upstream[:-3] if root else upstream}/{path}"
 
 
-def server_prompt(obj: Any, sent: list[int]) -> list[int]:
+def server_prompt(obj: Any, sent: Sequence[int]) -> Sequence[int]:
     """The prompt ids the server ran: its expanded ``prompt_token_ids`` (images) when it returned
     them, else the ids sent."""
     ids = obj.get("prompt_token_ids") if isinstance(obj, dict) else None

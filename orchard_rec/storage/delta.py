@@ -88,7 +88,25 @@ class Ids(Sequence[int]):
                 out = Ids.__new__(Ids)
                 out._buf, out._n, out.mark, out.base = self._buf, len(self._buf), object(), self.mark
                 return out
-        return Ids([*self._buf[: self._n], *new], self)
+        buf = self._buf[: self._n]  # another call extended this buffer: a copy (memcpy for an array)
+        try:
+            buf.extend(new)
+        except (OverflowError, TypeError):  # (``extend`` may have appended some before it raised)
+            return Ids([*self._buf[: self._n], *new], self)
+        out = Ids.__new__(Ids)
+        out._buf, out._n, out.mark, out.base = buf, len(buf), object(), self.mark
+        return out
+
+    def starts_with(self, other: Ids) -> bool:
+        """Whether ``other`` is known to be a prefix of these ids without comparing them: both
+        views of one buffer (it only ever grows past every view's end), ``other`` the shorter."""
+        return other._buf is self._buf and other._n <= self._n
+
+    def tolist(self) -> list[int]:
+        return self._buf[: self._n].tolist() if isinstance(self._buf, array) else self._buf[: self._n]
+
+    def count(self, value: Any) -> int:
+        return self._buf[: self._n].count(value)
 
     def array(self) -> array[int] | None:
         """These ids as an ``array("i")`` (a copy at memcpy speed), None when they are not one."""
@@ -147,7 +165,11 @@ def _prefix(prompt: Sequence[int], st: SessionState) -> int:
     """Common prefix of ``prompt`` with the session's last prompt + completion."""
     old = st.tokens
     n = len(old)
-    known = prompt is old or (st.mark is not None and getattr(prompt, "base", None) is st.mark)
+    known = (
+        prompt is old
+        or (st.mark is not None and getattr(prompt, "base", None) is st.mark)
+        or (isinstance(prompt, Ids) and isinstance(old, Ids) and prompt.starts_with(old))
+    )
     if not (known and len(prompt) >= n):
         n = layout.common_prefix(prompt, old)  # not known: compared
         if n < len(old):

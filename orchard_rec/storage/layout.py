@@ -592,6 +592,9 @@ def derive_upstream(
         if k in req and _same_json(req[k], v):
             keys.append([k, "r"])
             continue
+        if prompt_ids is not None and v is prompt_ids:  # tito's body holds the recorded ``Ids`` itself
+            keys.append([k, "p"])
+            continue
         if prompt_ids is not None and isinstance(v, list) and v:
             if len(v) == len(prompt_ids) and hasattr(prompt_ids, "array"):  # a ``delta.Ids``: memcmp
                 pa = _int_array(prompt_ids)

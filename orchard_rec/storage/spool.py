@@ -159,8 +159,11 @@ def _unshed(d: dict[str, Any], shed: Any) -> None:
 
 
 def _tuple(v: Any) -> Any:
-    if isinstance(v, tuple):  # a tuple subclass (``delta.Ids``): orjson takes exact tuples only
+    if isinstance(v, tuple):  # a tuple subclass: orjson takes exact tuples only
         return list(v)
+    tolist = getattr(v, "tolist", None)  # a ``delta.Ids`` (tito's prompt in an upstream body)
+    if tolist is not None:
+        return tolist()
     raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 

@@ -11,10 +11,12 @@ import itertools
 import json
 from typing import Any
 
+import orjson
 import pytest
 
 from orchard_rec.proxy import tito as tito_mod
 from orchard_rec.proxy.tito import TitoSessions, chat_images, parse_generation
+from orchard_rec.storage.delta import Ids
 from orchard_rec.tokenizer import load_hf_tokenizer
 
 TOOLS = [
@@ -90,12 +92,14 @@ def drive(
     out = []
     for t in range(turns):
         request = copy.deepcopy(msgs) if reparse else list(msgs)
-        prompt, branch, version, decision, text = ts.plan(key, request, tools)
+        plan = ts.plan(key, request, tools)
+        prompt, branch, version, decision, text = plan[:5]
+        assert plan.json == orjson.dumps(list(prompt))  # the wire's JSON, kept per branch
         completion = list(tok.encode(_answer_text(t, think, plain), add_special_tokens=False)) + [
             tok.eos_token_id
         ]
         answer = parse_generation(tok.decode(completion, skip_special_tokens=False), tok.eos_token)
-        ts.commit(key, branch, version, prompt, completion, request, answer, tools, text)
+        ts.commit(key, branch, version, prompt, completion, request, answer, tools, text, plan.json)
         out.append((prompt, decision, request))
         back = dict(answer)
         if back.get("tool_calls"):  # the harness's own serialization of the arguments
@@ -258,3 +262,45 @@ def test_orchard_tito_render_whole_turns_small_renderings_off(
     )
     app = build_app(cfg)
     assert app[TITO].incremental is small
+
+
+def test_prompts_extend_the_branch_in_one_buffer_and_stay_exact(tok: Any) -> None:
+    """A prompt is the branch's ``Ids`` extended in place (no copy of the shared ids; the writer
+    knows the prefix by identity, ``Ids.starts_with``). A plan that never commits (the upstream
+    failed) and two plans of one branch at once each keep their own ids: the later ones copy."""
+    ts = TitoSessions(tok)
+    calls = drive(ts, tok, 5)
+    prompts = [p for p, _, _ in calls]
+    assert all(isinstance(p, Ids) for p in prompts)
+    assert all(b.starts_with(a) for a, b in itertools.pairwise(prompts))  # one buffer, by identity
+
+    def want(req: list[dict[str, Any]]) -> list[int]:
+        return list(tok.encode(rendered(tok, req, TOOLS), add_special_tokens=False))
+
+    assert [list(p) for p in prompts] == [want(req) for _, _, req in calls]
+    sixth = drive(TitoSessions(tok), tok, 6)[-1][2]  # continues ts's branch (the 5th answer, a result)
+    reqs = [sixth, sixth + [{"role": "user", "content": "x"}], sixth + [{"role": "user", "content": "y"}]]
+    plans = [ts.plan("s", r, TOOLS) for r in reqs]  # none committed: the first abandoned, two at once
+    for plan, req in zip(plans, reqs, strict=True):
+        assert plan.decision["fresh"] is False
+        assert list(plan.prompt) == want(req)
+        assert plan.json == orjson.dumps(want(req))
+        assert plan.prompt.starts_with(prompts[-1]) == (plan is plans[0])  # the later ones copied
+    ts.commit(
+        "s",
+        plans[2].branch,
+        plans[2].version,
+        plans[2].prompt,
+        [5, 6],
+        reqs[2],
+        {"role": "assistant", "content": "ok"},
+        TOOLS,
+    )
+    assert list(plans[0].prompt) == want(reqs[0]) and list(plans[1].prompt) == want(reqs[1])
+
+
+def test_wire_body_writes_the_kept_json_for_the_prompt() -> None:
+    prompt = Ids([1, 2, 3]).extend([40, 500])
+    body = {"model": "m", "prompt": prompt, "max_tokens": 7, "stop": ["</s>"]}
+    got = tito_mod.wire_body(body, prompt, b"[1,2,3,40,500]")
+    assert got == orjson.dumps({**body, "prompt": [1, 2, 3, 40, 500]})

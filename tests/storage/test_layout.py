@@ -257,6 +257,41 @@ def test_ids_built_on_the_previous_prompt_are_stored_as_the_same_deltas(db_url: 
     store.close()
 
 
+def test_tito_prompts_sharing_a_buffer_take_their_prefix_by_identity(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tito's prompts: the branch's ``Ids`` (prompt + completion) extended by the new ids, in one
+    buffer: the writer takes the previous prompt as their prefix without comparing the two."""
+    from dataclasses import replace
+
+    from orchard_rec.storage import delta
+    from orchard_rec.storage.delta import Ids
+
+    store = Store(db_url)
+    store.upgrade()
+    p1 = Ids(range(1000, 1400))
+    p2 = p1.extend([7, 8, 9]).extend([50, 51])  # the completion, then the new ids
+    p3 = p2.extend([10]).extend([52])
+    recs = [
+        call("t", prompt_ids=list(p), completion_ids=c, received_at=float(i))
+        for i, (p, c) in enumerate([(p1, [7, 8, 9]), (p2, [10]), (p3, [11])])
+    ]
+    recs = [replace(r, prompt_ids=p) for r, p in zip(recs, (p1, p2, p3), strict=True)]
+    store.write_batch(recs[:1])
+    compared: list[int] = []
+    real = delta.layout.common_prefix
+    monkeypatch.setattr(delta.layout, "common_prefix", lambda a, b: compared.append(len(a)) or real(a, b))
+    store.write_batch(recs[1:])
+    assert max(compared, default=0) < 100  # only the completions and request refs: never 400 ids
+    assert [g.prompt_ids for g in store.calls("t")] == [tuple(p) for p in (p1, p2, p3)]
+    eng = create_engine(db_url)
+    with eng.connect() as c:
+        sizes = dict(c.execute(select(Call.id, func.length(Call.prompt_ids))).all())
+    eng.dispose()
+    assert sizes[recs[1].call_id] < 64 and sizes[recs[2].call_id] < 64
+    store.close()
+
+
 def test_a_split_on_the_previous_one_equals_a_split_from_scratch() -> None:
     """Runs of the previous call's messages are taken at once (one text comparison): the result is
     what a split without the previous one gives, for growth, edits, drops and odd spacing."""
