@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -52,7 +53,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from orchard_rec.errors import BadRequest, UpstreamProtocolError
+from orchard_rec.errors import BadRequest, UpstreamProtocolError, env_megabytes
 from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.protocol.images import decode_data_url
 from orchard_rec.reconstruct.vision import image_token_id
@@ -114,6 +115,18 @@ class _Session:
     next_index: int = 0
     synced: int = 0
     """Calls of the session in the database that this state accounts for."""
+    size: int = 0
+    """About the bytes its branches hold (``_branch_bytes``), as last counted."""
+
+
+def _branch_bytes(b: Branch) -> int:
+    """About the memory a branch holds: its ids' buffer, their JSON, its texts (``sys.getsizeof``
+    of a string or bytes is its real size, in O(1)); the request's messages are the parsed
+    request's objects (shared with the request cache), counted as a pointer each."""
+    n = b.tokens.nbytes + sys.getsizeof(b.json) + sys.getsizeof(b.text) + 400
+    if b.tail is not None:
+        n += sys.getsizeof(b.tail)
+    return n + 8 * len(b.seen or ()) + 8 * len(b.images)
 
 
 @dataclass
@@ -207,12 +220,20 @@ class TitoSessions:
         max_branches: int = 16,
         incremental: bool = True,
         verify_every: int = 64,
+        max_bytes: int | None = None,
     ) -> None:
         self.tok = tokenizer
         self.image_token = image_token_id(tokenizer)
         """The VLM's image placeholder id; None for a text model (image parts then dropped)."""
         self.max_sessions = max_sessions
         self.max_branches = max_branches
+        self.max_bytes = env_megabytes("ORCHARD_TITO_CACHE_MB", 1024) if max_bytes is None else max_bytes
+        """Sessions are dropped, least recently used first, past this many bytes of branches (env
+        ``ORCHARD_TITO_CACHE_MB``, default 1024: ~450 sessions at a 150k-token context) or
+        ``max_sessions``; a dropped session's next call rebuilds it from the database (``source``),
+        in O(its context), as a replica that did not serve its last turn does."""
+        self.bytes = 0
+        """What the sessions held count (``_Session.size``)."""
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
         self.source: HistorySource | None = None
@@ -462,10 +483,11 @@ class TitoSessions:
             sess.branches.append(b)
         sess.next_index = max((b.index for b in sess.branches), default=-1) + 1
         with self._lock:
+            old = self._sessions.pop(key, None)
+            if old is not None:
+                self.bytes -= old.size
             self._sessions[key] = sess
-            self._sessions.move_to_end(key)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
+            self._resize(key, sess)
 
     def acknowledge(self, key: str | None) -> None:
         """One more call of ``key`` (made here) is in the database."""
@@ -545,22 +567,34 @@ class TitoSessions:
             sess = self._sessions.get(key)
             if sess is None:
                 sess = self._sessions[key] = _Session()
-                while len(self._sessions) > self.max_sessions:
-                    self._sessions.popitem(last=False)
-            self._sessions.move_to_end(key)
             tokens = prompt.extend(completion)
             if branch is not None and branch in sess.branches and branch.version == version:
                 branch.tokens, branch.text, branch.json, branch.version = tokens, text, tjson, version + 1
                 branch.images = digests
                 branch.seen, branch.tools, branch.tail = seen, btools, tail
-                return branch.index
-            nb = Branch(
-                sess.next_index, tokens, text, tjson, images=digests, seen=seen, tools=btools, tail=tail
-            )  # a fork: a concurrent call or a fresh render
-            sess.next_index += 1
-            sess.branches.append(nb)
-            del sess.branches[: -self.max_branches]
-            return nb.index
+                index = branch.index
+            else:
+                nb = Branch(
+                    sess.next_index, tokens, text, tjson, images=digests, seen=seen, tools=btools, tail=tail
+                )  # a fork: a concurrent call or a fresh render
+                sess.next_index += 1
+                sess.branches.append(nb)
+                del sess.branches[: -self.max_branches]
+                index = nb.index
+            self._resize(key, sess)
+            return index
+
+    def _resize(self, key: str, sess: _Session) -> None:
+        """Count ``sess`` (the most recently used: just changed) again, then drop the least recently
+        used sessions past ``max_bytes`` or ``max_sessions`` (never ``sess`` itself). Under the lock."""
+        size = sum(map(_branch_bytes, sess.branches))
+        self.bytes += size - sess.size
+        sess.size = size
+        sessions = self._sessions
+        sessions.move_to_end(key)
+        while len(sessions) > 1 and (self.bytes > self.max_bytes or len(sessions) > self.max_sessions):
+            _, gone = sessions.popitem(last=False)
+            self.bytes -= gone.size
 
 
 def _same_tools(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> bool:

@@ -82,6 +82,8 @@ class Ids(Sequence[int]):
         if self._n == len(self._buf):
             try:
                 self._buf.extend(new)
+            except BufferError:  # the buffer is exported (a memoryview held): cannot grow, copied below
+                pass
             except (OverflowError, TypeError):  # an id past 4 bytes: a buffer of its own
                 del self._buf[self._n :]
             else:

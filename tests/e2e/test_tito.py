@@ -136,3 +136,36 @@ def test_a_long_session_is_exact_with_the_prompt_echo_cut(upstream, proxy_factor
     assert [list(c.prompt_ids) for c in calls] == sent
     [sample] = reconstruct_session(calls)
     assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+
+
+def test_sessions_past_the_byte_bound_are_rebuilt_from_the_database(
+    upstream, proxy_factory, sqlite_url, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Branch state is bounded in bytes (``ORCHARD_TITO_CACHE_MB``): two sessions taking turns
+    through a bound that holds one drop each other every call, and each next call rebuilds its
+    session from the database, so both continue their branch with the exact ids."""
+    import openai
+
+    from orchard_rec.proxy.app import TITO
+
+    monkeypatch.setenv("ORCHARD_TITO_CACHE_MB", "0.01")  # 10 kB: less than one session's branch
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo")
+    tito = proxy.server.app[TITO]
+    assert tito.max_bytes == int(0.01 * (1 << 20))
+    convs = {sid: [{"role": "system", "content": f"You are agent {sid}."}] for sid in ("ev-a", "ev-b")}
+    for t in range(4):
+        for sid, msgs in convs.items():
+            client = openai.OpenAI(base_url=f"{proxy.url}/s/{sid}/v1", api_key="x", max_retries=0)
+            msgs.append({"role": "user", "content": f"step {t} of {sid}: " + "word " * 400})
+            r = client.chat.completions.create(model="m", messages=msgs)  # type: ignore[arg-type]
+            msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+            assert len(tito._sessions) == 1 and tito.bytes > tito.max_bytes  # only the last one kept
+    proxy.flush()
+    for sid in convs:
+        calls = proxy.store().calls(sid)
+        assert [c.metadata["tito"]["fresh"] for c in calls] == [True, False, False, False]
+        for a, b in itertools.pairwise(calls):
+            head = list(a.prompt_ids) + list(a.completion_ids)
+            assert list(b.prompt_ids)[: len(head)] == head
+        [sample] = reconstruct_session(calls)
+        assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)

@@ -282,6 +282,11 @@ def test_ids_is_a_view_equal_to_its_tuple() -> None:
     assert d == (1, 2, 3, 4, 5, 6, 2**33, 7) and len(b._buf) == 5 and b.extend([6]) == (1, 2, 3, 4, 5, 6)
     assert Ids([2**40, 1]) == (2**40, 1) and Ids([2**40]) != Ids([1]) and Ids([1, 2]) == Ids((1, 2))
     assert Ids([1, 2**40])[:1] == (1,) and big != Ids([1, 2, 3, 4])
+    e = Ids([1, 2])
+    held = memoryview(e._buf)  # the buffer exported: it cannot grow, so the new ids get a copy
+    f = e.extend([3])
+    assert f == (1, 2, 3) and f._buf is not e._buf and e == (1, 2) and f.base is e.mark
+    held.release()
 
 
 def capture(data: Any, stream: bool, injected: bool) -> Capture:

@@ -304,3 +304,24 @@ def test_wire_body_writes_the_kept_json_for_the_prompt() -> None:
     body = {"model": "m", "prompt": prompt, "max_tokens": 7, "stop": ["</s>"]}
     got = tito_mod.wire_body(body, prompt, b"[1,2,3,40,500]")
     assert got == orjson.dumps({**body, "prompt": [1, 2, 3, 40, 500]})
+
+
+def test_branch_state_is_bounded_in_bytes(tok: Any) -> None:
+    """Sessions are dropped least recently used first past ``max_bytes`` (their count kept exact as
+    branches grow and fork); the one just used is always kept."""
+    one = TitoSessions(tok)
+    drive(one, tok, 4, key="x")
+    size = one.bytes
+    assert size == one._sessions["x"].size > 4 * len(one._sessions["x"].branches[0].tokens)
+    ts = TitoSessions(tok, max_bytes=int(2.5 * size))
+    for key in ("a", "b", "c"):
+        drive(ts, tok, 4, key=key)
+        assert ts.bytes == sum(s.size for s in ts._sessions.values()) <= ts.max_bytes
+    assert list(ts._sessions) == ["b", "c"]
+    ts.plan("b", [{"role": "user", "content": "hi"}], TOOLS)  # a plan is a use too
+    drive(ts, tok, 2, key="d")
+    assert list(ts._sessions) == ["b", "d"]
+    tiny = TitoSessions(tok, max_bytes=1)
+    drive(tiny, tok, 3, key="a")
+    drive(tiny, tok, 2, key="b")
+    assert list(tiny._sessions) == ["b"] and tiny.bytes == tiny._sessions["b"].size
