@@ -328,7 +328,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     key = cap.session_id
     plan = await asyncio.to_thread(tito.plan, key, messages, tools)
     prompt, branch, version, decision, rendered = plan[:5]
-    images = [u for u, _ in tito.images(messages)]  # a VLM's images go with the ids (tito.py)
+    images = [u for u, _ in plan.images]  # a VLM's images go with the ids (tito.py)
     if images:  # the server expands them: what it ran is recorded (``server_prompt``), not these
         path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images)
         wire = orjson.dumps(up_body)
@@ -384,7 +384,18 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
     # the template's closing tokens come with the next turn's (``Tito.covered``)
     branch_index = await asyncio.to_thread(
-        tito.commit, key, branch, version, prompt, ids, messages, answer, tools, rendered, plan.json
+        tito.commit,
+        key,
+        branch,
+        version,
+        prompt,
+        ids,
+        messages,
+        answer,
+        tools,
+        rendered,
+        plan.json,
+        plan.images,
     )
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:

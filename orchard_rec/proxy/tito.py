@@ -153,6 +153,8 @@ class Plan(NamedTuple):
     """The prompt's rendering."""
     json: bytes
     """The prompt's ids as a JSON array (``wire_body``)."""
+    images: tuple[tuple[str, str], ...] = ()
+    """``(url, digest)`` of the images the prompt shows, in order (``TitoSessions.images``)."""
 
 
 def _open_json(ids: list[int]) -> bytes:
@@ -321,14 +323,15 @@ class TitoSessions:
                     ]
         else:
             sess = None
-        digests = tuple(d for _, d in self.images(messages))
+        images = tuple(self.images(messages))
+        digests = tuple(d for _, d in images)
         if snapshot and self.incremental:
             if not self._probed:
                 self._probe()
             got = self._small(snapshot, messages, tools) if self.incremental else None
             if got is not None:
                 b, version, tokens, text, tjson, new = got
-                plan = self._extend(b, version, tokens, tjson, self.encode(new), text + new)
+                plan = self._extend(b, version, tokens, tjson, self.encode(new), text + new, images)
                 self._check_images(plan.prompt, digests)
                 return plan
         full = self.render(messages, tools, True)
@@ -342,7 +345,7 @@ class TitoSessions:
                 best = (b, version, tokens, text, tjson)
         if best is not None:
             b, version, tokens, text, tjson = best
-            plan = self._extend(b, version, tokens, tjson, self.encode(full[len(text) :]), full)
+            plan = self._extend(b, version, tokens, tjson, self.encode(full[len(text) :]), full, images)
             self._check_images(plan.prompt, digests)
             return plan
         if key is None:
@@ -354,15 +357,23 @@ class TitoSessions:
         ids = self.encode(full)
         prompt = Ids(ids)
         self._check_images(prompt, digests)
-        return Plan(prompt, None, 0, decision, full, orjson.dumps(ids))
+        return Plan(prompt, None, 0, decision, full, orjson.dumps(ids), images)
 
-    def _extend(self, b: Branch, version: int, tokens: Ids, tjson: bytes, new: list[int], text: str) -> Plan:
+    def _extend(
+        self,
+        b: Branch,
+        version: int,
+        tokens: Ids,
+        tjson: bytes,
+        new: list[int],
+        text: str,
+        images: tuple[tuple[str, str], ...],
+    ) -> Plan:
         """The plan continuing branch ``b`` (``tokens`` and ``tjson`` as read) with ``new`` ids."""
         with self._lock:  # two calls extending one buffer at once: the second copies (``Ids.extend``)
             prompt = tokens.extend(new)
-        return Plan(
-            prompt, b, version, {"branch": b.index, "fresh": False}, text, _extend_json(tjson, new, True)
-        )
+        json = _extend_json(tjson, new, True)
+        return Plan(prompt, b, version, {"branch": b.index, "fresh": False}, text, json, images)
 
     @staticmethod
     def context(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -542,10 +553,12 @@ class TitoSessions:
         tools: list[dict[str, Any]] | None,
         prompt_text: str | None = None,
         prompt_json: bytes | None = None,
+        images: tuple[tuple[str, str], ...] | None = None,
     ) -> int | None:
         """Record the new exact history; returns the branch index (None without a session).
         ``prompt_text``: the prompt's rendering (``plan``'s), extended by the answer's instead of
-        the whole conversation rendered again; ``prompt_json``: its ids' JSON (``plan``'s)."""
+        the whole conversation rendered again; ``prompt_json``: its ids' JSON; ``images``: the
+        prompt's images (``plan``'s, else read from ``messages`` again)."""
         if key is None:
             return None
         if not isinstance(prompt, Ids):
@@ -561,7 +574,7 @@ class TitoSessions:
                 if want != text:
                     self._turn_off("an answer's small rendering differed from the whole one", want, text)
                     text, tail = want, None
-        digests = tuple(d for _, d in self.images(messages))
+        digests = tuple(d for _, d in (self.images(messages) if images is None else images))
         seen, btools = (messages, tools) if tail is not None else (None, None)
         with self._lock:
             sess = self._sessions.get(key)
