@@ -59,8 +59,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.reqparse import RequestCache
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
-from orchard_rec.storage.delta import Ids
-from orchard_rec.storage.spool import FORMAT, SpoolFormatError, load_line, record_from_dict
+from orchard_rec.storage.spool import FORMAT, SpoolFormatError, json_default, load_line, record_from_dict
 from orchard_rec.storage.store import Store
 
 __all__ = [
@@ -306,7 +305,7 @@ class Encoder:
             d["cut"] = cap.id_cut[1]  # where the answer's id arrays are (token mode found them)
         if offers:
             d["bases"] = offers
-        return orjson.dumps(d, default=_default)
+        return orjson.dumps(d, default=json_default)
 
     # the request's raw bytes
     def _request(self, cap: Capture, sid: str | None, offers: dict[str, Any]) -> list[Any] | None:
@@ -341,7 +340,7 @@ class Encoder:
             return {"recipe": recipe}
         if sid is not None and type(up) is dict and isinstance(up.get("messages"), list):
             return self._messages(cap, up, sid, offers)
-        data = cap.upstream_raw if cap.upstream_raw is not None else orjson.dumps(up, default=_default)
+        data = cap.upstream_raw if cap.upstream_raw is not None else orjson.dumps(up, default=json_default)
         out: list[Any] | None = None
         if sid is not None and len(data) >= _SMALL:
             base = self.bases.get("up", sid)
@@ -510,14 +509,6 @@ def _prompt_at(cap: Capture, answer: bytes) -> tuple[int, int] | None:
     while answer[s : s + 1] in (b" ", b"\n", b"\r", b"\t"):
         s += 1
     return (s, 0) if answer[s : s + 1] == b"[" else None
-
-
-def _default(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return list(v)
-    if isinstance(v, Ids):
-        return v.tolist()
-    raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 
 # -- decoding (replay) -------------------------------------------------------------------------------

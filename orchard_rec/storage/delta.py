@@ -55,6 +55,20 @@ def _compact(ids: Sequence[int]) -> array[int] | list[int]:
         return ids if type(ids) is list else list(ids)
 
 
+def _grow(buf: array[int] | list[int], new: list[int]) -> bool:
+    """``buf.extend(new)``; False, ``buf`` as it was, when it cannot: an exported buffer (a
+    memoryview held), or an id past 4 bytes (``extend`` may have appended some before it raised)."""
+    n = len(buf)
+    try:
+        buf.extend(new)
+    except BufferError:
+        return False
+    except (OverflowError, TypeError):
+        del buf[n:]
+        return False
+    return True
+
+
 class Ids(Sequence[int]):
     """Token ids known to start with all of an earlier ``Ids``, the one whose ``mark`` is ``base``:
     an immutable sequence of ints read as the first ``len`` items of a buffer that only ever grows.
@@ -78,23 +92,17 @@ class Ids(Sequence[int]):
         self.base = None if base is None else base.mark
 
     def extend(self, new: list[int]) -> Ids:
-        """These ids + ``new``, based on these (sharing the buffer when these are its end)."""
-        if self._n == len(self._buf):
-            try:
-                self._buf.extend(new)
-            except BufferError:  # the buffer is exported (a memoryview held): cannot grow, copied below
-                pass
-            except (OverflowError, TypeError):  # an id past 4 bytes: a buffer of its own
-                del self._buf[self._n :]
-            else:
-                out = Ids.__new__(Ids)
-                out._buf, out._n, out.mark, out.base = self._buf, len(self._buf), object(), self.mark
-                return out
-        buf = self._buf[: self._n]  # another call extended this buffer: a copy (memcpy for an array)
-        try:
-            buf.extend(new)
-        except (OverflowError, TypeError):  # (``extend`` may have appended some before it raised)
-            return Ids([*self._buf[: self._n], *new], self)
+        """These ids + ``new``, based on these: in the same buffer when these are its end and it
+        can grow, else in a copy of them (memcpy for an array), else (an id past 4 bytes) a list."""
+        if self._n == len(self._buf) and _grow(self._buf, new):
+            return self._view(self._buf)
+        buf = self._buf[: self._n]  # another call extended the buffer, or it is exported
+        if _grow(buf, new):
+            return self._view(buf)
+        return Ids([*self._buf[: self._n], *new], self)
+
+    def _view(self, buf: array[int] | list[int]) -> Ids:
+        """All of ``buf`` (these ids + new ones) as an ``Ids`` based on these."""
         out = Ids.__new__(Ids)
         out._buf, out._n, out.mark, out.base = buf, len(buf), object(), self.mark
         return out

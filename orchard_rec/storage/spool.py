@@ -66,6 +66,7 @@ __all__ = [
     "FORMAT",
     "Spool",
     "SpoolFormatError",
+    "json_default",
     "load_line",
     "record_from_dict",
     "record_from_json",
@@ -106,7 +107,7 @@ def record_to_json(r: CallRecord) -> bytes:
             ]
         if shed:
             d["_ids"] = shed
-    return orjson.dumps(d, default=_tuple)
+    return orjson.dumps(d, default=json_default)
 
 
 _ID_PATHS: tuple[tuple[tuple[Any, ...], str], ...] = (
@@ -158,7 +159,8 @@ def _unshed(d: dict[str, Any], shed: Any) -> None:
         node[path[-1]] = list(ids)
 
 
-def _tuple(v: Any) -> Any:
+def json_default(v: Any) -> Any:
+    """``default`` for ``orjson.dumps`` of records and capture lines."""
     if isinstance(v, tuple):  # a tuple subclass: orjson takes exact tuples only
         return list(v)
     tolist = getattr(v, "tolist", None)  # a ``delta.Ids`` (tito's prompt in an upstream body)
