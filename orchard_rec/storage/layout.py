@@ -455,6 +455,57 @@ def join_request(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[byt
     return "".join(parts)
 
 
+_KEY_TAIL = re.compile(r'"((?:[^"\\]|\\.)*)"[ \t\n\r]*:[ \t\n\r]*(\[[ \t\n\r]*)?\Z')
+"""The end of the literal text before a key's first blob: the key, and ``[`` when the blob is the
+first element of its array."""
+_SEP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
+
+
+def rejoin(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[bytes, str]) -> Split | None:
+    """The ``Split`` that ``split_request(join_request(literals, refs, blobs), deltas=False)`` returns
+    for a request this module split, rebuilt from its parts without parsing the text again (a session
+    the writer reads back from the database: 600 pieces, ~0.5 ms where the parse took ~4 at 150k
+    tokens). Each blob's key is the one the literal before it ends with (an array's next elements
+    follow a bare ``,``). None when a literal does not read so: the caller splits the text. The
+    next call's split only ever trusts a piece it compared as text, so a key read wrongly here
+    would cost speed, never a wrong digest."""
+    out = Split()
+    parts = [literals[0]]
+    pos = len(literals[0])
+    key: str | None = None
+    array = False
+    for k, h in enumerate(refs):
+        lit = literals[k]
+        if not (array and k and _SEP.fullmatch(lit)):
+            m = _KEY_TAIL.search(lit, max(0, len(lit) - 1024))
+            if m is None:
+                return None
+            try:
+                key = orjson.loads(f'"{m.group(1)}"')
+            except orjson.JSONDecodeError:
+                return None
+            array = m.group(2) is not None and key in ARRAY_KEYS
+            if m.group(2) is not None and not array:
+                return None
+            if key in out.pieces:
+                out.first[key] = -1
+            elif array:
+                out.first[key] = k
+        piece = blobs[h]
+        assert key is not None
+        out.literals.append(lit)
+        out.refs.append(h)
+        out.starts.append(pos)
+        out.pieces.setdefault(key, []).append((piece, h))
+        tail = literals[k + 1]
+        parts.append(piece)
+        parts.append(tail)
+        pos += len(piece) + len(tail)
+    out.literals.append(literals[len(refs)])
+    out.text = "".join(parts)
+    return out
+
+
 # -- images --------------------------------------------------------------------------------------
 
 

@@ -151,8 +151,9 @@ class Store:
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
         estimate, which counts the ids the id parser's cache shares). A session that fell out of it
-        is read back from the database on its next call: O(its context), ~25 ms at 158k tokens, so a
-        proxy serving more sessions at once than its caches hold pays that on every call."""
+        is read back from the database on its next call: O(its context), ~10 ms at 158k tokens (its
+        ids, its last request's blobs; the split rebuilt from its parts, not parsed), so a proxy
+        serving more sessions at once than its caches hold pays that on every call."""
 
     @property
     def dialect(self) -> str:
@@ -246,7 +247,7 @@ class Store:
             .limit(1)
         ).first()
         if last is not None:
-            p, c = reader.tokens(last.id, last.prompt_ids, last.completion_ids, sid)
+            p, c = reader.ids(last.id, last.prompt_ids, last.completion_ids, sid)
             st.tokens, st.completion, st.tokens_id = p or (), c or (), last.id
         for col, attr in (("request_refs", "refs"), ("upstream_refs", "up_refs")):
             row = conn.execute(
@@ -267,8 +268,10 @@ class Store:
             skel = conn.execute(select(t.c.request_skel).where(t.c.id == st.refs_id)).scalar()
             if skel is not None:
                 texts = reader.blobs(sid, st.refs)
-                text = layout.join_request(layout.decompress(bytes(skel)), st.refs, texts)
-                split = layout.split_request(text, deltas=False)
+                literals = layout.decompress(bytes(skel))
+                split = layout.rejoin(literals, st.refs, texts) or layout.split_request(
+                    layout.join_request(literals, st.refs, texts), deltas=False
+                )
                 if split.refs == st.refs:
                     st.split = split
                     prompt = split.pieces.get("prompt")

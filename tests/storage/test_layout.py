@@ -172,6 +172,62 @@ def test_messages_are_stored_once_per_session(db_url: str) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("dialect", ["chat", "completions", "responses", "messages"])
+def test_a_writer_without_the_session_in_its_cache_stores_what_one_with_it_does(
+    db_url: str, tmp_path: Any, dialect: str
+) -> None:
+    """More sessions than the writer's state cache holds: each call reads the session back from the
+    database (its ids, its last request's split rebuilt from its parts) and stores the same deltas,
+    blobs and bases a writer that had kept it in memory stores."""
+    from orchard_rec.storage.delta import Encoder
+
+    def run(url: str, cold: bool) -> tuple[list[Any], list[Any]]:
+        store = Store(url)
+        store.upgrade()
+        if cold:
+            store.encoder = Encoder(0)  # nothing kept: every call a miss
+        ids: list[int] = list(range(100, 400))
+        for turns in range(1, 9):
+            body = _bodies(dialect, turns)
+            comp = [1000 + turns, 2000 + turns]
+            store.write_batch(
+                [
+                    call(
+                        "w",
+                        dialect=Dialect(dialect),
+                        request=body,
+                        request_text=STYLES[turns % 2](body),
+                        prompt_ids=ids,
+                        completion_ids=comp,
+                        received_at=float(turns),
+                    )
+                ]
+            )
+            ids = [*ids, *comp, 7, 8, 9]
+        with store.engine.connect() as c:
+            calls = [
+                (len(r[0]), r[1], r[2], r[3])
+                for r in c.execute(
+                    select(
+                        Call.prompt_ids, Call.request_refs, Call.request_skel, Call.upstream_refs
+                    ).order_by(Call.seq)
+                )
+            ]
+            blobs = sorted(
+                tuple(r) for r in c.execute(select(Blob.digest, Blob.data, Blob.base, Blob.base_len))
+            )
+        back = [(r.request_text, r.prompt_ids) for r in store.calls("w")]
+        store.close()
+        assert back[-1][0] == STYLES[0](_bodies(dialect, 8))
+        return [(*row[:1], *row[3:]) for row in calls] + back, blobs
+
+    cold_url = db_url if db_url.startswith("postgresql") else f"sqlite:///{tmp_path / 'cold.db'}"
+    warm_url = f"sqlite:///{tmp_path / 'warm.db'}"
+    cold, warm = run(cold_url, True), run(warm_url, False)
+    assert cold[1] == warm[1]
+    assert cold[0] == warm[0]
+
+
 def test_calls_json_has_each_call_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 
@@ -324,6 +380,27 @@ def test_a_split_on_the_previous_one_equals_a_split_from_scratch() -> None:
             == t
         )
         prev = got
+
+
+@pytest.mark.parametrize("dialect", ["chat", "completions", "responses", "messages"])
+@pytest.mark.parametrize("style", range(len(STYLES)))
+def test_a_split_rebuilt_from_its_parts_equals_the_split_of_the_text(dialect: str, style: int) -> None:
+    """A session read back from the database: its last request's split is rebuilt from the stored
+    literals, references and blob texts without parsing the text again, and is the same split."""
+    keys = '{"messages":[{"a":1},{"b":"' + "x" * 300 + '"}],"messages":[{"c":2}],"tools":"' + "t" * 300 + '"}'
+    odd = [keys, '{"k\\"\\":[":"' + "v" * 300 + '","input":"' + "i" * 300 + '","input":[]}']
+    for sent in [STYLES[style](_bodies(dialect, turns)) for turns in (0, 1, 4)] + odd:
+        want = layout.split_request(sent, deltas=False)
+        texts = {h: p for ps in want.pieces.values() for p, h in ps}
+        got = layout.rejoin(want.literals, want.refs, texts)
+        assert got is not None, sent[:80]
+        assert got.text == sent and got.literals == want.literals and got.refs == want.refs
+        assert got.starts == want.starts and got.pieces == want.pieces
+        # an empty array leaves no trace in the parts; it has no run for the next split either
+        kept = [k for k in want.pieces if want.first.get(k, -1) >= 0]
+        assert {k: got.first.get(k, -1) for k in kept} == {k: want.first[k] for k in kept}
+        assert not got.blobs and not got.bases
+    assert layout.rejoin(["{", "junk", "}"], [b"h", b"g"], {b"h": "1", b"g": "2"}) is None
 
 
 @pytest.mark.parametrize(
