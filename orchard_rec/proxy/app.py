@@ -57,7 +57,7 @@ from orchard_rec.protocol import error_body, is_anthropic
 from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
 from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
 from orchard_rec.protocol.sse import DONE_FRAME, encode
-from orchard_rec.proxy import idcut
+from orchard_rec.proxy import idcut, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of
@@ -579,6 +579,21 @@ async def _watch_upstream(app: web.Application) -> None:
         await asyncio.sleep(UPSTREAM_CHECK_S)
 
 
+def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
+    """Every per-session cache of the proxy: ``entries``, ``bytes``, ``max_bytes``, ``hits`` and
+    ``misses`` of each (``requests``: bodies parsed on a session's last, ``ORCHARD_REQUEST_CACHE_MB``;
+    ``translations``: Responses/Messages requests translated on the last, the same bound; ``ids``,
+    ``state``, ``spool_bases``: ``Recorder.caches``; ``tito``: the sessions' token branches). Misses
+    that keep growing with the calls mean more sessions at once than the bound holds: each then
+    costs O(its context) again (raise the ``ORCHARD_*_MB`` it names)."""
+    out = {"requests": reqparse.cache.stats(), "translations": tochat.translator.stats()}
+    out.update(app[RECORDER].caches())
+    tito = app.get(TITO)
+    if tito is not None:
+        out["tito"] = tito.stats()
+    return out
+
+
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
     state: dict[str, Any] = request.app.get(UPSTREAM_HEALTH, {})
@@ -597,6 +612,7 @@ async def healthz(request: web.Request) -> web.Response:
         "mode": request.app[CONFIG].mode,
         "durability": rec.durability,
         "db_writer": rec.writer_state,
+        "caches": cache_stats(request.app),
     }
     if rec.last_error:
         body["error"] = rec.last_error
@@ -691,6 +707,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         lambda: recorder.inflight,
         lambda: recorder.queued_bytes,
         lambda: recorder.paced,
+        lambda: cache_stats(app),
     )
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer

@@ -230,6 +230,9 @@ class _Bases:
     def get(self, kind: str, session: str) -> tuple[str, bytes, int, int, int] | None:
         return self._d.get((kind, session))
 
+    def __len__(self) -> int:
+        return len(self._d)
+
     def by_id(self, kind: str, call_id: str) -> tuple[str, bytes, int, int, int] | None:
         key = self._by_id.get((kind, call_id))
         return None if key is None else self._d.get(key)
@@ -279,6 +282,20 @@ class Encoder:
         self.max_objs_bytes = max_bytes
         self.whole = 0
         """Byte strings written whole (no base, or it did not match): a session's first call, mostly."""
+        self.based = 0
+        """Byte strings (and translated message lists) written as a reference to a base + what is new."""
+
+    def stats(self) -> dict[str, int]:
+        """Sessions' bases held (one per kind: request, upstream, ids) and translated bodies, their
+        bytes, the bound (each: ``ORCHARD_SPOOL_BASES_MB``); values written on a base (hits) or
+        whole (misses)."""
+        return {
+            "entries": len(self.bases),
+            "bytes": self.bases.bytes + self.objs_bytes,
+            "max_bytes": self.bases.max_bytes + self.max_objs_bytes,
+            "hits": self.based,
+            "misses": self.whole,
+        }
 
     def reset(self) -> None:
         self.bases.clear()
@@ -322,6 +339,7 @@ class Encoder:
                 base = self.bases.get("req", sid)
             if base is not None:
                 out = _delta("req", base, raw)
+                self.based += out is not None
         if out is None:
             self.whole += len(raw) >= _SMALL
             out = [_lit(raw)]
@@ -346,6 +364,7 @@ class Encoder:
             base = self.bases.get("up", sid)
             if base is not None:
                 out = _delta("up", base, data)
+                self.based += out is not None
         if out is None:
             self.whole += len(data) >= _SMALL
             out = [_lit(data)]
@@ -369,6 +388,8 @@ class Encoder:
                 best = (bid, len(old), k)
         if best is None:
             self.whole += 1
+        else:
+            self.based += 1
         out = {
             "msgs": None if best is None else list(best),
             "new": msgs if best is None else msgs[best[2] :],
@@ -423,6 +444,7 @@ class Encoder:
                 if end > s + k and _compact(tail):  # flat and compact, as the base was
                     e = end
                     out.append(["ref", "ids", bid, k + 1, 0, k, bcrc])
+                    self.based += 1
                     out.append(_lit(tail))
                     crc = zlib.crc32(tail[:-1], bcrc)
         if crc < 0:

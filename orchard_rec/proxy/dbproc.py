@@ -117,6 +117,8 @@ class WriterProcess:
         """A child that died before it was ready is started again no sooner than this (monotonic)."""
         self.started = 0
         """Children started so far (more than one: some died)."""
+        self.caches: dict[str, dict[str, int]] | None = None
+        """The child's caches as its last answer reported them (``_Child.caches``)."""
 
     @property
     def is_ready(self) -> bool:
@@ -214,6 +216,8 @@ class WriterProcess:
             self.start()
             raise WriterDied(f"the database writer process {why}")
         d = orjson.loads(answer)
+        if isinstance(d.get("caches"), dict):
+            self.caches = d["caches"]
         return Result(int(d["built"]), bool(d["ok"]), d.get("error"))
 
     def close(self, timeout: float = 30.0) -> None:
@@ -302,7 +306,15 @@ class _Child:
             log.warning("database write failed (%d calls): %s: %s", len(records), type(exc).__name__, exc)
             return {"built": len(records), "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         self.decoder.prune()
-        return {"built": len(records), "ok": True, "error": None}
+        return {"built": len(records), "ok": True, "error": None, "caches": self.caches()}
+
+    def caches(self) -> dict[str, dict[str, int]]:
+        """This process's caches (``Recorder.caches`` reports them as of the last batch)."""
+        return {
+            "ids": self.ids.stats(),
+            "state": self.store.encoder.stats(),
+            "writer_requests": self.requests.stats(),
+        }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -230,6 +230,17 @@ class IdParser:
         self._remember(session, data, s, e, ids)
         return ids, True
 
+    def stats(self) -> dict[str, int]:
+        """Sessions held, their bytes, the bound; prompts parsed from a session's last (hits) or
+        whole (misses: a session's first call, or one this cache had let go)."""
+        return {
+            "entries": len(self._cache),
+            "bytes": self._bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
     def _remember(self, session: str, data: bytes, s: int, e: int, ids: Ids) -> None:
         size = len(data) + ids.nbytes  # the answer the prefix is a view of, the ids' buffer
         old = self._cache.pop(session, None)

@@ -2,13 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = ["Metrics"]
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _Caches(Collector):
+    """The per-session caches (``app.cache_stats``), read when scraped: ``orchard_cache_entries``,
+    ``orchard_cache_bytes``, ``orchard_cache_max_bytes`` (gauges) and ``orchard_cache_hits_total``,
+    ``orchard_cache_misses_total`` (counters), labelled by ``cache``."""
+
+    _GAUGES = (
+        ("entries", "Sessions (keys) a per-session cache holds"),
+        ("bytes", "Bytes a per-session cache holds (by its own count)"),
+        ("max_bytes", "A per-session cache's bound in bytes"),
+    )
+    _COUNTERS = (
+        ("hits", "Calls a per-session cache served (O(what is new))"),
+        ("misses", "Calls a per-session cache did not hold (O(the context))"),
+    )
+
+    def __init__(self, read: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[Metric]:
+        """The names, without reading the caches (the registry asks when this is registered)."""
+        return self._families({})
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._read())
+
+    def _families(self, stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
+        for key, doc in self._GAUGES:
+            g = GaugeMetricFamily(f"orchard_cache_{key}", doc, labels=["cache"])
+            for name, s in stats.items():
+                g.add_metric([name], s.get(key, 0))
+            yield g
+        for key, doc in self._COUNTERS:
+            c = CounterMetricFamily(f"orchard_cache_{key}", doc, labels=["cache"])
+            for name, s in stats.items():
+                c.add_metric([name], s.get(key, 0))
+            yield c
 
 
 class Metrics:
@@ -19,9 +59,12 @@ class Metrics:
         inflight: Callable[[], float] = lambda: 0,
         queued_bytes: Callable[[], float] = lambda: 0,
         paced: Callable[[], float] = lambda: 0,
+        caches: Callable[[], dict[str, dict[str, int]]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if caches is not None:
+            r.register(_Caches(caches))
         self.calls = Counter("orchard_calls", "Calls handled", ["dialect", "outcome"], registry=r)
         self.errors = Counter(
             "orchard_errors", "Calls that ended in an error", ["dialect", "kind"], registry=r

@@ -67,6 +67,10 @@ class Recent(Generic[K, E]):
             self._keys.clear()
             self._bytes = 0
 
+    def __len__(self) -> int:
+        """Keys held."""
+        return len(self._keys)
+
     @property
     def size(self) -> int:
         """Bytes charged now."""

@@ -217,6 +217,25 @@ class Recorder:
         proc = self.proc
         return "process" if proc is not None and proc.is_ready else "starting"
 
+    def caches(self) -> dict[str, dict[str, int]]:
+        """The recording side's per-session caches (``stats()`` of each: entries, bytes, max_bytes,
+        hits, misses): ``ids`` (answers' prompt ids), ``state`` (the database writer's), and under
+        ``wal`` ``spool_bases`` (capture lines). With the writer process, ``ids`` and ``state`` are
+        its own, as of its last batch, and ``writer_requests`` is its request cache (it decodes the lines)."""
+        out: dict[str, dict[str, int]] = {}
+        proc = self.proc if self.writer == "process" else None
+        child = proc.caches if proc is not None else None
+        if child:
+            out.update(child)
+        else:
+            out["ids"] = self.ids.stats()
+            enc = getattr(self.store, "encoder", None)
+            if enc is not None:
+                out["state"] = enc.stats()
+        if self.durability == "wal":
+            out["spool_bases"] = self.lines.stats()
+        return out
+
     @property
     def healthy(self) -> bool:
         return self.last_error is None and not self.spool_pending

@@ -274,6 +274,17 @@ class RequestCache:
             self._recent.put(key, _Entry(raw, _own(obj), call_id, None))
         return Parsed(obj, None)
 
+    def stats(self) -> dict[str, int]:
+        """Keys held (sessions, or openings), their bytes, the bound; bodies read from a cached
+        one (hits) or parsed whole (misses)."""
+        return {
+            "entries": len(self._recent),
+            "bytes": self._recent.size,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
     def entries(self) -> list[_Entry]:
         """Every cached body (for tests and inspection)."""
         return [e for lst in self._recent.lists() for e in lst]

@@ -252,6 +252,19 @@ class TitoSessions:
         self.grown = 0
         """Branch texts extended by an answer's small rendering (checked on the same schedule)."""
         self._probed = False
+        self.hits = 0
+        """Calls of a session held here (its branches in memory, in step with the database)."""
+        self.misses = 0
+        """Calls whose session was rebuilt from the database first (dropped here, or served elsewhere)."""
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "entries": len(self._sessions),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
@@ -309,13 +322,13 @@ class TitoSessions:
     ) -> Plan:
         """The prompt's ids for this request: the branch it continues (its ids extended by the
         template's ids for what is new) or a fresh rendering."""
-        if key is not None and self.source is not None:
-            self._sync(key)
+        restored = key is not None and self.source is not None and self._sync(key)
         snapshot: list[tuple[Branch, int, Ids, str, Any, Any, str | None, bytes]] = []
         if key is not None:
             with self._lock:
                 sess = self._sessions.get(key)
                 if sess is not None:
+                    self.hits += not restored
                     self._sessions.move_to_end(key)
                     snapshot = [
                         (b, b.version, b.tokens, b.text, b.seen, b.tools, b.tail, b.json)
@@ -469,15 +482,19 @@ class TitoSessions:
                 "image(s) (images where this model's template puts none, e.g. inside tool results)"
             )
 
-    def _sync(self, key: str) -> None:
-        """Rebuild ``key`` from the database when it holds calls this state does not account for."""
+    def _sync(self, key: str) -> bool:
+        """Rebuild ``key`` from the database when it holds calls this state does not account for
+        (True: it did)."""
         assert self.source is not None
         n = self.source.count(key)
         with self._lock:
             sess = self._sessions.get(key)
             known = sess.synced if sess is not None else 0
-        if n > known:
-            self.restore(key, *self.source.load(key))
+        if n <= known:
+            return False
+        self.misses += 1
+        self.restore(key, *self.source.load(key))
+        return True
 
     def restore(self, key: str, synced: int, recorded: list[Recorded]) -> None:
         """Replace ``key``'s branches with the recorded ones (each branch's last call)."""

@@ -65,11 +65,24 @@ class Translator:
         self._recent: Recent[tuple[str, Dialect], _State] = Recent(max_bytes, CANDIDATES)
         self.reused = 0
         """Items whose translation was reused."""
+        self.hits = 0
+        """Session requests translated on a previous one's translation."""
+        self.misses = 0
+        """Session requests translated whole."""
 
     @property
     def size(self) -> int:
         """Bytes its states are charged now."""
         return self._recent.size
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "entries": len(self._recent),
+            "bytes": self._recent.size,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
 
     def to_chat(
         self, dialect: Dialect, body: dict[str, Any], session: str | None, cost: int
@@ -91,7 +104,9 @@ class Translator:
             if n > k:
                 state, k = st, n
         if state is None:
+            self.misses += 1
             return self._whole(dialect, body, session, items, cost)
+        self.hits += 1
         if dialect is Dialect.MESSAGES:
             chat, new = self._messages(body, items, state, k, cost)
         else:

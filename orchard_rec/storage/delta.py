@@ -299,6 +299,19 @@ class Encoder:
         self._states: OrderedDict[str, SessionState] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.hits = 0
+        """Session calls encoded on the session's state held here (``Store.write_batch`` counts)."""
+        self.misses = 0
+        """Session calls whose session had to be read back from the database first."""
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "entries": len(self._states),
+            "bytes": self._bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
 
     def state(self, session_id: str | None) -> SessionState | None:
         with self._lock:

@@ -203,8 +203,10 @@ class Store:
                 cached = self.encoder.state(sid)
                 if cached is not None:
                     states[sid] = cached.copy()
+                    self.encoder.hits += 1
                 elif last > len(group):  # the session has calls this writer has not seen
                     states[sid] = self._load_state(db, sid)
+                    self.encoder.misses += 1
                 else:
                     states[sid] = SessionState()
                 order.extend(group)

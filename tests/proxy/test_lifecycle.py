@@ -123,3 +123,46 @@ def test_healthz_and_metrics(upstream, proxy_factory, sqlite_url) -> None:  # ty
     assert "orchard_call_duration_seconds_bucket" in text and "orchard_upstream_ttfb_seconds_count" in text
     assert "orchard_writer_queue_depth 0.0" in text
     assert 'orchard_bytes_total{direction="out"}' in text
+
+
+def test_healthz_and_metrics_report_the_per_session_caches(
+    upstream, proxy_factory, sqlite_url, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Each per-session cache's entries, bytes, bound, hits and misses: a writer that keeps no
+    session (a bound of 0) reads each session back from the database on its every call, and says so."""
+    import json
+
+    monkeypatch.setenv("ORCHARD_STATE_CACHE_MB", "0")
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token", durability="wal")
+    history: dict[str, list[dict[str, str]]] = {"a": [], "b": []}
+    for turn in range(3):
+        for s, msgs in history.items():
+            msgs.append({"role": "user", "content": f"{s} turn {turn}: " + "words " * 1500})
+            req = urllib.request.Request(
+                f"{proxy.url}/s/{s}/v1/chat/completions",
+                data=json.dumps({"model": "m", "messages": msgs, "max_tokens": 8}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            answer = json.loads(urllib.request.urlopen(req).read())
+            msgs.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        proxy.flush()
+    with urllib.request.urlopen(proxy.url + "/healthz") as r:
+        caches = json.loads(r.read())["caches"]
+    assert {"requests", "translations", "ids", "state", "spool_bases"} <= set(caches)
+    for stats in caches.values():
+        assert set(stats) == {"entries", "bytes", "max_bytes", "hits", "misses"}
+    state = caches["state"]
+    assert state["max_bytes"] == 0 and state["entries"] == 0 and state["bytes"] == 0
+    assert state["hits"] == 0 and state["misses"] == 4  # turns 2 and 3 of both sessions
+    ids = caches["ids"]
+    assert (
+        ids["entries"] == 2
+        and ids["misses"] == 2
+        and ids["hits"] == 4
+        and 0 < ids["bytes"] <= ids["max_bytes"]
+    )
+    assert caches["requests"]["hits"] >= 4 and caches["spool_bases"]["hits"] >= 4
+    with urllib.request.urlopen(proxy.url + "/metrics") as r:
+        text = r.read().decode()
+    assert 'orchard_cache_misses_total{cache="state"} 4.0' in text
+    assert 'orchard_cache_entries{cache="ids"} 2.0' in text and "orchard_cache_max_bytes" in text

@@ -32,7 +32,7 @@ from factories import (
 )
 
 from orchard_rec.proxy import BackgroundServer, ProxyConfig
-from orchard_rec.proxy.app import RECORDER, build_app
+from orchard_rec.proxy.app import RECORDER, cache_stats, build_app
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.records import CallRecord
@@ -82,6 +82,10 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
             assert rec.flush()
         assert rec.proc is not None and rec.proc.started == 1
         assert rec.healthy and rec.spool_depth == 0 and rec.written == 6
+        caches = cache_stats(proxy.app)  # the child's own, as its last batch reported them
+        assert caches["state"]["entries"] == 1 and caches["state"]["hits"] == 5
+        assert "writer_requests" in caches and "spool_bases" in caches
+        assert ("tito" in caches) == (mode == "tito")
     ids = IdParser()
     return [c.to_record(ids) for c in caps]
 
