@@ -32,7 +32,7 @@ from factories import (
 )
 
 from orchard_rec.proxy import BackgroundServer, ProxyConfig
-from orchard_rec.proxy.app import RECORDER, cache_stats, build_app
+from orchard_rec.proxy.app import RECORDER, build_app, cache_stats
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.records import CallRecord
