@@ -616,11 +616,27 @@ class _Grower:
         return body
 
 
-def interleave_run(tmp: Path, durability: str, sessions: int, turns: int) -> dict[str, Any]:
+CACHE_VARS = (
+    "ORCHARD_IDS_CACHE_MB",
+    "ORCHARD_STATE_CACHE_MB",
+    "ORCHARD_REQUEST_CACHE_MB",
+    "ORCHARD_SPOOL_BASES_MB",
+)
+"""The per-session caches' bounds (``--interleave-cache-mb`` sets them all)."""
+
+
+def interleave_run(
+    tmp: Path, durability: str, sessions: int, turns: int, cache_mb: float | None = None
+) -> dict[str, Any]:
     """``sessions`` sessions advancing in turn, a call each per round (what a proxy sees from many
     rollouts at once), each round recorded before the next: the proxy's CPU per call by turn, when
-    the sessions outnumber what its per-session caches hold (ids, request, storage state)."""
-    st = FastStack(tmp, durability, name=f"interleave-{durability}")
+    the sessions outnumber what its per-session caches hold (ids, request, storage state).
+    ``cache_mb``: every per-session cache bounded to this (``CACHE_VARS``): the sessions then
+    outnumber what they hold, as thousands of sessions would at their defaults. The caches'
+    hits and misses at the end come from ``/healthz``."""
+    env = {v: str(cache_mb) for v in CACHE_VARS} if cache_mb is not None else {}
+    name = f"interleave-{durability}" + ("" if cache_mb is None else f"-{cache_mb:g}mb")
+    st = FastStack(tmp, durability, name=name, env_extra=env)
     growers = [_Grower(100 + i) for i in range(sessions)]
     rows = []
     h = Http(st.port)
@@ -647,9 +663,18 @@ def interleave_run(tmp: Path, durability: str, sessions: int, turns: int) -> dic
                 }
             )
         rss = _rss_mb(st.proxy.pid)
+        caches = json.loads(h.get("/healthz")).get("caches") or {}
     finally:
         st.stop()
-    return {"durability": durability, "sessions": sessions, "rows": rows, "rss_mb": rss, "load": _load()}
+    return {
+        "durability": durability,
+        "sessions": sessions,
+        "rows": rows,
+        "rss_mb": rss,
+        "load": _load(),
+        "cache_mb": cache_mb,
+        "caches": caches,
+    }
 
 
 def tito_run(tmp: Path, turns: int, durability: str = "wal") -> dict[str, Any]:
@@ -762,7 +787,22 @@ def _interleave_report(r: dict[str, Any], verdicts: list[str]) -> list[str]:
         f" ({r['load']}; proxy RSS at the end {r['rss_mb']:.0f} MB):"
     )
     what = f"{r['sessions']} sessions interleaved ({d})"
-    return _by_turn(r["rows"], head, "other threads (writer)", what, verdicts)
+    if r.get("cache_mb") is not None:
+        head = head[:-1] + (
+            f", every per-session cache bounded to {r['cache_mb']:g} MB (`{'`, `'.join(CACHE_VARS)}`):"
+            " the sessions outnumber what the caches hold, as thousands of long sessions would at the defaults:"
+        )
+        what += f", caches {r['cache_mb']:g} MB"
+    out = _by_turn(r["rows"], head, "other threads (writer)", what, verdicts)
+    if r.get("caches"):
+        parts = [
+            f"{name} {c['hits']} hits / {c['misses']} misses ({c['entries']} held, {c['bytes'] / 1e6:.1f}"
+            f" of {c['max_bytes'] / 1e6:.0f} MB)"
+            for name, c in r["caches"].items()
+            if c.get("hits") or c.get("misses")
+        ]
+        out += ["", "Caches at the end (`/healthz`): " + "; ".join(parts) + "."]
+    return out
 
 
 class HttpError(RuntimeError):
@@ -1341,6 +1381,13 @@ def main() -> None:
         " durability: proxy CPU per call by turn past its per-session caches (0 skips it)",
     )
     ap.add_argument(
+        "--interleave-cache-mb",
+        type=float,
+        default=None,
+        help="with --interleave: also run it with every per-session cache bounded to this many MB"
+        " (the sessions then outnumber what the caches hold)",
+    )
+    ap.add_argument(
         "--before", default=None, help="with --render: a --json of the same run on an earlier tree, compared"
     )
     ap.add_argument(
@@ -1413,9 +1460,10 @@ def main() -> None:
     if a.interleave:
         results["interleave"] = []
         for d in [d for d in a.fast.split(",") if d]:
-            r = interleave_run(tmp, d, a.interleave, a.fast_turns)
-            print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
-            results["interleave"].append(r)
+            for mb in (None, a.interleave_cache_mb) if a.interleave_cache_mb is not None else (None,):
+                r = interleave_run(tmp, d, a.interleave, a.fast_turns, mb)
+                print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+                results["interleave"].append(r)
     if a.tito:
         results["tito"] = tito_run(tmp, a.tito)
         print(json.dumps({k: v for k, v in results["tito"].items() if k != "rows"}), flush=True)
