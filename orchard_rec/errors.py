@@ -57,6 +57,7 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "UsageError",
+    "cache_stats",
     "env_megabytes",
 ]
 
@@ -98,6 +99,13 @@ def env_megabytes(name: str, default: float) -> int:
     if not 0 <= mb < 1 << 40:
         raise UsageError(f"{name} must be a number of megabytes (0 or more), got {raw[:40]!r}")
     return int(mb * (1 << 20))
+
+
+def cache_stats(entries: int, nbytes: int, max_bytes: int, hits: int, misses: int) -> dict[str, int]:
+    """What a per-session cache reports (``/healthz`` ``caches``, ``/metrics`` ``orchard_cache_*``):
+    keys held, their bytes by its own count, its bound (``env_megabytes``), calls it served (hits)
+    and calls whose session it no longer held or never had (misses: O(the context) again)."""
+    return {"entries": entries, "bytes": nbytes, "max_bytes": max_bytes, "hits": hits, "misses": misses}
 
 
 class ExportError(OrchardError):

@@ -53,7 +53,7 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.errors import env_megabytes
+from orchard_rec.errors import cache_stats, env_megabytes
 from orchard_rec.proxy import idcut
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
@@ -289,13 +289,13 @@ class Encoder:
         """Sessions' bases held (one per kind: request, upstream, ids) and translated bodies, their
         bytes, the bound (each: ``ORCHARD_SPOOL_BASES_MB``); values written on a base (hits) or
         whole (misses)."""
-        return {
-            "entries": len(self.bases),
-            "bytes": self.bases.bytes + self.objs_bytes,
-            "max_bytes": self.bases.max_bytes + self.max_objs_bytes,
-            "hits": self.based,
-            "misses": self.whole,
-        }
+        return cache_stats(
+            len(self.bases),
+            self.bases.bytes + self.objs_bytes,
+            self.bases.max_bytes + self.max_objs_bytes,
+            self.based,
+            self.whole,
+        )
 
     def reset(self) -> None:
         self.bases.clear()

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec.errors import cache_stats
 from orchard_rec.storage.delta import Ids
 
 __all__ = ["Cut", "IdParser", "Known", "cut", "id_paths"]
@@ -233,13 +234,7 @@ class IdParser:
     def stats(self) -> dict[str, int]:
         """Sessions held, their bytes, the bound; prompts parsed from a session's last (hits) or
         whole (misses: a session's first call, or one this cache had let go)."""
-        return {
-            "entries": len(self._cache),
-            "bytes": self._bytes,
-            "max_bytes": self.max_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return cache_stats(len(self._cache), self._bytes, self.max_bytes, self.hits, self.misses)
 
     def _remember(self, session: str, data: bytes, s: int, e: int, ids: Ids) -> None:
         size = len(data) + ids.nbytes  # the answer the prefix is a view of, the ids' buffer

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple, cast
 
 import orjson
 
-from orchard_rec.errors import env_megabytes
+from orchard_rec.errors import cache_stats, env_megabytes
 from orchard_rec.proxy.recent import Recent
 
 __all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
@@ -277,13 +277,7 @@ class RequestCache:
     def stats(self) -> dict[str, int]:
         """Keys held (sessions, or openings), their bytes, the bound; bodies read from a cached
         one (hits) or parsed whole (misses)."""
-        return {
-            "entries": len(self._recent),
-            "bytes": self._recent.size,
-            "max_bytes": self.max_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return cache_stats(len(self._recent), self._recent.size, self.max_bytes, self.hits, self.misses)
 
     def entries(self) -> list[_Entry]:
         """Every cached body (for tests and inspection)."""

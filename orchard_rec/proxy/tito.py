@@ -53,7 +53,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from orchard_rec.errors import BadRequest, UpstreamProtocolError, env_megabytes
+from orchard_rec.errors import BadRequest, UpstreamProtocolError, cache_stats, env_megabytes
 from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.protocol.images import decode_data_url
 from orchard_rec.reconstruct.vision import image_token_id
@@ -258,13 +258,7 @@ class TitoSessions:
         """Calls whose session was rebuilt from the database first (dropped here, or served elsewhere)."""
 
     def stats(self) -> dict[str, int]:
-        return {
-            "entries": len(self._sessions),
-            "bytes": self.bytes,
-            "max_bytes": self.max_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return cache_stats(len(self._sessions), self.bytes, self.max_bytes, self.hits, self.misses)
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool

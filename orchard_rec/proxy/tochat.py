@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchard_rec import protocol
-from orchard_rec.errors import BadRequest, env_megabytes
+from orchard_rec.errors import BadRequest, cache_stats, env_megabytes
 from orchard_rec.protocol import anthropic, responses
 from orchard_rec.proxy.recent import Recent
 from orchard_rec.records import Dialect
@@ -76,13 +76,7 @@ class Translator:
         return self._recent.size
 
     def stats(self) -> dict[str, int]:
-        return {
-            "entries": len(self._recent),
-            "bytes": self._recent.size,
-            "max_bytes": self.max_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return cache_stats(len(self._recent), self._recent.size, self.max_bytes, self.hits, self.misses)
 
     def to_chat(
         self, dialect: Dialect, body: dict[str, Any], session: str | None, cost: int

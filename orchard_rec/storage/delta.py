@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 from sqlalchemy import bindparam, select
 
+from orchard_rec.errors import cache_stats
 from orchard_rec.protocol.images import ImageRef, image_ref
 from orchard_rec.records import CallRecord
 from orchard_rec.storage import layout
@@ -305,13 +306,7 @@ class Encoder:
         """Session calls whose session had to be read back from the database first."""
 
     def stats(self) -> dict[str, int]:
-        return {
-            "entries": len(self._states),
-            "bytes": self._bytes,
-            "max_bytes": self.max_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return cache_stats(len(self._states), self._bytes, self.max_bytes, self.hits, self.misses)
 
     def state(self, session_id: str | None) -> SessionState | None:
         with self._lock:
