@@ -164,6 +164,10 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
     from orchard_rec.proxy.app import RECORDER, build_app
 
     app = build_app(cfg)
+    if cfg.mode != "passthrough":  # answers carry id arrays: their parser's kernels, before serving
+        from orchard_rec.proxy import idcut
+
+        idcut.warm()
     recorder = app[RECORDER]
     recorder.store = LoggedStore(recorder.store)  # type: ignore[assignment]
     started = time.monotonic()

@@ -7,9 +7,11 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, cut
+from orchard_rec.proxy.idcut import ARROW_BYTES, MIN_BYTES, IdParser, cut, int_array
 from orchard_rec.proxy.token import plan_for
 from orchard_rec.records import Dialect
 
@@ -375,3 +377,89 @@ def test_an_ids_anywhere_else_is_a_list_in_the_record() -> None:
     rec = cap.to_record(IdParser())
     assert rec.prompt_ids == tuple(PROMPT) and type(rec.response["choices"][1]["prompt_token_ids"]) is list
     assert record_from_json(record_to_json(rec)).response == obj
+
+
+# -- a long prompt parsed whole: Arrow's kernels, without the interpreter lock -------------------
+
+LONG = [(i * 7919) % 151_000 for i in range(ARROW_BYTES // 3)]  # ~6 bytes an id: past ARROW_BYTES
+
+
+def _ref(span: bytes) -> list[int] | None:
+    """What ``int_array`` must equal when it answers: orjson's ints, if they fit 4 bytes."""
+    try:
+        got = orjson.loads(span)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(got, list) or not all(type(x) is int and -(2**31) <= x < 2**31 for x in got):
+        return None
+    return got
+
+
+@settings(max_examples=400, deadline=None)
+@given(hs.lists(hs.integers(-(2**31), 2**31 - 1), max_size=50))
+def test_int_array_reads_every_compact_int32_array(xs: list[int]) -> None:
+    got = int_array(orjson.dumps(xs))
+    assert got is not None and got.itemsize == 4 and list(got) == xs
+
+
+@settings(max_examples=1500, deadline=None)
+@given(hs.text(alphabet="0123456789,- ", max_size=16))
+def test_int_array_answers_only_what_json_says(body: str) -> None:
+    """Any bytes of digits, commas, minus signs and spaces: an answer equals orjson's parse
+    (leading zeros, empty elements, stray signs, an id past 4 bytes: None, never another value)."""
+    span = b"[" + body.encode() + b"]"
+    got = int_array(span)
+    ref = _ref(span)
+    if got is not None:
+        assert list(got) == ref
+    elif ref is not None:
+        assert " " in body  # whitespace is left to orjson; every compact array is read
+
+
+@pytest.mark.parametrize(
+    "span", [b"[01]", b"[-01]", b"[1,00]", b"[2147483648]", b"[-2147483649]", b"[1,,2]", b""]
+)
+def test_int_array_declines(span: bytes) -> None:
+    assert int_array(span) is None
+
+
+def test_long_prompt_parsed_whole_then_grown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's first long prompt goes through ``int_array`` (a 4-byte buffer of its own), the
+    next is parsed past it as before; both records equal the whole parse."""
+    from orchard_rec.proxy import idcut
+
+    read: list[int] = []
+
+    def spy(span: bytes) -> Any:
+        got = int_array(span)
+        read.append(-1 if got is None else len(got))
+        return got
+
+    monkeypatch.setattr(idcut, "int_array", spy)
+    ids = IdParser()
+    grown = [*LONG, 7, 8, 42]
+    for prompt in (LONG, grown):
+        data = orjson.dumps(answer(prompt))
+        got, want = record(data, ids), record(data, None)
+        assert got.prompt_ids == want.prompt_ids == tuple(prompt)
+        assert got.response == want.response
+    assert (ids.hits, ids.misses) == (1, 1) and read == [len(LONG)]
+    _, held, _ = ids._cache["s"]
+    assert held._buf.itemsize == 4 and len(held) == len(grown)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[*LONG[:-1], 2**31], [*LONG[:-1], -(2**31) - 1], [float(x) for x in LONG[:20_000]]],
+    ids=["past-int32", "below-int32", "floats"],
+)
+def test_long_prompt_arrow_cannot_read_is_parsed_as_before(prompt: list[Any]) -> None:
+    data = orjson.dumps(answer(prompt))
+    assert (
+        record(data, IdParser()).prompt_ids == record(data, None).prompt_ids == tuple(int(x) for x in prompt)
+    )
+
+
+def test_long_pretty_printed_prompt_is_parsed_as_before() -> None:
+    data = orjson.dumps(answer(LONG)).replace(b",", b", ")
+    assert record(data, IdParser()).prompt_ids == tuple(LONG)
