@@ -149,7 +149,7 @@ def _only_ints(b: bytes) -> bool:
     return not b.translate(None, _INT_CHARS)
 
 
-_COMPACT_INTS = b"0123456789,-"
+_DIGITS_COMMAS = b"0123456789,"
 ARROW_BYTES = 64 * 1024
 """Id arrays at least this long (~10k ids) parsed whole go through ``int_array``; shorter ones hold
 the lock for well under a millisecond through ``orjson``, and Arrow's fixed cost is ~50 us."""
@@ -172,21 +172,12 @@ def warm() -> None:
     _kernels()
 
 
-def _leading_zero(body: bytes) -> bool:
-    """Whether a number in ``body`` (ints and commas) starts with ``0`` and goes on with a digit
-    (``01``, ``-01``: not JSON, though Arrow reads them): each ``0`` after a separator must end
-    its number."""
-    for sep in (b",0", b"-0"):
-        if body.count(sep) != body.count(sep + b",") + body.endswith(sep):
-            return True
-    return body[:1] == b"0" and len(body) > 1 and body[1:2] != b","
-
-
 def int_array(span: bytes | memoryview) -> array[int] | None:
-    """A compact JSON array of ints (``[1,2,-3]``, no whitespace) as an ``array("i")``, parsed by
-    Arrow's C++ kernels (split on commas, cast to int32) with the interpreter lock released; None
-    when ``span`` is not such an array or an element does not fit 4 bytes (the caller parses it as
-    before). Equal to ``array("i", orjson.loads(span))`` whenever it answers."""
+    """A compact JSON array of non-negative ints (``[1,2,3]``, no whitespace: token ids as vLLM and
+    orjson write them) as an ``array("i")``, parsed by Arrow's C++ kernels (split on commas, cast
+    to int32) with the interpreter lock released; None when ``span`` is not such an array (a
+    minus sign, whitespace, a leading zero, an empty element) or an id does not fit 4 bytes: the
+    caller parses it as before. Equal to ``array("i", orjson.loads(span))`` whenever it answers."""
     n = len(span)
     if n < 2 or span[0] != 0x5B or span[n - 1] != 0x5D:  # [ ]
         return None
@@ -194,15 +185,20 @@ def int_array(span: bytes | memoryview) -> array[int] | None:
     out: array[int] = array("i")
     if not body:
         return out
-    if out.itemsize != 4 or body.translate(None, _COMPACT_INTS) or _leading_zero(body):
+    if out.itemsize != 4 or body.translate(None, _DIGITS_COMMAS):
         return None
     pa = _kernels()
+    pc = pa.compute
     try:
-        parts = pa.compute.split_pattern(pa.array([body], pa.binary()), b",")
-        ints = pa.compute.cast(parts.flatten(), pa.int32())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # "1,,2", "--1", past 4 bytes
-        return None
-    if ints.null_count:
+        parts = pc.split_pattern(pa.array([body], pa.binary()), b",").flatten()
+        ints = pc.cast(parts, pa.int32())  # "1,,2" (an empty element), past 4 bytes: invalid
+        # "01": a number, for Arrow; not for JSON
+        if (
+            ints.null_count
+            or pc.any(pc.and_(pc.starts_with(parts, "0"), pc.greater(pc.binary_length(parts), 1))).as_py()
+        ):
+            return None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     buf = ints.buffers()[1]
     out.frombytes(memoryview(buf)[ints.offset * 4 : (ints.offset + len(ints)) * 4])

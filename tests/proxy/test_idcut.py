@@ -396,8 +396,8 @@ def _ref(span: bytes) -> list[int] | None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(hs.lists(hs.integers(-(2**31), 2**31 - 1), max_size=50))
-def test_int_array_reads_every_compact_int32_array(xs: list[int]) -> None:
+@given(hs.lists(hs.integers(0, 2**31 - 1), max_size=50))
+def test_int_array_reads_every_compact_array_of_ids(xs: list[int]) -> None:
     got = int_array(orjson.dumps(xs))
     assert got is not None and got.itemsize == 4 and list(got) == xs
 
@@ -406,18 +406,18 @@ def test_int_array_reads_every_compact_int32_array(xs: list[int]) -> None:
 @given(hs.text(alphabet="0123456789,- ", max_size=16))
 def test_int_array_answers_only_what_json_says(body: str) -> None:
     """Any bytes of digits, commas, minus signs and spaces: an answer equals orjson's parse
-    (leading zeros, empty elements, stray signs, an id past 4 bytes: None, never another value)."""
+    (leading zeros, empty elements, signs, an id past 4 bytes: None, never another value)."""
     span = b"[" + body.encode() + b"]"
     got = int_array(span)
     ref = _ref(span)
     if got is not None:
         assert list(got) == ref
     elif ref is not None:
-        assert " " in body  # whitespace is left to orjson; every compact array is read
+        assert " " in body or "-" in body  # left to orjson; every compact array of ids is read
 
 
 @pytest.mark.parametrize(
-    "span", [b"[01]", b"[-01]", b"[1,00]", b"[2147483648]", b"[-2147483649]", b"[1,,2]", b""]
+    "span", [b"[01]", b"[1,00]", b"[2147483648]", b"[-1]", b"[1,,2]", b"[1,]", b"[1 ]", b""]
 )
 def test_int_array_declines(span: bytes) -> None:
     assert int_array(span) is None
@@ -450,8 +450,8 @@ def test_long_prompt_parsed_whole_then_grown(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(
     "prompt",
-    [[*LONG[:-1], 2**31], [*LONG[:-1], -(2**31) - 1], [float(x) for x in LONG[:20_000]]],
-    ids=["past-int32", "below-int32", "floats"],
+    [[*LONG[:-1], 2**31], [*LONG[:-1], -1], [float(x) for x in LONG[:20_000]]],
+    ids=["past-int32", "negative", "floats"],
 )
 def test_long_prompt_arrow_cannot_read_is_parsed_as_before(prompt: list[Any]) -> None:
     data = orjson.dumps(answer(prompt))
