@@ -27,6 +27,7 @@ Here:
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -153,17 +154,15 @@ _DIGITS_COMMAS = b"0123456789,"
 ARROW_BYTES = 64 * 1024
 """Id arrays at least this long (~10k ids) parsed whole go through ``int_array``; shorter ones hold
 the lock for well under a millisecond through ``orjson``, and Arrow's fixed cost is ~50 us."""
-_arrow: Any = None
 
 
+@functools.cache
 def _kernels() -> Any:
-    global _arrow
-    if _arrow is None:
-        import pyarrow
-        import pyarrow.compute
+    """``pyarrow`` with its compute module, imported once, on first use."""
+    import pyarrow
+    import pyarrow.compute
 
-        _arrow = pyarrow
-    return _arrow
+    return pyarrow
 
 
 def warm() -> None:
