@@ -210,7 +210,7 @@ DbOpt = typer.Option(
 
 ProxyMode = Literal["token", "passthrough", "tito"]
 OnMismatch = Literal["split", "realign"]
-Credit = Literal["assistant", "last-turn", "turn-weights", "value"]
+Credit = Literal["assistant", "last-turn", "turn-weights", "value", "critical-step"]
 
 # the session selection every command that reads samples shares (export, teacher, reward ...)
 SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
