@@ -1227,12 +1227,12 @@ def export(
     select: str | None = typer.Option(
         None,
         "--select",
-        help="bar:N:LO:HI - Balanced Adaptive Rollout: exactly N attempts per group, positives ratio in [LO, HI] (needs --group-by).",
+        help="bar:N:LO:HI[:STRIDE] - Balanced Adaptive Rollout: exactly N attempts per group, positives ratio in [LO, HI], tried on growing prefixes of STRIDE attempts (needs --group-by).",
     ),
     filters: list[str] | None = typer.Option(
         None,
         "--filter",
-        help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, pass-rate, positive-only.",
+        help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, has-positive, pass-rate, positive-only.",
     ),
     seed: int | None = typer.Option(
         None, "--seed", help="Seed for --select tie order and the pass-rate filter."
@@ -1279,17 +1279,18 @@ def export(
         except ValueError:
             raise usage_error("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
         window = (lo, hi)
-    bar: tuple[int, float, float] | None = None
+    bar: tuple[int, float, float] | tuple[int, float, float, int] | None = None
     if select is not None:
         parts = select.split(":")
         try:
-            if len(parts) != 4 or parts[0] != "bar":
+            if len(parts) not in (4, 5) or parts[0] != "bar":
                 raise ValueError
-            bar = (int(parts[1]), float(parts[2]), float(parts[3]))
+            bar = (int(parts[1]), float(parts[2]), float(parts[3]), *(int(p) for p in parts[4:]))  # type: ignore[assignment]
         except ValueError:
-            raise usage_error("--select takes bar:N:LO:HI, e.g. bar:8:0.25:0.75") from None
-        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0:
-            raise usage_error("--select bar:N:LO:HI needs N >= 1 and 0 <= LO <= HI <= 1")
+            raise usage_error("--select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75") from None
+        assert bar is not None
+        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0 or (len(bar) > 3 and bar[3] < 1):
+            raise usage_error("--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1")
     if (bar is not None or filters) and not group_by:
         raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
     from orchard_rec.selection import FILTERS

@@ -16,7 +16,7 @@ Sample filters (``statuses``, ``min_reward``) apply after reconstruction.
 reward's total (``orchard-rec reward``), any other key a named reward of the outcome or a
 number in its metadata. With ``group_by``, recipe selection works on each group's
 attempts (a session = an attempt, with its samples' reward and status): ``select =
-(N, lo, hi)`` keeps exactly N attempts by Balanced Adaptive Rollout, and ``filters``
+(N, lo, hi)`` or ``(N, lo, hi, stride)`` keeps exactly N attempts by Balanced Adaptive Rollout, and ``filters``
 apply slime's dynamic-sampling filters by name (``orchard_rec.selection``); what each
 dropped is counted in ``selection_stats``. Both need the group's samples, so a group is
 reconstructed whole before any of it is yielded.
@@ -137,7 +137,7 @@ def iter_samples(
     on_session: Callable[[Any], None] | None = None,
     tokenizer: Any = None,
     reward_key: str | None = None,
-    select: tuple[int, float, float] | None = None,
+    select: tuple[int, float, float] | tuple[int, float, float, int] | None = None,
     seed: int | None = None,
     filters: Sequence[str] | None = None,
     selection_stats: SelectionStats | None = None,
@@ -239,7 +239,8 @@ def iter_samples(
             stats.groups += 1
             chosen = attempts
             if select is not None:
-                chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed)
+                stride = select[3] if len(select) > 3 else None
+                chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed, stride=stride)
                 stats.bar[how] = stats.bar.get(how, 0) + 1
             if chain is not None and not chain.keep(chosen):
                 for name, n in chain.dropped.items():
