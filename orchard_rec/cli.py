@@ -1219,6 +1219,11 @@ def export(
         "--rollout-size",
         help="slime: samples per file (files out_0.pt, out_1.pt, ... or a {rollout_id} template).",
     ),
+    processor: str | None = typer.Option(
+        None,
+        "--processor",
+        help="slime: the model's image processor (model folder, hub id or 'demo') for samples with images.",
+    ),
     reward_key: str | None = typer.Option(
         None,
         "--reward-key",
@@ -1270,6 +1275,8 @@ def export(
     _check_out(fmt, out)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
+    if processor is not None and fmt != "slime":
+        raise usage_error("--processor is for --format slime (its samples carry the processor's output)")
     if pass_rate and not group_by:
         raise usage_error("--pass-rate needs --group-by (a pass rate is a property of a group)")
     window = None
@@ -1290,7 +1297,9 @@ def export(
             raise usage_error("--select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75") from None
         assert bar is not None
         if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0 or (len(bar) > 3 and bar[3] < 1):
-            raise usage_error("--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1")
+            raise usage_error(
+                "--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1"
+            )
     if (bar is not None or filters) and not group_by:
         raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
     from orchard_rec.selection import FILTERS
@@ -1301,7 +1310,9 @@ def export(
     from orchard_rec.pipeline import SelectionStats
 
     sel_stats = SelectionStats()
-    options = {"rollout_size": rollout_size} if rollout_size else {}
+    options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
+    if processor is not None:
+        options["processor"] = processor
     since_ts = _since(since)
     tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
     selection = {"sessions": session, "since": since_ts, "harness": harness}

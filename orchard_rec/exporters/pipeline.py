@@ -74,6 +74,8 @@ def export(
         teachers = TeacherStore(store.engine)
         if teachers.has_table() and "teacher" not in selection:
             selection["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
+            if hasattr(exporter, "teacher_fill") and teachers.has_rows():
+                exporter.teacher_fill = True  # a sample the teacher missed: zeros, masked out
         samples = select_samples(
             store,
             on_session=on_session,

@@ -241,6 +241,7 @@ def reconstruct(
             if len(spans) != len(s.images):
                 s.metadata["image_spans_mismatch"] = True
         if outcome is not None:
+            s.outcome = outcome
             s.reward = dict(outcome.reward) if isinstance(outcome.reward, Mapping) else outcome.reward
             if outcome.status is not None and s.status is SampleStatus.COMPLETED:
                 s.status = SampleStatus(outcome.status)

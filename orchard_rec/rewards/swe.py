@@ -58,7 +58,14 @@ import orjson
 from orchard_rec.rewards.base import RewardResult, register
 from orchard_rec.steps import Step
 
-__all__ = ["SWE_WEIGHTS", "SweProcessReward", "extract_patch", "is_test_path", "observed_tests", "patch_diff_files"]
+__all__ = [
+    "SWE_WEIGHTS",
+    "SweProcessReward",
+    "extract_patch",
+    "is_test_path",
+    "observed_tests",
+    "patch_diff_files",
+]
 
 SWE_WEIGHTS: dict[str, float] = {
     "resolved": 1.0,
@@ -280,7 +287,9 @@ class SweProcessReward:
         else:
             files = [f for f in edit_at if not is_test_path(f)]
             if files:
-                notes.append("no submitted patch in the outcome: localization and extra files from the run's edits")
+                notes.append(
+                    "no submitted patch in the outcome: localization and extra files from the run's edits"
+                )
 
         def where(f: str) -> int:
             hit = _first(i for k, i in edit_at.items() if _same_file(k, f))
