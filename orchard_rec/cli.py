@@ -1883,7 +1883,9 @@ def teacher(
     top_k: int = typer.Option(
         0, "--top-k", help="Also store the teacher's top-K log-probs per response token."
     ),
-    max_len: int | None = typer.Option(None, "--max-len", help="Longest token sequence the teacher accepts."),
+    max_len: int | None = typer.Option(
+        None, "--max-len", help="Longest token sequence the teacher accepts (default: asked of the server)."
+    ),
     truncation: Literal["prefix", "suffix"] = typer.Option(
         "prefix",
         "--truncation",
