@@ -126,7 +126,7 @@ def to_slime_dict(
     d = _slime_defaults()
     meta = s.to_dict()["metadata"]
     if s.outcome is not None and s.outcome.metadata:
-        meta = {**orjson.loads(orjson.dumps(dict(s.outcome.metadata))), **meta}
+        meta = {**orjson.loads(orjson.dumps(dict(s.outcome.metadata), default=str)), **meta}
     status = str(s.status)
     d.update(
         group_index=s.group_index if s.group_index is not None else group_id,
