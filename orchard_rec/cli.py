@@ -461,7 +461,7 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     return u
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, option: str = "--host") -> None:
     """The address is this machine's and the port free (port 0: the address only)."""
     import errno
     import socket
@@ -482,7 +482,7 @@ def _check_port(host: str, port: int) -> None:
     except OSError as exc:
         if exc.errno == errno.EADDRNOTAVAIL:
             raise usage_error(
-                f"--host {host} is not an address of this machine",
+                f"{option} {host} is not an address of this machine",
                 "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
             ) from None
         raise CliError(
@@ -1719,7 +1719,7 @@ def intercept(
         for k, v in info.env().items():
             typer.echo(f"export {k}={v}")
         return
-    _check_port(cfg.listen_host, cfg.listen_port)
+    _check_port(cfg.listen_host, cfg.listen_port, "--listen")
     _check_spool(spool, db)
     open_write(db).close()
     run_intercept(cfg, verbose=verbose)

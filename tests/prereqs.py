@@ -49,6 +49,15 @@ class Need:
     """What installs it (also what the failure line tells a person to run)."""
     apt: bool = False
 
+    @property
+    def shown(self) -> str:
+        """The command as a person would type it."""
+        if self.command[: len(_CLI)] == _CLI:
+            return " ".join(["orchard-rec", *self.command[len(_CLI) :]])
+        return " ".join(
+            os.path.relpath(x, HERE.parent) if x.startswith(str(HERE)) else x for x in self.command
+        )
+
 
 def _has_postgres() -> bool:
     return bool(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or shutil.which("initdb") is not None
@@ -120,7 +129,7 @@ NEEDS = (
 
 def _run(need: Need, say: Callable[[str], None]) -> None:
     start = time.monotonic()
-    say(f"test setup: installing {need.name} ({' '.join(need.command[-4:])}) ...")
+    say(f"test setup: installing {need.name} ({need.shown}) ...")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     steps = [["apt-get", "update", "-qq"], need.command] if need.apt else [need.command]
     for cmd in steps:
@@ -130,13 +139,14 @@ def _run(need: Need, say: Callable[[str], None]) -> None:
                 -1
             ]
             pytest.exit(
-                f"test setup: installing {need.name} failed ({' '.join(cmd)}: {why.strip()}); "
+                f"test setup: installing {need.name} failed ({need.shown if cmd is need.command else ' '.join(cmd)}: "
+                f"{why.strip()}); "
                 f"install it by hand, or {OPT_OUT}=0 to run without installs",
                 returncode=pytest.ExitCode.USAGE_ERROR,
             )
     if not need.present():
         pytest.exit(
-            f"test setup: {' '.join(need.command)} ran but {need.name} is still missing",
+            f"test setup: {need.shown} ran but {need.name} is still missing",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
     say(f"test setup: {need.name} installed in {time.monotonic() - start:.0f} s")
@@ -158,7 +168,7 @@ def ensure(
         if need.apt and os.geteuid() != 0:
             pytest.exit(
                 f"test setup: {need.name} is missing and installing it needs root: "
-                f"sudo {' '.join(need.command)} (or {OPT_OUT}=0 to run without it)",
+                f"sudo {need.shown} (or {OPT_OUT}=0 to run without it)",
                 returncode=pytest.ExitCode.USAGE_ERROR,
             )
         _run(need, say)
