@@ -8,8 +8,8 @@ before parsing, and gives every command and option what the declarations do not 
 - Metavars in typer's conventions (``TEXT``, ``INTEGER``, ``FLOAT``, ``PATH``, ``[a|b]``), or a
   name that says what goes there (``SESSION``, ``URL``, ``LO:HI``): ``METAVARS`` by option.
   A metavar given in the declaration wins.
-- A float option refuses ``nan`` and ``inf`` (exit 2, the option named): no number a person
-  types means either.
+- A float option refuses ``nan`` and ``inf`` as it is parsed (exit 2, "--reward nan: not a
+  finite number"): no number a person types means either.
 
 ``tests/cli/test_help.py`` walks the same tree and holds every command to it: examples that
 parse, a description on every option, ``-h``.
@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from typing import Any
+
+from orchard_rec.errors import UsageError
 
 __all__ = ["EXAMPLES", "METAVARS", "commands", "teach"]
 
@@ -153,9 +155,7 @@ def _finite(callback: Any) -> Any:
         values = value if isinstance(value, (list, tuple)) else [value]
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):
-                from typer._click.exceptions import BadParameter
-
-                raise BadParameter(f"{v} is not a number: give a finite one", ctx=ctx, param=param)
+                raise UsageError(f"{param.opts[0]} {v}: not a finite number")
         return callback(ctx, param, value) if callback is not None else value
 
     return check

@@ -124,9 +124,9 @@ def db(tmp_path: Path) -> str:
             "'bogus' is not one of: completed, truncated",
         ),
         (["sessions", "--status", "bogus"], 2, "'bogus' is not one of: completed, truncated"),
-        (["export", "--min-reward", "nan", "--out", "x.jsonl"], 2, "nan is not a number"),
-        (["sessions", "--min-reward", "inf"], 2, "inf is not a number"),
-        (["outcome", "s", "--reward", "nan"], 2, "nan is not a number"),
+        (["export", "--min-reward", "nan", "--out", "x.jsonl"], 2, "--min-reward nan: not a finite number"),
+        (["sessions", "--min-reward", "inf"], 2, "--min-reward inf: not a finite number"),
+        (["outcome", "s", "--reward", "nan"], 2, "--reward nan: not a finite number"),
         (["export", "--seed", "3", "--out", "x.jsonl"], 2, "without either it changes nothing"),
         (
             ["export", "--group-by", "t", "--filter", "nonzero-std", "--seed", "3", "--out", "x.jsonl"],
