@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from orchard_rec.clihelp import teach
 from orchard_rec.errors import OrchardError, UsageError
 from orchard_rec.storage.store import default_db_url
 
@@ -71,6 +72,7 @@ with contextlib.suppress(ImportError):
 
     _CLICK.append(_typer_click)
 _USAGE = tuple({m.UsageError for m in _CLICK})
+_NO_ARGS = tuple({m.NoArgsIsHelpError for m in _CLICK if hasattr(m, "NoArgsIsHelpError")})
 _CLICK_ERROR = tuple({m.ClickException for m in _CLICK})
 _EXIT = tuple({getattr(m, "Exit", typer.Exit) for m in _CLICK} | {typer.Exit})
 _ABORT = tuple({getattr(m, "Abort", typer.Abort) for m in _CLICK} | {typer.Abort, KeyboardInterrupt})
@@ -102,7 +104,12 @@ def _explain(exc: BaseException) -> tuple[str, str | None, int]:
 
 
 class _Group(TyperGroup):
-    """Every command's errors end here: one or two lines on stderr and an exit code."""
+    """Every command's errors end here: one or two lines on stderr and an exit code. Every
+    command's help gets its examples and metavars here too (``orchard_rec.clihelp``)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        teach(self)
 
     def main(  # type: ignore[override]
         self,
@@ -131,6 +138,9 @@ class _Group(TyperGroup):
                 standalone_mode=False,
                 **extra,
             )
+        except _NO_ARGS as exc:  # `orchard-rec`, `orchard-rec db`: the help, and success
+            typer.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            sys.exit(0)
         except _USAGE as exc:
             path = exc.ctx.command_path if exc.ctx is not None else "orchard-rec"
             _report(exc.format_message(), f"see: {path} --help")
@@ -152,8 +162,13 @@ class _Group(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
+
 def _typer(**kw: Any) -> typer.Typer:
-    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False, **kw)
+    return typer.Typer(
+        no_args_is_help=True, rich_markup_mode=None, add_completion=False, context_settings=HELP_OPTIONS, **kw
+    )
 
 
 app = _typer(cls=_Group, help="Record LLM calls of agent harnesses and turn them into training samples.")
@@ -164,6 +179,7 @@ app.add_typer(harness_app, name="harness")
 train_app = _typer(help="Reference training loops (needs the train extra: torch).")
 app.add_typer(train_app, name="train")
 demo_app = typer.Typer(
+    context_settings=HELP_OPTIONS,
     rich_markup_mode=None,
     add_completion=False,
     invoke_without_command=True,
@@ -219,6 +235,25 @@ HarnessOpt = typer.Option(None, "--harness", help="Only sessions of this harness
 OnMismatchOpt = typer.Option(
     "split", "--on-mismatch", help="A prompt that extends no sample: split (a linked sample) or realign."
 )
+CreditOpt = typer.Option(
+    "assistant",
+    "--credit",
+    help="Which generated tokens train: assistant (all), last-turn, turn-weights, or value (rising steps).",
+)
+HostOpt = typer.Option("127.0.0.1", "--host", help="Address to listen on (one of this machine's).")
+
+
+def _check_statuses(values: list[str] | None) -> list[str] | None:
+    """``--status``: each one of the session statuses (exit 2 otherwise)."""
+    from orchard_rec.records import SESSION_STATUSES
+
+    for v in values or ():
+        if v not in SESSION_STATUSES:
+            raise usage_error(f"--status {v!r} is not one of: {', '.join(SESSION_STATUSES)}")
+    return values
+
+
+StatusMetavar = "[completed|truncated|aborted|failed]"
 
 
 # -- the database ------------------------------------------------------------------------------------
@@ -416,7 +451,7 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     u = upstream.strip().rstrip("/")
     parts = urlsplit(u)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        guess = f"http://{u}" if "://" not in u else u
+        guess = f"http://{u}" if "://" not in u else f"http://{u.split('://', 1)[1]}"
         raise usage_error(f"{option} {upstream!r} is not an http(s) URL", f"e.g. {option} {guess}") from None
     if openai_style and not parts.path.rstrip("/").endswith("/v1"):
         _warn(
@@ -426,11 +461,13 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     return u
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, option: str = "--host") -> None:
+    """The address is this machine's and the port free (port 0: the address only)."""
+    import errno
     import socket
 
-    if port == 0:
-        return
+    if not 0 <= port <= 65535:
+        raise usage_error(f"port {port} is not a port: 0 to 65535 (0: any free port)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -443,12 +480,37 @@ def _check_port(host: str, port: int) -> None:
     except PermissionError:
         raise CliError(f"no permission to listen on {host}:{port}", "choose a --port above 1023") from None
     except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise usage_error(
+                f"{option} {host} is not an address of this machine",
+                "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
+            ) from None
         raise CliError(
             f"port {port} on {host} is in use ({exc.strerror})",
             "stop what listens there (another orchard-rec?) or choose another --port",
         ) from None
     finally:
         s.close()
+
+
+def _check_spool(spool: str | None, db: str) -> None:
+    """No other proxy holds the spool (its lock), checked before anything is created."""
+    import fcntl
+
+    from orchard_rec.proxy.app import default_spool
+
+    path = Path(spool) if spool else default_spool(db)
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CliError(
+                f"spool {path} is in use by another orchard-rec (serve or intercept) on this database",
+                "stop that one, or give this one its own --spool (or another --db)",
+            ) from None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _proxy_config(**kw: Any) -> ProxyConfig:
@@ -470,7 +532,7 @@ def serve(
         ..., "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server base URL including /v1."
     ),
     db: str = DbOpt,
-    host: str = typer.Option("127.0.0.1", "--host"),
+    host: str = HostOpt,
     port: int = typer.Option(8100, "--port", min=0, max=65535, help="0: any free port."),
     mode: ProxyMode = typer.Option(
         "token",
@@ -484,8 +546,12 @@ def serve(
         "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
     ),
     tool_parser: Literal["hermes"] = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser."),
-    max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body accepted."),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
+    max_body_mb: float = typer.Option(
+        64.0, "--max-body-mb", help="Largest request body accepted, in megabytes (> 0)."
+    ),
+    connect_timeout: float = typer.Option(
+        10.0, "--connect-timeout", help="Seconds to wait for the upstream to accept a connection."
+    ),
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
@@ -547,6 +613,8 @@ def serve(
 
     if max_queue_bytes < 0:
         raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
+    if max_body_mb <= 0:
+        raise usage_error(f"--max-body-mb {max_body_mb:g}: must be above 0", "the default is 64 (megabytes)")
     if pace_queue_bytes < 0:
         raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
     upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
@@ -589,6 +657,7 @@ def serve(
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
+    _check_spool(spool, db)
     open_write(db).close()  # reachable, writable, migrated: before anything listens
     configure_logging(log_level, log_format)
     serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
@@ -710,11 +779,14 @@ def sessions(
         help="The newest N sessions (default: 100 in a table, all with --json; 0: all).",
     ),
     since: datetime | None = typer.Option(None, "--since", help="Active since (ISO date/time, UTC)."),
-    harness: str | None = typer.Option(None, "--harness"),
-    status: list[str] | None = typer.Option(None, "--status", help="Outcome status (repeatable)."),
+    harness: str | None = typer.Option(None, "--harness", help="Only sessions of this harness."),
+    status: list[str] | None = typer.Option(
+        None, "--status", metavar=StatusMetavar, help="Outcome status (repeatable)."
+    ),
     min_reward: float | None = typer.Option(None, "--min-reward", help="Scalar reward at least this."),
 ) -> None:
     """List recorded sessions (newest last) with their outcome, model and size."""
+    _check_statuses(status)
     n = limit if limit is not None else (None if as_json else 100)
     with _reading(db) as store:
         rows, total = _session_rows(
@@ -877,8 +949,8 @@ def show(
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); ids are shown without it."
     ),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
-    credit: Credit = typer.Option("assistant", "--credit"),
+    on_mismatch: OnMismatch = OnMismatchOpt,
+    credit: Credit = CreditOpt,
     prompt_chars: int = typer.Option(
         600, "--prompt-chars", help="Show at most this many characters of each prompt (its end)."
     ),
@@ -934,13 +1006,13 @@ def _show_html(
 @app.command()
 def ui(
     db: str = DbOpt,
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8200, "--port"),
+    host: str = HostOpt,
+    port: int = typer.Option(8200, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); else the recorded text."
     ),
     on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
-    credit: Credit = typer.Option("assistant", "--credit"),
+    credit: Credit = CreditOpt,
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
@@ -948,6 +1020,7 @@ def ui(
     from orchard_rec.ui import build_ui_app
 
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
+    _check_port(host, port)
     with _reading(db) as store:
         app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
         typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
@@ -958,7 +1031,12 @@ def ui(
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: str = DbOpt, revision: str = typer.Option("head", "--revision")) -> None:
+def db_upgrade(
+    db: str = DbOpt,
+    revision: str = typer.Option(
+        "head", "--revision", help="The schema revision to migrate to (default: the newest)."
+    ),
+) -> None:
     """Create or migrate the database schema."""
     from orchard_rec.storage import migrate
 
@@ -1074,8 +1152,8 @@ def demo(
 
 @demo_app.command("upstream")
 def demo_upstream(
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    host: str = HostOpt,
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     vlm: bool = typer.Option(
         False, "--vlm", help="Accept images and expand them into <|image_pad|> runs as Qwen2-VL does."
     ),
@@ -1196,7 +1274,7 @@ def export(
     since: datetime | None = SinceOpt,
     harness: str | None = HarnessOpt,
     on_mismatch: OnMismatch = OnMismatchOpt,
-    credit: Credit = typer.Option("assistant", "--credit"),
+    credit: Credit = CreditOpt,
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
@@ -1208,9 +1286,11 @@ def export(
         help="Outcome metadata key whose value groups sessions (GRPO groups), or 'session'.",
     ),
     status: list[str] | None = typer.Option(
-        None, "--status", help="Keep samples with this status (repeatable)."
+        None, "--status", metavar=StatusMetavar, help="Keep samples with this status (repeatable)."
     ),
-    min_reward: float | None = typer.Option(None, "--min-reward"),
+    min_reward: float | None = typer.Option(
+        None, "--min-reward", help="Keep samples whose scalar reward is at least this."
+    ),
     pass_rate: str | None = typer.Option(
         None, "--pass-rate", help="LO:HI - keep groups whose pass rate is in [LO, HI] (needs --group-by)."
     ),
@@ -1240,7 +1320,7 @@ def export(
         help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, has-positive, pass-rate, positive-only.",
     ),
     seed: int | None = typer.Option(
-        None, "--seed", help="Seed for --select tie order and the pass-rate filter."
+        None, "--seed", help="Seed for --select's tie order and --filter pass-rate (needs one of them)."
     ),
     require_teacher: bool = typer.Option(
         False,
@@ -1280,11 +1360,16 @@ def export(
     if pass_rate and not group_by:
         raise usage_error("--pass-rate needs --group-by (a pass rate is a property of a group)")
     window = None
+    _check_statuses(status)
     if pass_rate:
         try:
             lo, hi = (float(x) for x in pass_rate.split(":"))
         except ValueError:
             raise usage_error("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
+        if not 0.0 <= lo <= hi <= 1.0:  # also nan
+            raise usage_error(
+                f"--pass-rate {pass_rate}: needs 0 <= LO <= HI <= 1", "e.g. --pass-rate 0.25:0.75"
+            )
         window = (lo, hi)
     bar: tuple[int, float, float] | tuple[int, float, float, int] | None = None
     if select is not None:
@@ -1307,6 +1392,11 @@ def export(
     for name in filters or ():
         if name not in FILTERS:
             raise usage_error(f"--filter {name!r} is not a filter", f"one of: {', '.join(FILTERS)}")
+    if seed is not None and bar is None and "pass-rate" not in (filters or ()):
+        raise usage_error(
+            "--seed orders --select's ties and --filter pass-rate's draws: without either it changes nothing",
+            "add --select bar:N:LO:HI or --filter pass-rate, or leave --seed out",
+        )
     from orchard_rec.pipeline import SelectionStats
 
     sel_stats = SelectionStats()
@@ -1370,17 +1460,35 @@ def export(
             require_teacher=require_teacher,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
-    if bar is not None or filters:
-        typer.echo(f"selection: {sel_stats.summary()}", err=True)
+    selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
+    if stats.samples == 0:
+        given = [
+            name
+            for name, on in (
+                ("--status", status),
+                ("--min-reward", min_reward is not None),
+                ("--pass-rate", pass_rate),
+                ("--select", bar),
+                ("--filter", filters),
+                ("--require-teacher", require_teacher),
+                ("--no-auxiliary", auxiliary is False),
+            )
+            if on
+        ]
+        if given:
+            raise CliError(
+                f"no sample passed {', '.join(given)} ({total} sessions selected)",
+                selection_line
+                or "loosen them; `orchard-rec sessions` shows each session's status and reward",
+            )
+        raise CliError(
+            f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer)"
+        )
+    if selection_line:
+        typer.echo(selection_line, err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
-    if stats.samples == 0:
-        raise CliError(
-            "no sample passed the filters (--status, --min-reward, --pass-rate)"
-            if (status or min_reward is not None or pass_rate)
-            else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)"
-        )
 
 
 # -- outcome --------------------------------------------------------------------------------------------------------
@@ -1416,7 +1524,9 @@ def outcome(
         "--reward-json",
         help='Named rewards, e.g. \'{"tests": 1, "style": 0.5}\' (with --reward: stored as "reward" beside them).',
     ),
-    status: Literal["completed", "truncated", "aborted", "failed"] | None = typer.Option(None, "--status"),
+    status: Literal["completed", "truncated", "aborted", "failed"] | None = typer.Option(
+        None, "--status", help="How the session ended."
+    ),
     step_values: str | None = typer.Option(
         None, "--step-values", help="Comma-separated value per model turn."
     ),
@@ -1494,8 +1604,10 @@ def harness_config(
         ..., help="codex | claude-code | openclaw | pi | opencode | hermes | kimi | zeroclaw"
     ),
     base_url: str = typer.Option("http://127.0.0.1:8100", "--base-url", help="The proxy's address."),
-    session: str | None = typer.Option(None, "--session"),
-    model: str = typer.Option("MODEL", "--model"),
+    session: str | None = typer.Option(
+        None, "--session", help="A fixed session id in the URL (default: the harness's own id)."
+    ),
+    model: str = typer.Option("MODEL", "--model", help="The model name the harness asks for."),
 ) -> None:
     """Print what to paste so the harness talks to the proxy."""
     from orchard_rec.harnesses import get
@@ -1514,7 +1626,10 @@ def harness_config(
 
 
 @harness_app.command("install")
-def harness_install(name: str = typer.Argument("all"), force: bool = typer.Option(False, "--force")) -> None:
+def harness_install(
+    name: str = typer.Argument("all", help="A harness name, or all."),
+    force: bool = typer.Option(False, "--force", help="Install again even when the cache has it."),
+) -> None:
     """Install pinned harness CLIs (npm registry, PyPI venvs) into the cache ($ORCHARD_HARNESS_CACHE)."""
     from orchard_rec.harnesses import HARNESSES, get, install
 
@@ -1580,8 +1695,8 @@ def intercept(
         console.print(f"intercept runtime: {exe}")
         return
     host, _, port_text = listen.rpartition(":")
-    if not port_text.isdigit():
-        raise usage_error(f"--listen {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8080")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
     if upstream_override:
         upstream_override = _check_upstream(upstream_override, "--upstream-override")
     if not runtime.has_mitmproxy():
@@ -1616,7 +1731,8 @@ def intercept(
         for k, v in info.env().items():
             typer.echo(f"export {k}={v}")
         return
-    _check_port(cfg.listen_host, cfg.listen_port)
+    _check_port(cfg.listen_host, cfg.listen_port, "--listen")
+    _check_spool(spool, db)
     open_write(db).close()
     run_intercept(cfg, verbose=verbose)
 
@@ -1635,8 +1751,12 @@ def run(
         None, "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server, when starting a proxy."
     ),
     db: str = DbOpt,
-    mode: Literal["token", "passthrough"] = typer.Option("token", "--mode"),
-    model: str = typer.Option("orchard-model", "--model"),
+    mode: Literal["token", "passthrough"] = typer.Option(
+        "token",
+        "--mode",
+        help="The proxy's mode, when starting one: token (ask for token ids) or passthrough.",
+    ),
+    model: str = typer.Option("orchard-model", "--model", help="The model name the harness asks for."),
     binary: str | None = typer.Option(
         None, "--bin", help="The harness executable (default: cache, then PATH)."
     ),
@@ -1645,7 +1765,7 @@ def run(
         "--workdir",
         help="The harness's working folder (default: a temp folder, removed unless --keep).",
     ),
-    timeout: float = typer.Option(600.0, "--timeout"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the harness is stopped."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temp home and working folder (paths printed)."),
 ) -> None:
     """Run a harness through the proxy: private home and config, session-tagged URL, outcome recorded.
@@ -1714,12 +1834,12 @@ def train_sft_cmd(
     model: Path = typer.Option(..., "--model", help="A local Hugging Face causal LM folder."),
     out: Path = typer.Option(..., "--out", help="Where to save the trained checkpoint."),
     db: str = DbOpt,
-    session: list[str] | None = typer.Option(None, "--session"),
-    credit: Credit = typer.Option("assistant", "--credit"),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
-    steps: int = typer.Option(20, "--steps"),
-    batch_size: int = typer.Option(4, "--batch-size"),
-    lr: float = typer.Option(1e-4, "--lr"),
+    session: list[str] | None = SessionsOpt,
+    credit: Credit = CreditOpt,
+    on_mismatch: OnMismatch = OnMismatchOpt,
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Samples per step."),
+    lr: float = typer.Option(1e-4, "--lr", help="Learning rate."),
 ) -> None:
     """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
     try:
