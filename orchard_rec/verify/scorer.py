@@ -56,6 +56,7 @@ class Scorer:
         self.torch = torch
         self.device = device
         self.name = model
+        transformers.utils.logging.disable_progress_bar()  # the report is the output
         torch_dtype = getattr(torch, dtype)
         kw: dict[str, Any] = {"dtype": torch_dtype}
         try:
