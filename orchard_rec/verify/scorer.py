@@ -13,6 +13,7 @@ torch and transformers (the ``hf`` and ``train`` extras) are imported when a ``S
 
 from __future__ import annotations
 
+import inspect
 import io
 from typing import Any
 
@@ -68,18 +69,33 @@ class Scorer:
         self.model.to(device).eval()  # type: ignore[arg-type]
         self._processor: Any = None
 
-    def processor(self) -> Any:
+    def image_processor(self) -> Any:
+        """The model's image processor (the processor's image part; without the rest, which may
+        need more than images do: Qwen2-VL's video processor wants torchvision)."""
         if self._processor is None:
-            from transformers import AutoProcessor
+            from transformers import AutoImageProcessor, AutoProcessor
 
-            self._processor = AutoProcessor.from_pretrained(self.name)
+            try:
+                self._processor = AutoImageProcessor.from_pretrained(self.name)
+            except (OSError, ValueError):
+                proc = AutoProcessor.from_pretrained(self.name)
+                self._processor = getattr(proc, "image_processor", proc)
         return self._processor
 
-    def _image_inputs(self, images: list[Any]) -> dict[str, Any]:
-        proc = self.processor()
-        image_processor = getattr(proc, "image_processor", proc)
-        out = image_processor(images=[_pil(im) for im in images], return_tensors="pt")
-        return {k: v.to(self.device) for k, v in out.items() if hasattr(v, "to")}
+    def _image_inputs(self, images: list[Any], ids: Any) -> dict[str, Any]:
+        out = self.image_processor()(images=[_pil(im) for im in images], return_tensors="pt")
+        extra = {k: v.to(self.device) for k, v in out.items() if hasattr(v, "to")}
+        if "mm_token_type_ids" in inspect.signature(self.model.forward).parameters:
+            # multimodal RoPE (Qwen2-VL in transformers 5) wants each position's modality,
+            # which its processor gives beside input_ids: 1 on image tokens, 2 on video tokens
+            cfg = self.model.config
+            kinds = self.torch.zeros_like(ids)
+            for kind, name in ((1, "image_token_id"), (2, "video_token_id")):
+                tid = getattr(cfg, name, None)
+                if tid is not None:
+                    kinds[ids == tid] = kind
+            extra["mm_token_type_ids"] = kinds
+        return extra
 
     def log_probs(self, view: SampleView) -> list[float]:
         """The model's log-prob of each response token of ``view`` (len = response_length)."""
@@ -87,7 +103,7 @@ class Scorer:
         if view.prompt_length < 1:
             raise ValueError(f"sample {view.index}: no prompt token to condition the first response token on")
         ids = torch.tensor([view.tokens], dtype=torch.long, device=self.device)
-        extra = self._image_inputs(view.images) if view.images else {}
+        extra = self._image_inputs(view.images, ids) if view.images else {}
         with torch.no_grad():
             logits = self.model(input_ids=ids, **extra).logits[0]
             rows = logits[view.prompt_length - 1 : len(view.tokens) - 1]
