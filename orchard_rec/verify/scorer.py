@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import io
+from pathlib import Path
 from typing import Any
 
 from orchard_rec.errors import UsageError
@@ -60,11 +61,14 @@ class Scorer:
         transformers.utils.logging.disable_progress_bar()  # the report is the output
         torch_dtype = getattr(torch, dtype)
         kw: dict[str, Any] = {"dtype": torch_dtype}
+        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().is_dir():
+            raise UsageError(f"no model folder at {model}")
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(model, **kw)
-        except ValueError:  # a vision-language model the causal-LM auto class does not map
-            self.model = transformers.AutoModelForImageTextToText.from_pretrained(model, **kw)
-        except OSError as exc:
+            try:
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(model, **kw)
+            except ValueError:  # a vision-language model the causal-LM auto class does not map
+                self.model = transformers.AutoModelForImageTextToText.from_pretrained(model, **kw)
+        except (OSError, ValueError) as exc:
             raise UsageError(f"cannot load model {model!r}: {exc}".splitlines()[0]) from exc
         self.model.to(device).eval()  # type: ignore[arg-type]
         self._processor: Any = None
