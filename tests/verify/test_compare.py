@@ -85,3 +85,14 @@ def test_the_cli_imports_neither_torch_nor_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_slime_samples_as_a_trainer_holds_them() -> None:
+    """slime's ``Sample`` (the contracts' stand-in when slime is not installed), made from our export."""
+    from orchard_rec.exporters.contracts import slime_sample_class, to_slime_dict
+
+    lps = [-1.0, -2.0, 0.0, -0.5]
+    s = sample(lps, [1, 1, 0, 1], realigned=["c2"])
+    slime = slime_sample_class().from_dict(to_slime_dict(s, group_id=0))
+    c = check_sample(slime, lps[:3] + [-7.0], tolerance=TOL)
+    assert (c.status, c.checked, c.realigned_trained) == ("ok", 2, 1)
