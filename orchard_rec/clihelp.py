@@ -37,6 +37,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "calls": ("orchard-rec calls my-run", "orchard-rec calls my-run --seq 3 --json"),
     "show": ("orchard-rec show my-run --tokenizer demo", "orchard-rec show my-run --html my-run.html"),
     "ui": ("orchard-rec ui", f"orchard-rec ui --db {_PG} --port 8300"),
+    "verify": (
+        "orchard-rec verify --model ./Qwen3-0.6B",
+        "orchard-rec verify --model ./Qwen3-0.6B -i samples.parquet --dtype bfloat16 --max-samples 100",
+    ),
     "export": (
         "orchard-rec export --out samples.jsonl",
         "orchard-rec export -f slime --group-by task --filter nonzero-std --out rollout.pt",
