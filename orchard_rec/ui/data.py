@@ -287,6 +287,10 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     count = select(func.count()).select_from(t).where(*conds)
     with store.engine.connect() as conn:
         total = int(conn.execute(count).scalar_one())
+        last = max(1, -(-total // f.per_page))
+        if f.page > last:  # past the end (a stale link, a hand-typed page): the last page
+            f.page = last
+            stmt = stmt.offset((last - 1) * f.per_page)
         rows = [
             SessionRow(
                 id=r.id,
@@ -389,6 +393,19 @@ def _call_row(c: CallRecord, t0: float, span: float) -> dict[str, Any]:
     }
 
 
+def upstream_error(c: CallRecord) -> Any:
+    """What went wrong in a call: the proxy's error, else the error body an upstream answered
+    with (a 400's ``{"error": {...}}``, relayed as is), else None."""
+    if c.error is not None:
+        return c.error
+    if c.status_code is not None and c.status_code >= 400:
+        resp = c.response
+        if isinstance(resp, dict):
+            return resp.get("error", resp)
+        return resp if resp is not None else f"HTTP {c.status_code}"
+    return None
+
+
 def call_detail(c: CallRecord) -> dict[str, Any]:
     """A call's full record, as the raw-JSON views show it."""
     return {
@@ -397,11 +414,13 @@ def call_detail(c: CallRecord) -> dict[str, Any]:
         "dialect": c.dialect.value,
         "method": c.method,
         "path": c.path,
+        "status_code": c.status_code,
+        "outcome": c.outcome.value,
         "headers": dict(c.headers or {}),
         "request": c.request,
         "upstream_request": c.upstream_request,
         "response": c.response,
-        "error": c.error,
+        "error": upstream_error(c),
         "usage": c.usage,
         "metadata": dict(c.metadata or {}),
         "chat": chat_of(c),
@@ -622,6 +641,8 @@ def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         ops.append({"op": tag, "a": msgs_a[i1:i2], "b": msgs_b[j1:j2]})
     out["messages"] = ops
+    replaced = _replaces_history(msgs_a, ops)
+    out["history"] = "replaced" if replaced else ("none" if a is None else "kept")
     held = None if a is None or a.prompt_ids is None else list(a.prompt_ids) + list(a.completion_ids or ())
     sent = None if b.prompt_ids is None else list(b.prompt_ids)
     if held is not None and sent is not None:
@@ -630,6 +651,8 @@ def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
             verdict = "extends"
         elif len(sent) < len(held) and pos == len(sent):
             verdict = "prefix (fork or retry)"
+        elif replaced:
+            verdict = "replaces history (compaction or a new conversation)"
         elif len(sent) < len(held) * 0.8:
             verdict = "shrinks (compaction?)"
         else:
@@ -647,6 +670,15 @@ def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
     else:
         out["tokens"] = None
     return out
+
+
+def _replaces_history(msgs_a: list[str], ops: list[dict[str, Any]]) -> bool:
+    """Whether the later prompt keeps none of the conversation before it (system messages
+    aside): a compaction's summary, or another conversation on the same opening."""
+    if not any(not m.startswith("system:") for m in msgs_a):
+        return False
+    kept = [m for op in ops if op["op"] == "equal" for m in op["a"] if not m.startswith("system:")]
+    return not kept
 
 
 def _msg_key(m: dict[str, Any]) -> str:

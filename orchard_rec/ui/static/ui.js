@@ -126,7 +126,11 @@
       call.querySelectorAll(".tabs button").forEach(function (b) { b.classList.toggle("on", b.dataset.tab === tab); });
       callDetail(seq).then(function (d) {
         if (tab === "chat") out.innerHTML = renderChat(d.chat);
-        else if (tab === "meta") out.innerHTML = '<pre class="json">' + pretty({ call_id: d.call_id, method: d.method, path: d.path, headers: d.headers, usage: d.usage, metadata: d.metadata, error: d.error }) + "</pre>";
+        else if (tab === "meta") {
+          var meta = { call_id: d.call_id, method: d.method, path: d.path, status: d.status_code, outcome: d.outcome, headers: d.headers, usage: d.usage, metadata: d.metadata };
+          if (d.error != null) meta.error = d.error; /* the proxy's error, or the error body the upstream answered with */
+          out.innerHTML = '<pre class="json">' + pretty(meta) + "</pre>";
+        }
         else out.innerHTML = d[tab] == null ? '<p class="muted">none recorded</p>' : '<pre class="json">' + pretty(d[tab]) + "</pre>";
       }).catch(function (e) { out.textContent = String(e); });
     }
