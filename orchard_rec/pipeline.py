@@ -52,7 +52,7 @@ from orchard_rec.records import Outcome
 from orchard_rec.selection import FilterChain, bar_select
 from orchard_rec.storage.store import SessionSummary, Store
 
-__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward"]
+__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward", "select_group"]
 
 
 def pick_reward(outcome: Outcome | None, key: str) -> float | None:
@@ -118,6 +118,27 @@ def _group_key(summary: SessionSummary, key: str) -> str:
     meta = summary.outcome.metadata if summary.outcome is not None else {}
     v = meta.get(key)
     return "" if v is None else str(v)
+
+
+def select_group(
+    attempts: list[Attempt],
+    select: tuple[int, float, float] | None,
+    chain: FilterChain | None,
+    seed: int | None,
+    stats: SelectionStats,
+) -> list[Attempt] | None:
+    """Recipe selection over one group's attempts: BAR's N of them (``select``), then the
+    filters on those; None when a filter drops the group. Counts into ``stats``."""
+    stats.groups += 1
+    chosen = attempts
+    if select is not None:
+        chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed)
+        stats.bar[how] = stats.bar.get(how, 0) + 1
+    if chain is not None and not chain.keep(chosen):
+        for name, n in chain.dropped.items():
+            stats.dropped[name] = n
+        return None
+    return chosen
 
 
 def iter_samples(
@@ -236,14 +257,8 @@ def iter_samples(
     for group_index, rows in batches:
         if group_index is not None and (select is not None or chain is not None):
             attempts = [Attempt(summary, samples_of(summary, calls)) for summary, calls in rows]
-            stats.groups += 1
-            chosen = attempts
-            if select is not None:
-                chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed)
-                stats.bar[how] = stats.bar.get(how, 0) + 1
-            if chain is not None and not chain.keep(chosen):
-                for name, n in chain.dropped.items():
-                    stats.dropped[name] = n
+            chosen = select_group(attempts, select, chain, seed, stats)
+            if chosen is None:
                 for a in attempts:
                     if on_session is not None:
                         on_session(a.summary)

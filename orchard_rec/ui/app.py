@@ -33,6 +33,7 @@ from orchard_rec.ui.data import (
     session_view,
     sessions_stats,
 )
+from orchard_rec.ui.groups import FILTERS, GroupError, attempt_diff, group_list, group_view, parse_select
 from orchard_rec.ui.thumbs import thumbnails
 
 __all__ = ["UI_STORE", "build_ui_app", "render_session_html"]
@@ -297,6 +298,76 @@ async def session_stats(request: web.Request) -> web.Response:
     return _json(await _run(request, read, request.app[UI_STORE], request.match_info["sid"]))
 
 
+def _group_args(request: web.Request) -> dict[str, Any]:
+    q = request.query
+    seed_text = (q.get("seed") or "").strip()
+    try:
+        seed = int(seed_text) if seed_text else None
+    except ValueError:
+        raise UIError(f"seed must be an integer, got {seed_text!r}") from None
+    try:
+        bar = parse_select(q.get("select") or "")
+    except GroupError as exc:
+        raise UIError(str(exc)) from None
+    return {"select_": bar, "filters": [f for f in q.getall("filter", []) if f], "seed": seed}
+
+
+def _read_group(store: Store, key: str, value: str, args: dict[str, Any], pair: tuple[str, str]) -> Any:
+    try:
+        g = group_view(store, key, value, **args)
+    except GroupError as exc:
+        raise UIError(str(exc)) from None
+    if not g.attempts:
+        raise UIError(f"no session has {key} = {value!r} in its outcome metadata", 404)
+    a, b = pair
+    ids = [r.id for r in g.attempts]
+    if not a or a not in ids:  # default: the first attempt, and the first one scored differently
+        a = ids[0]
+    if not b or b not in ids or b == a:
+        ra = next(r.value for r in g.attempts if r.id == a)
+        b = next((r.id for r in g.attempts if r.value != ra), next((i for i in ids if i != a), ""))
+    diff = attempt_diff(store, a, b) if b else None
+    return g, a, b, diff
+
+
+async def groups_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    key = (request.query.get("key") or "task").strip()
+    groups = await _run(request, group_list, request.app[UI_STORE], key)
+    if request.path.endswith("/api/groups"):
+        return _json({"key": key, "groups": groups})
+    ctx = {"base": st["base"], "key": key, "groups": groups, "standalone": False}
+    return _html(ENV.get_template("groups.html").render(ctx))
+
+
+async def group_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    key, value = request.match_info["key"], request.match_info["value"]
+    args = _group_args(request)
+    pair = (request.query.get("a", ""), request.query.get("b", ""))
+    g, a, b, diff = await _run(request, _read_group, request.app[UI_STORE], key, value, args, pair)
+    if _is_api(request):
+        return _json({**g.to_json(), "pair": diff and {"a": a, "b": b, "diverge": diff["diverge"]}})
+
+    def qs(**changes: str) -> str:
+        items = [(k, v) for k, v in request.query.items() if k not in changes]
+        return urlencode(items + [(k, v) for k, v in changes.items() if v])
+
+    ctx = {
+        "base": st["base"],
+        "g": g,
+        "a": a,
+        "b": b,
+        "diff": diff,
+        "qs": qs,
+        "select_text": request.query.get("select", ""),
+        "seed": args["seed"],
+        "filter_names": list(FILTERS),
+        "standalone": False,
+    }
+    return _html(ENV.get_template("group.html").render(ctx))
+
+
 # -- middleware: errors and keys ---------------------------------------------------------------
 
 
@@ -388,6 +459,10 @@ def build_ui_app(
     r.add_get("/", sessions_page)
     r.add_get("/s/{sid}", session_page)
     r.add_get("/s/{sid}/compare/{seq}", compare_page)
+    r.add_get("/groups", groups_page)
+    r.add_get("/groups/{key}/{value}", group_page)
+    r.add_get("/api/groups", groups_page)
+    r.add_get("/api/groups/{key}/{value}", group_page)
     r.add_get("/api/sessions", api_sessions)
     r.add_get("/api/stats", api_stats)
     r.add_get("/api/sessions/{sid}", api_session)

@@ -63,3 +63,68 @@ def test_what_was_wrong(rl_db: str, ui_server: Any, page: Any) -> None:
     p.wait_for_selector('[data-call-seq="1"] pre.json')
     assert '"error"' not in p.inner_text('[data-call-seq="1"] pre.json')
     screenshot(p, "session-headers.png")
+
+
+def _export_ids(db: str, tmp: Any, *args: str) -> list[str]:
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app as cli_app
+
+    out = tmp / "sel.jsonl"
+    res = CliRunner().invoke(cli_app, ["export", "--format", "jsonl", "--db", db, "--out", str(out), *args])
+    assert res.exit_code == 0, res.output
+    return sorted({json.loads(line)["session_id"] for line in out.read_text().splitlines()})
+
+
+@pytest.mark.slow
+def test_a_task_group_side_by_side(rl_db: str, ui_server: Any, page: Any, tmp_path: Any) -> None:
+    import torch
+
+    srv = ui_server(rl_db)
+    p = page.goto(srv.url + "/")
+    p.click("#nav-groups")
+    p.wait_for_url("**/groups")
+    groups = p.eval_on_selector_all("[data-group]", "els => els.map(e => e.dataset.group)")
+    assert groups == ["fix-bug", "add-test", "refactor"]  # largest first
+    p.click('[data-group="fix-bug"] a')
+    p.wait_for_url("**/groups/task/fix-bug")
+    rewards = [r for r, _ in rldata.TASKS["fix-bug"]]
+    ids = p.eval_on_selector_all("[data-attempt-id]", "els => els.map(e => e.dataset.attemptId)")
+    assert ids == [f"fix-bug-{k}" for k in range(4)]
+    # advantages as GRPO (verl's compute_grpo_outcome_advantage: torch.mean / torch.std + 1e-6)
+    t = torch.tensor(rewards)
+    adv = p.eval_on_selector_all("[data-attempt-id]", "els => els.map(e => +e.dataset.advantage)")
+    norm = p.eval_on_selector_all("[data-attempt-id]", "els => els.map(e => +e.dataset.normalized)")
+    assert adv == pytest.approx((t - t.mean()).tolist())
+    assert norm == pytest.approx(((t - t.mean()) / (t.std() + 1e-6)).tolist(), rel=1e-5)
+    assert float(p.get_attribute("#pass-rate", "data-pass-rate") or -1) == 0.5
+    # the selection: BAR and a filter, exactly what export keeps
+    p.fill("input[name=select]", "bar:2:0.25:0.75")
+    p.check("input[name=filter][value=nonzero-std]")
+    p.click("#selection button")
+    p.wait_for_url("**select=bar**")
+    kept = p.eval_on_selector_all("[data-kept='1']", "els => els.map(e => e.dataset.attemptId)")
+    export = _export_ids(
+        rl_db, tmp_path, "--group-by", "task", "--select", "bar:2:0.25:0.75", "--filter", "nonzero-std"
+    )
+    assert sorted(kept) == [s for s in export if s.startswith("fix-bug")] and len(kept) == 2
+    assert "kept 2 of 4" in p.inner_text("#selection-verdict")
+    # two attempts side by side: they part at the first answer (step 3: system, user, answer)
+    assert p.get_attribute("#pair", "data-a") == "fix-bug-0"
+    assert p.get_attribute("#pair", "data-b") == "fix-bug-1"
+    assert p.get_attribute("#pair", "data-diverge") == "2"
+    assert p.locator("#pair .msg.diverge").count() == 2
+    screenshot(p, "group.png", full_page=True)
+    # pick another B: fix-bug-2 answers differently too; the selection stays in the URL
+    p.click('[data-attempt-id="fix-bug-2"] .pick-b')
+    p.wait_for_url("**b=fix-bug-2**")
+    assert "select=bar" in p.url and p.get_attribute("#pair", "data-b") == "fix-bug-2"
+    # a group every filter drops: all-zero rewards
+    p = page.goto(srv.url + "/groups/task/add-test?filter=nonzero-std")
+    assert "dropped" in p.inner_text("#selection-verdict")
+    assert p.locator("[data-kept='0']").count() == 3
+    assert _json(srv.url + "/api/groups/task/add-test?filter=nonzero-std")["dropped_by"] == "nonzero-std"
+    assert [g["value"] for g in _json(srv.url + "/api/groups?key=task")["groups"]] == groups
+    r = page.page.goto(srv.url + "/groups/task/fix-bug?select=bar:x")
+    assert r is not None and r.status == 400
+    page.errors.clear()  # the 400 page logs its status
