@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import func, inspect, literal_column, select
+from sqlalchemy import exists, func, inspect, literal_column, select, text
 from sqlalchemy.engine import make_url
 
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
 from orchard_rec.records import CallRecord
-from orchard_rec.storage.models import Session
+from orchard_rec.storage.models import Call, Session
 from orchard_rec.storage.store import SessionSummary, Store
 from orchard_rec.ui.chat import conversation, response_turn
 
@@ -88,6 +88,10 @@ class SessionFilter:
     reward_max: float | None = None
     since: float | None = None
     until: float | None = None
+    model: str = ""
+    errors: bool = False
+    meta: list[str] = field(default_factory=list)
+    """``key=value`` (the outcome metadata's ``key`` is ``value``, or a list holding it) or ``key`` (present)."""
     sort: str = "started"
     order: str = "desc"
     page: int = 1
@@ -134,10 +138,17 @@ class SessionFilter:
         status = q.get("status") or ""
         if status and status not in STATUSES:
             raise UIError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        meta = [m.strip() for m in (q.getall("meta", []) if hasattr(q, "getall") else []) if m.strip()]
+        for m in meta:
+            if not m.partition("=")[0].strip():
+                raise UIError(f"meta takes KEY=VALUE or KEY, got {m!r}")
         return cls(
             q=(q.get("q") or "").strip(),
             harness=(q.get("harness") or "").strip(),
             status=status,
+            model=(q.get("model") or "").strip(),
+            errors=(q.get("errors") or "") in ("1", "on", "true"),
+            meta=meta,
             reward_min=num("reward_min"),
             reward_max=num("reward_max"),
             since=when("since"),
@@ -148,17 +159,21 @@ class SessionFilter:
             per_page=integer("per_page", 50, 1, 500),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
+    def query(self, **changes: Any) -> list[tuple[str, str]]:
         """The query string of this filter (with ``changes``), for links; defaults left out."""
         d = {**self.__dict__, **changes}
-        out: dict[str, str] = {}
+        out: list[tuple[str, str]] = []
         for k, v in d.items():
-            if v is None or v == "" or (k, v) in (("sort", "started"), ("order", "desc"), ("page", 1)):
+            if v is None or v == "" or v is False or v == [] or (k, v) in _DEFAULTS:
                 continue
-            if (k, v) == ("per_page", 50):
-                continue
-            out[k] = str(v)
+            if k == "meta":
+                out += [("meta", m) for m in v]
+            else:
+                out.append((k, "1" if v is True else str(v)))
         return out
+
+
+_DEFAULTS = (("sort", "started"), ("order", "desc"), ("page", 1), ("per_page", 50))
 
 
 def _reward_expr(dialect: str) -> Any:
@@ -187,8 +202,35 @@ def _epoch(dt: datetime | None) -> float | None:
     return dt.timestamp()
 
 
+def _meta_cond(m: str, i: int, dialect: str) -> Any:
+    """The outcome metadata's ``key`` equals ``value`` (as text), or is a list holding it; or,
+    without ``=value``, is present."""
+    key, eq, value = m.partition("=")
+    key, value = key.strip(), value.strip()
+    k, v = f"mk{i}", f"mv{i}"
+    if dialect == "postgresql":
+        node = f"(sessions.outcome_metadata -> CAST(:{k} AS text))"
+        if not eq:
+            return text(f"{node} IS NOT NULL").bindparams(**{k: key})
+        sql = (
+            f"CASE WHEN json_typeof({node}) = 'array' THEN EXISTS "
+            f"(SELECT 1 FROM json_array_elements_text({node}) AS e(x) WHERE e.x = :{v}) "
+            f"ELSE (sessions.outcome_metadata ->> CAST(:{k} AS text)) = :{v} END"
+        )
+        return text(f"({sql})").bindparams(**{k: key, v: value})
+    path = "$." + '"' + key.replace('"', '""') + '"'
+    if not eq:
+        return text(f"json_type(sessions.outcome_metadata, :{k}) IS NOT NULL").bindparams(**{k: path})
+    sql = (  # json_each of a scalar is that one value; of an array, its elements
+        f"json_type(sessions.outcome_metadata, :{k}) != 'object' AND EXISTS "
+        f"(SELECT 1 FROM json_each(sessions.outcome_metadata, :{k}) WHERE CAST(value AS TEXT) = :{v})"
+    )
+    return text(f"({sql})").bindparams(**{k: path, v: value})
+
+
 def _where(f: SessionFilter, dialect: str) -> list[Any]:
     t = Session.__table__.c
+    c = Call.__table__.c
     conds: list[Any] = []
     if f.q:
         like = f"%{f.q}%"
@@ -202,6 +244,12 @@ def _where(f: SessionFilter, dialect: str) -> list[Any]:
         conds.append(reward >= f.reward_min)
     if f.reward_max is not None:
         conds.append(reward <= f.reward_max)
+    if f.model:
+        conds.append(exists().where(c.session_id == t.id, c.model == f.model))
+    if f.errors:
+        conds.append(exists().where(c.session_id == t.id, (c.outcome != "ok") | c.error.is_not(None)))
+    for i, m in enumerate(f.meta):
+        conds.append(_meta_cond(m, i, dialect))
     if f.since is not None:
         conds.append(t.created_at >= _ts(f.since))
     if f.until is not None:
@@ -252,6 +300,7 @@ class SessionPage:
     total: int
     filter: SessionFilter
     harnesses: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
 
     @property
     def pages(self) -> int:
@@ -304,8 +353,9 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
             for r in conn.execute(stmt)
         ]
     harnesses = harness_names(store) if with_harnesses else []
+    models = model_names(store) if with_harnesses else []
     _enrich(store, rows)
-    return SessionPage(rows, total, f, harnesses)
+    return SessionPage(rows, total, f, harnesses, models)
 
 
 _HARNESS_CACHE: dict[str, tuple[float, list[str]]] = {}
@@ -323,6 +373,24 @@ def harness_names(store: Store, ttl: float = 30.0) -> list[str]:
     with store.engine.connect() as conn:
         names = sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h)
     _HARNESS_CACHE[store.url] = (now, names)
+    return names
+
+
+_MODEL_CACHE: dict[str, tuple[float, list[str]]] = {}
+
+
+def model_names(store: Store, ttl: float = 30.0) -> list[str]:
+    """The models seen in calls (one scan of the calls table, so cached for ``ttl`` seconds)."""
+    import time
+
+    now = time.monotonic()
+    hit = _MODEL_CACHE.get(store.url)
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    c = Call.__table__
+    with store.engine.connect() as conn:
+        names = sorted(m for (m,) in conn.execute(select(c.c.model).distinct()) if m)
+    _MODEL_CACHE[store.url] = (now, names)
     return names
 
 

@@ -108,12 +108,10 @@ def build(db: str, now: float | None = None) -> dict[str, Any]:
     for task, attempts in TASKS.items():
         for k, (reward, status) in enumerate(attempts):
             recs += attempt_calls(task, k, t0 + i * 5)
-            outcomes.append(
-                (
-                    f"{task}-{k}",
-                    Outcome(reward=reward, status=status, metadata={"task": task, "split": "train"}),
-                )
-            )
+            meta: dict[str, Any] = {"task": task, "split": "train", "tries": k}
+            if k == 1:
+                meta["tags"] = ["hard", "python"]
+            outcomes.append((f"{task}-{k}", Outcome(reward=reward, status=status, metadata=meta)))
             i += 1
     # an upstream 400 (relayed as is: error is None, the body says why)
     bad = {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}

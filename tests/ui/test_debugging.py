@@ -128,3 +128,38 @@ def test_a_task_group_side_by_side(rl_db: str, ui_server: Any, page: Any, tmp_pa
     r = page.page.goto(srv.url + "/groups/task/fix-bug?select=bar:x")
     assert r is not None and r.status == 400
     page.errors.clear()  # the 400 page logs its status
+
+
+@pytest.mark.slow
+def test_filter_by_outcome_metadata_error_and_model(rl_db: str, ui_server: Any, page: Any) -> None:
+    srv = ui_server(rl_db)
+    p = page.goto(srv.url + "/")
+
+    def listed() -> list[str]:
+        return sorted(p.eval_on_selector_all("[data-session-id]", "els => els.map(e => e.dataset.sessionId)"))
+
+    p.fill("input[name=meta]", "task=fix-bug")
+    p.press("input[name=meta]", "Enter")
+    p.wait_for_url("**meta=task%3Dfix-bug**")
+    assert listed() == [f"fix-bug-{k}" for k in range(4)]
+    # a second key narrows (a list value holding it matches)
+    p.locator("input[name=meta]").last.fill("tags=hard")
+    p.locator("input[name=meta]").last.press("Enter")
+    p.wait_for_url("**tags%3Dhard**")
+    assert listed() == ["fix-bug-1"]
+    p = page.goto(srv.url + "/")
+    p.check("input[name=errors]")
+    p.wait_for_url("**errors=1**")
+    assert listed() == ["bad-request"]
+    p = page.goto(srv.url + "/")
+    assert p.eval_on_selector_all("select[name=model] option", "els => els.map(e => e.value)") == [
+        "",
+        "other-model",
+        "qwen-tiny",
+    ]
+    p.select_option("select[name=model]", "other-model")
+    p.wait_for_url("**model=other-model**")
+    assert listed() == ["bad-request"]
+    # the pager keeps the filters
+    p = page.goto(srv.url + "/?meta=split%3Dtrain&per_page=4")
+    assert "meta=split%3Dtrain" in (p.get_attribute(".table-head .next", "href") or "")

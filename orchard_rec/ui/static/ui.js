@@ -42,7 +42,7 @@
   /* ---------------------------------------------------------------- sessions page */
   function sessionsPage() {
     var form = document.getElementById("filters");
-    form.querySelectorAll("select").forEach(function (s) {
+    form.querySelectorAll("select, input[type=checkbox]").forEach(function (s) {
       s.addEventListener("change", function () { form.submit(); });
     });
     form.addEventListener("submit", function () {
