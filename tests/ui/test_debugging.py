@@ -163,3 +163,39 @@ def test_filter_by_outcome_metadata_error_and_model(rl_db: str, ui_server: Any, 
     # the pager keeps the filters
     p = page.goto(srv.url + "/?meta=split%3Dtrain&per_page=4")
     assert "meta=split%3Dtrain" in (p.get_attribute(".table-head .next", "href") or "")
+
+
+@pytest.mark.slow
+def test_a_session_page_updates_in_place_as_calls_arrive(tmp_path: Any, ui_server: Any, page: Any) -> None:
+    import time
+
+    from orchard_rec.records import Outcome
+    from orchard_rec.storage import Store
+
+    db = f"sqlite:///{tmp_path / 'live.db'}"
+    store = Store(db)
+    store.upgrade()
+    first, second = rldata.attempt_calls("live", 0, time.time() - 5)
+    store.write_batch([first])
+    srv = ui_server(db, poll_ms=300)
+    p = page.goto(srv.url + "/s/live-0")
+    page.settle()
+    p.evaluate("window.__notReloaded = 1")
+    p.click('[data-call-seq="1"] .call-head')  # an open call stays open through updates
+    p.wait_for_selector('[data-call-seq="1"] .chat')
+    tokens_before = p.locator('[data-sample-index="0"] [data-token-id]').count()
+    store.write_batch([second])
+    p.wait_for_selector('[data-call-seq="2"]', timeout=15_000)
+    p.wait_for_function("document.body.dataset.tokensReady === '1' && document.body.dataset.calls === '2'")
+    assert p.evaluate("window.__notReloaded") == 1
+    assert p.locator('[data-call-seq="1"] .chat').count() == 1
+    assert p.locator('[data-sample-index="0"] [data-token-id]').count() > tokens_before
+    assert p.locator("#stale").is_hidden() and p.locator(".outcome-card").count() == 0
+    # the new call opens like the others
+    p.click('[data-call-seq="2"] .call-head')
+    p.wait_for_selector('[data-call-seq="2"] .chat .toolres')
+    # an outcome appears in place too
+    store.set_outcome("live-0", Outcome(reward=1.0, status="completed", metadata={"task": "live"}))
+    store.close()
+    p.wait_for_selector(".outcome-card", timeout=15_000)
+    assert p.evaluate("window.__notReloaded") == 1 and "completed" in p.inner_text(".hero")

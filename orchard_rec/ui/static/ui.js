@@ -2,7 +2,7 @@
  * Sessions page: live refresh of the rows (polling /api/stats), selects submit at once.
  * Session page: progressive token rendering (every token element ends up in the DOM), hover
  * details, heat map, call details (chat / raw JSON) fetched from /api or taken from the
- * embedded data in a standalone file, live "new calls" notice. */
+ * embedded data in a standalone file, live updates in place as calls and the outcome arrive. */
 (function () {
   "use strict";
   var body = document.body;
@@ -135,7 +135,7 @@
       }).catch(function (e) { out.textContent = String(e); });
     }
 
-    document.querySelectorAll(".call").forEach(function (call) {
+    function bindCall(call) {
       var head = call.querySelector(".call-head");
       var bodyEl = call.querySelector(".call-body");
       head.addEventListener("click", function () {
@@ -148,10 +148,16 @@
       call.querySelectorAll(".tabs button").forEach(function (b) {
         b.addEventListener("click", function () { showTab(call, b.dataset.tab); });
       });
-    });
+    }
+    document.querySelectorAll(".call").forEach(bindCall);
 
-    var heat = document.getElementById("heat");
-    if (heat) heat.addEventListener("change", function () { body.classList.toggle("heat", heat.checked); });
+    function bindHeat() {
+      var heat = document.getElementById("heat");
+      if (!heat) return;
+      heat.checked = body.classList.contains("heat");
+      heat.addEventListener("change", function () { body.classList.toggle("heat", heat.checked); });
+    }
+    bindHeat();
 
     function bucket(lp) {
       return lp > -0.1 ? 0 : lp > -0.5 ? 1 : lp > -1 ? 2 : lp > -2.5 ? 3 : 4;
@@ -174,41 +180,9 @@
       return '<span class="' + cls + '" data-token-id="' + id + '" data-mask="' + s.mask[k] + '" data-p="' + k + '">' + esc(shown) + "</span>";
     }
 
-    /* Progressive rendering: chunks within a frame budget, sample after sample, until every
-       token element exists. body[data-tokens-ready] says when. */
-    var boxes = Array.prototype.slice.call(document.querySelectorAll(".tokens[data-tokens-for]"));
-    var jobs = boxes.map(function (box) { return { box: box, s: data.samples[+box.dataset.tokensFor], k: 0 }; });
-    jobs.forEach(function (j) { j.box.innerHTML = ""; });
-    var ji = 0;
-    var firstChunk = false;
     function mark(name) { if (window.performance && performance.mark) performance.mark(name); }
-    function step() {
-      var t0 = performance.now();
-      while (ji < jobs.length && performance.now() - t0 < 14) {
-        var j = jobs[ji];
-        var n = j.s.ids.length;
-        /* one block per chunk (so the browser lays out only the new block, and skips off-screen
-           ones: content-visibility), cut after a newline token where one is near */
-        var end = Math.min(n, j.k + 3000);
-        for (var e = Math.min(n, j.k + 2000); e < Math.min(n, j.k + 4000); e++) {
-          var tx = vocab[j.s.ids[e - 1]];
-          if (tx !== undefined && tx.indexOf("\n") >= 0) { end = e; break; }
-        }
-        var html = [];
-        for (var k = j.k; k < end; k++) html.push(tokenHTML(j.s, k));
-        j.box.insertAdjacentHTML("beforeend", '<div class="chunk">' + html.join("") + "</div>");
-        j.k = end;
-        if (end >= n) { j.box.dataset.rendered = "1"; ji++; }
-      }
-      if (!firstChunk) { firstChunk = true; mark("orchard-first-tokens"); }
-      if (ji < jobs.length) requestAnimationFrame(step);
-      else { body.dataset.tokensReady = "1"; mark("orchard-tokens-ready"); }
-    }
-    if (jobs.length) step(); else body.dataset.tokensReady = "1";
-
-    /* Hover details for any token of any sample (one listener per box). */
     function sampleOf(box) { return data.samples[+box.dataset.tokensFor]; }
-    boxes.forEach(function (box) {
+    function hover(box) {
       box.addEventListener("mouseover", function (ev) {
         var t = ev.target.closest("[data-token-id]");
         if (!t) return;
@@ -227,13 +201,97 @@
         tip.style.top = (r.bottom + 6) + "px";
       });
       box.addEventListener("mouseleave", function () { tip.hidden = true; });
-    });
+    }
+
+    /* Progressive rendering: chunks within a frame budget, sample after sample, until every
+       token element exists. body[data-tokens-ready] says when. A live update starts it over
+       (a newer run stops an older one). */
+    var run = 0;
+    function renderSamples() {
+      var mine = ++run;
+      body.dataset.tokensReady = "0";
+      var boxes = Array.prototype.slice.call(document.querySelectorAll(".tokens[data-tokens-for]"));
+      var jobs = boxes.map(function (box) { return { box: box, s: data.samples[+box.dataset.tokensFor], k: 0 }; });
+      jobs.forEach(function (j) { j.box.innerHTML = ""; hover(j.box); });
+      var ji = 0;
+      var firstChunk = false;
+      function step() {
+        if (mine !== run) return;
+        var t0 = performance.now();
+        while (ji < jobs.length && performance.now() - t0 < 14) {
+          var j = jobs[ji];
+          var n = j.s.ids.length;
+          /* one block per chunk (so the browser lays out only the new block, and skips off-screen
+             ones: content-visibility), cut after a newline token where one is near */
+          var end = Math.min(n, j.k + 3000);
+          for (var e = Math.min(n, j.k + 2000); e < Math.min(n, j.k + 4000); e++) {
+            var tx = vocab[j.s.ids[e - 1]];
+            if (tx !== undefined && tx.indexOf("\n") >= 0) { end = e; break; }
+          }
+          var html = [];
+          for (var k = j.k; k < end; k++) html.push(tokenHTML(j.s, k));
+          j.box.insertAdjacentHTML("beforeend", '<div class="chunk">' + html.join("") + "</div>");
+          j.k = end;
+          if (end >= n) { j.box.dataset.rendered = "1"; ji++; }
+        }
+        if (!firstChunk) { firstChunk = true; mark("orchard-first-tokens"); }
+        if (ji < jobs.length) requestAnimationFrame(step);
+        else { body.dataset.tokensReady = "1"; mark("orchard-tokens-ready"); }
+      }
+      if (jobs.length) step(); else body.dataset.tokensReady = "1";
+    }
+    renderSamples();
+
+    /* Live: poll the session's small stats endpoint; on a change, fetch the page again and
+       swap in what changed (new calls appended, hero, outcome and samples replaced) without a
+       reload: open calls and their tabs stay as they are. */
+    function swap(sel, doc) {
+      var old = document.querySelector(sel);
+      var neu = doc.querySelector(sel);
+      if (old && neu) old.replaceWith(neu);
+      else if (neu) document.querySelector(".hero").insertAdjacentElement("afterend", neu);
+      else if (old) old.remove();
+    }
+    function update() {
+      return fetch(location.pathname + location.search, { credentials: "same-origin" }).then(function (r) {
+        if (!r.ok) throw new Error(location.pathname + ": " + r.status);
+        return r.text();
+      }).then(function (html) {
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        swap(".hero", doc);
+        swap(".outcome-card", doc);
+        var list = document.querySelector(".timeline .calls");
+        doc.querySelectorAll(".timeline .call").forEach(function (c) {
+          var have = list.querySelector('[data-call-seq="' + c.dataset.callSeq + '"]');
+          if (have) {  /* waterfall bars move as the span grows */
+            var bars = c.querySelector(".track");
+            have.querySelector(".track").replaceWith(bars);
+          } else {
+            list.appendChild(c);
+            bindCall(c);
+            c.classList.add("fresh");
+          }
+        });
+        swap(".samples-card", doc);
+        data = JSON.parse(doc.getElementById("page-data").textContent);
+        vocab = data.vocab || {};
+        document.getElementById("page-data").textContent = doc.getElementById("page-data").textContent;
+        var nb = doc.body.dataset;
+        body.dataset.calls = nb.calls;
+        body.dataset.outcome = nb.outcome;
+        body.dataset.updates = String((+body.dataset.updates || 0) + 1);
+        bindHeat();
+        renderSamples();
+        var live = document.getElementById("live");
+        if (live) { live.classList.add("flash"); setTimeout(function () { live.classList.remove("flash"); }, 800); }
+      });
+    }
 
     if (!standalone) {
-      var calls = +body.dataset.calls;
-      var hasOutcome = body.dataset.outcome === "1";
       poll(base + "/api/sessions/" + encodeURIComponent(sid) + "/stats", pollMs, function (s) {
-        if (s.calls !== calls || s.outcome !== hasOutcome) document.getElementById("stale").hidden = false;
+        if (s.calls !== +body.dataset.calls || s.outcome !== (body.dataset.outcome === "1")) {
+          update().catch(function () { document.getElementById("stale").hidden = false; });
+        }
       });
     }
   }
