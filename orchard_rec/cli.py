@@ -541,6 +541,9 @@ def serve(
     ui: bool = typer.Option(
         False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
     ),
+    ui_resend: bool = typer.Option(
+        False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -585,7 +588,10 @@ def serve(
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
         ui=ui,
+        ui_resend=ui_resend,
     )
+    if ui_resend and not ui:
+        raise usage_error("--ui-resend goes with --ui")
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
@@ -941,15 +947,35 @@ def ui(
     ),
     on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
     credit: Credit = typer.Option("assistant", "--credit"),
+    resend_to: str | None = typer.Option(
+        None,
+        "--resend-to",
+        help="Enable 'send again': replay a call to this upstream (base URL with /v1). Off by default.",
+    ),
+    resend_key_env: str | None = typer.Option(
+        None, "--resend-key-env", help="Name of the env var holding that upstream's API key."
+    ),
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
 
     from orchard_rec.ui import build_ui_app
+    from orchard_rec.ui.calls import Resend
 
+    target = None
+    if resend_to is not None:
+        resend_to = _check_upstream(resend_to, "--resend-to")
+        key = os.environ.get(resend_key_env) if resend_key_env else None
+        if resend_key_env and not key:
+            raise usage_error(
+                f"--resend-key-env: the environment variable {resend_key_env} is empty or unset"
+            )
+        target = Resend(resend_to, key)
+    elif resend_key_env:
+        raise usage_error("--resend-key-env goes with --resend-to URL")
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     with _reading(db) as store:
-        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
+        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target)
         typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
         web.run_app(app_, host=host, port=port, print=None)
 

@@ -21,7 +21,9 @@ import jinja2
 import orjson
 from aiohttp import web
 
+from orchard_rec.records import CallRecord
 from orchard_rec.storage.store import Store
+from orchard_rec.ui.calls import Resend, resend
 from orchard_rec.ui.data import (
     STATUSES,
     SessionFilter,
@@ -192,6 +194,7 @@ async def session_page(request: web.Request) -> web.Response:
     ctx = _session_context(view, st["base"], standalone=False)
     ctx["on_mismatch"] = request.query.get("on_mismatch", st["on_mismatch"])
     ctx["poll_ms"] = st["poll_ms"]
+    ctx["resend"] = st["resend"] is not None
     return _html(ENV.get_template("session.html").render(ctx))
 
 
@@ -254,19 +257,36 @@ async def api_session(request: web.Request) -> web.Response:
     return _json(view.data())
 
 
-def _one_call(store: Store, sid: str, seq: int) -> dict[str, Any]:
+def _find_call(store: Store, sid: str, seq: int) -> CallRecord:
     for c in store.calls(sid):
         if c.seq == seq:
-            return call_detail(c)
+            return c
     if store.session(sid) is None:
         raise UIError(f"no session {sid!r}", 404)
     raise UIError(f"session {sid!r} has no call {seq}", 404)
 
 
+def _url_base(request: web.Request) -> str:
+    """Where a copied curl points: the proxy itself when the viewer is mounted in it."""
+    return f"{request.scheme}://{request.host}" if _settings(request)["base"] else "$ORCHARD_URL"
+
+
 async def api_call(request: web.Request) -> web.Response:
-    return _json(
-        await _run(request, _one_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
-    )
+    c = await _run(request, _find_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    return _json(call_detail(c, _url_base(request)))
+
+
+async def api_resend(request: web.Request) -> web.Response:
+    """Send a recorded call again (opt-in); the new answer beside the recorded one. Never recorded."""
+    target = _settings(request)["resend"]
+    if target is None:
+        raise UIError(
+            "send again is off: start the viewer with --resend-to URL (or serve --ui --ui-resend)", 403
+        )
+    if request.headers.get("x-orchard-resend") != "1":  # a form on another site cannot set it
+        raise UIError("send again needs the X-Orchard-Resend: 1 header", 400)
+    c = await _run(request, _find_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    return _json(await resend(c, target))
 
 
 async def api_samples(request: web.Request) -> web.Response:
@@ -436,12 +456,14 @@ def build_ui_app(
     on_mismatch: str = "split",
     credit: str = "assistant",
     poll_ms: int = 2000,
+    resend_to: Resend | None = None,
 ) -> web.Application:
     """The viewer over ``store`` (opened by the caller, e.g. with ``open_store``; never written).
 
     ``base``: the path it is mounted at (``""`` standalone, ``"/ui"`` inside the proxy), for links.
     ``keys``: when given, every page and API call needs one (header, or ``?key=`` once: a cookie).
     ``locked`` (default: whether keys are given): with no key, nothing is served.
+    ``resend_to``: where "send again" replays a call (off when None, the default).
     """
     middlewares: list[Any] = [_ui_errors]
     if keys or locked:
@@ -454,6 +476,7 @@ def build_ui_app(
         "on_mismatch": on_mismatch,
         "credit": credit,
         "poll_ms": poll_ms,
+        "resend": resend_to,
     }
     r = app.router
     r.add_get("/", sessions_page)
@@ -468,6 +491,7 @@ def build_ui_app(
     r.add_get("/api/sessions/{sid}", api_session)
     r.add_get("/api/sessions/{sid}/stats", session_stats)
     r.add_get("/api/sessions/{sid}/calls/{seq}", api_call)
+    r.add_post("/api/sessions/{sid}/calls/{seq}/resend", api_resend)
     r.add_get("/api/sessions/{sid}/samples", api_samples)
     r.add_get("/api/sessions/{sid}/compare/{seq}", api_compare)
     r.add_static("/static/", STATIC)

@@ -474,8 +474,10 @@ def upstream_error(c: CallRecord) -> Any:
     return None
 
 
-def call_detail(c: CallRecord) -> dict[str, Any]:
-    """A call's full record, as the raw-JSON views show it."""
+def call_detail(c: CallRecord, url_base: str = "$ORCHARD_URL") -> dict[str, Any]:
+    """A call's full record, as the raw-JSON views show it; ``url_base``: where "copy as curl" points."""
+    from orchard_rec.ui.calls import curl_of, stream_events
+
     return {
         "seq": c.seq,
         "call_id": c.call_id,
@@ -492,6 +494,8 @@ def call_detail(c: CallRecord) -> dict[str, Any]:
         "usage": c.usage,
         "metadata": dict(c.metadata or {}),
         "chat": chat_of(c),
+        "events": stream_events(c),
+        "curl": curl_of(c, url_base),
     }
 
 

@@ -26,6 +26,9 @@ SYSTEM = "You are a careful coding agent."
 
 
 def _rec(sid: str, t: float, messages: list[dict[str, Any]], answer: dict[str, Any], **kw: Any) -> CallRecord:
+    request: dict[str, Any] = {"model": "qwen-tiny", "messages": messages}
+    if "extra_body_key" in kw:
+        request["api_key"] = kw.pop("extra_body_key")
     return CallRecord(
         call_id=uuid.uuid4().hex,
         session_id=sid,
@@ -40,8 +43,8 @@ def _rec(sid: str, t: float, messages: list[dict[str, Any]], answer: dict[str, A
         done_at=t + kw.pop("latency", 0.4),
         harness=kw.pop("harness", "codex"),
         model=kw.pop("model", "qwen-tiny"),
-        headers={"user-agent": "codex/1.0", "content-type": "application/json"},
-        request={"model": "qwen-tiny", "messages": messages},
+        headers=kw.pop("headers", {"user-agent": "codex/1.0", "content-type": "application/json"}),
+        request=request,
         response=kw.pop(
             "response",
             {
@@ -159,7 +162,10 @@ def build(db: str, now: float | None = None) -> dict[str, Any]:
             t0 + 300,
             [{"role": "user", "content": "stream please"}],
             {"role": "assistant", "content": "Hello there"},
+            extra_body_key="sk-SECRET-2",
             stream=True,
+            # a gateway's own credential in a custom header, and one in the body: curl masks both
+            headers={"user-agent": "codex/1.0", "x-portkey-api-key": "pk-SECRET-1"},
             events=[
                 [None, {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}}]}],
                 [None, {"choices": [{"index": 0, "delta": {"content": " there"}}]}],

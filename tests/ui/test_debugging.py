@@ -6,6 +6,7 @@ details. Every page is checked for JavaScript errors by the ``page`` fixture."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -199,3 +200,100 @@ def test_a_session_page_updates_in_place_as_calls_arrive(tmp_path: Any, ui_serve
     store.close()
     p.wait_for_selector(".outcome-card", timeout=15_000)
     assert p.evaluate("window.__notReloaded") == 1 and "completed" in p.inner_text(".hero")
+
+
+@pytest.mark.slow
+def test_per_call_events_curl_and_send_again(rl_db: str, ui_server: Any, page: Any) -> None:
+    import shlex
+
+    from orchard_rec.demo.upstream import DemoUpstream
+    from orchard_rec.proxy import BackgroundServer
+    from orchard_rec.ui.calls import Resend
+
+    # off by default: no tab, and the API refuses
+    srv = ui_server(rl_db)
+    p = page.goto(srv.url + "/s/streamed")
+    p.click('[data-call-seq="1"] .call-head')
+    assert p.locator('[data-call-seq="1"] .tabs button[data-tab="resend"]').count() == 0
+    req = urllib.request.Request(
+        srv.url + "/api/sessions/streamed/calls/1/resend", method="POST", headers={"X-Orchard-Resend": "1"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 403
+    # the raw stream events, in order, with the window they arrived in
+    p.click('[data-call-seq="1"] .tabs button[data-tab="events"]')
+    p.wait_for_selector('[data-call-seq="1"] table.events')
+    assert p.locator('[data-call-seq="1"] [data-event]').count() == 3
+    assert "[DONE]" in p.inner_text('[data-call-seq="1"] [data-event="2"]')
+    assert "first byte +50" in p.inner_text('[data-call-seq="1"] .events-timing')
+    # copy as curl: secrets masked, the rest a valid shell command
+    p.click('[data-call-seq="1"] .tabs button[data-tab="curl"]')
+    p.wait_for_selector('[data-call-seq="1"] pre.curl-text')
+    curl = p.inner_text('[data-call-seq="1"] pre.curl-text')
+    assert "SECRET" not in curl and "x-portkey-api-key: ***" in curl and '"api_key":"***"' in curl
+    words = shlex.split(curl.replace("\\\n", " "))
+    assert (
+        words[:4] == ["curl", "-sS", "-X", "POST"]
+        and words[4] == "$ORCHARD_URL/s/streamed/v1/chat/completions"
+    )
+    body = json.loads(words[words.index("--data-binary") + 1])
+    assert body["messages"] == [{"role": "user", "content": "stream please"}]
+    p.click('[data-call-seq="1"] .curl .copy')
+    p.wait_for_selector('[data-call-seq="1"] .copied', state="visible")
+    # send again, opted in, to a real upstream on loopback: the new answer beside the recorded one
+    with BackgroundServer(DemoUpstream().app()) as up:
+        srv2 = ui_server(rl_db, resend_to=Resend(up.url + "/v1", "upstream-key"))
+        p = page.goto(srv2.url + "/s/fix-bug-0")
+        p.click('[data-call-seq="2"] .call-head')
+        p.click('[data-call-seq="2"] .tabs button[data-tab="resend"]')
+        p.click('[data-call-seq="2"] .resend .send')
+        p.wait_for_selector('[data-call-seq="2"] pre.fresh-answer', timeout=30_000)
+        assert "200" in p.inner_text('[data-call-seq="2"] .resend-status')
+        assert "Attempt 0 done" in p.inner_text('[data-call-seq="2"] pre.recorded')
+        fresh = p.inner_text('[data-call-seq="2"] pre.fresh-answer')
+        assert '"choices"' in fresh and "Attempt 0 done" not in fresh
+        assert "content-type" in p.inner_text('[data-call-seq="2"] pre.resend-headers').lower()
+        screenshot(p, "call-resend.png", full_page=True)
+
+
+def test_serve_ui_resend_replays_through_the_proxy_config(
+    upstream: Any, proxy_factory: Any, sqlite_url: str
+) -> None:
+    from e2e.agents import AGENTS
+
+    proxy = proxy_factory(
+        upstream.url, sqlite_url, ui=True, ui_resend=True, api_keys=("client",), admin_keys=("adm",)
+    )
+    AGENTS["chat"](f"{proxy.url}/s/again/v1", None, {"Authorization": "Bearer client"})
+    proxy.flush()
+    url = proxy.url + "/ui/api/sessions/again/calls/1/resend"
+    req = urllib.request.Request(url, method="POST", headers={"X-Orchard-Resend": "1"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # behind the admin key like every viewer route
+        urllib.request.urlopen(req)
+    assert e.value.code == 401
+    req.add_header("Authorization", "Bearer adm")
+    with urllib.request.urlopen(req) as r:
+        res = json.loads(r.read())
+    assert res["status"] == 200 and res["url"].startswith(upstream.url) and res["response"]["choices"]
+    # the curl of a call in the proxy points at the proxy itself
+    detail = _json_auth(proxy.url + "/ui/api/sessions/again/calls/1", "adm")
+    assert detail["curl"].startswith(f"curl -sS -X POST {proxy.url}/s/again/v1/chat/completions")
+    assert "client" not in detail["curl"].replace("codex", "")  # the client's key was never recorded
+
+
+def _json_auth(url: str, key: str) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+def test_ui_resend_flags_are_checked() -> None:
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app as cli_app
+
+    res = CliRunner().invoke(cli_app, ["ui", "--db", "sqlite:///x.db", "--resend-key-env", "K"])
+    assert res.exit_code == 2 and "--resend-to" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli_app, ["serve", "--upstream", "http://127.0.0.1:9/v1", "--ui-resend"])
+    assert res.exit_code == 2 and "--ui" in res.output

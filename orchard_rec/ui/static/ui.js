@@ -131,8 +131,52 @@
           if (d.error != null) meta.error = d.error; /* the proxy's error, or the error body the upstream answered with */
           out.innerHTML = '<pre class="json">' + pretty(meta) + "</pre>";
         }
+        else if (tab === "events") out.innerHTML = renderEvents(d.events);
+        else if (tab === "curl") {
+          out.innerHTML = '<div class="curl"><button type="button" class="copy">Copy</button> <span class="sub copied" hidden>copied</span>' +
+            '<p class="sub">secrets masked; the key comes from your shell\'s environment</p><pre class="curl-text">' + esc(d.curl) + "</pre></div>";
+          out.querySelector(".copy").addEventListener("click", function () { copyText(d.curl, out.querySelector(".copied")); });
+        }
+        else if (tab === "resend") {
+          out.innerHTML = '<div class="resend"><button type="button" class="send">Send again</button> <span class="sub">replays the request the upstream got (unstreamed); nothing is recorded</span><div class="resend-out"></div></div>';
+          out.querySelector(".send").addEventListener("click", function () { sendAgain(seq, d, out.querySelector(".resend-out")); });
+        }
         else out.innerHTML = d[tab] == null ? '<p class="muted">none recorded</p>' : '<pre class="json">' + pretty(d[tab]) + "</pre>";
       }).catch(function (e) { out.textContent = String(e); });
+    }
+
+    function renderEvents(ev) {
+      if (!ev) return '<p class="muted">not a streamed call</p>';
+      var rows = ev.events.map(function (e) {
+        return '<tr data-event="' + e.i + '"><td class="num">' + e.i + "</td><td>" + esc(e.event == null ? "message" : e.event) + '</td><td><code>' + esc(typeof e.data === "string" ? e.data : JSON.stringify(e.data)) + "</code></td></tr>";
+      }).join("");
+      return '<p class="sub events-timing">' + ev.count + " events · first byte +" + (ev.first_byte_ms == null ? "?" : ev.first_byte_ms) + " ms · done +" + ev.done_ms + " ms · " + esc(ev.timing) + "</p>" +
+        '<div class="events-wrap"><table class="events"><thead><tr><th>#</th><th>event</th><th>data</th></tr></thead><tbody>' + rows + "</tbody></table></div>";
+    }
+
+    function copyText(text, note) {
+      function done() { if (note) { note.hidden = false; setTimeout(function () { note.hidden = true; }, 1500); } }
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(text).then(done, function () {});
+        return;
+      }
+      var ta = document.createElement("textarea");
+      ta.value = text; document.body.appendChild(ta); ta.select();
+      try { document.execCommand("copy"); done(); } catch (e) { /* the text is on screen to select */ }
+      ta.remove();
+    }
+
+    function sendAgain(seq, d, box) {
+      box.innerHTML = '<p class="loading">sending…</p>';
+      fetch(base + "/api/sessions/" + encodeURIComponent(sid) + "/calls/" + seq + "/resend", {
+        method: "POST", credentials: "same-origin", headers: { "X-Orchard-Resend": "1" },
+      }).then(function (r) { return r.json(); }).then(function (res) {
+        if (res.error && res.status == null) { box.innerHTML = '<p class="call-error">' + esc(res.error) + "</p>"; return; }
+        box.innerHTML = '<p class="sub resend-status">' + esc(res.url) + " → <b>" + res.status + "</b> in " + res.latency_ms + ' ms</p><div class="sbs">' +
+          '<div class="sbs-col"><div class="sbs-title">recorded answer</div><pre class="json recorded">' + pretty(res.recorded) + "</pre></div>" +
+          '<div class="sbs-col"><div class="sbs-title">new answer</div><pre class="json fresh-answer">' + pretty(res.response) + "</pre>" +
+          '<div class="sbs-title">its response headers</div><pre class="json resend-headers">' + pretty(res.headers) + "</pre></div></div>";
+      }).catch(function (e) { box.textContent = String(e); });
     }
 
     function bindCall(call) {
