@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import exists, func, inspect, literal_column, select, text
+from sqlalchemy import String, exists, func, inspect, literal_column, select, text
 from sqlalchemy.engine import make_url
 
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
 from orchard_rec.records import CallRecord
+from orchard_rec.storage import search
 from orchard_rec.storage.models import Call, Session
 from orchard_rec.storage.store import SessionSummary, Store
 from orchard_rec.ui.chat import conversation, response_turn
@@ -228,13 +229,29 @@ def _meta_cond(m: str, i: int, dialect: str) -> Any:
     return text(f"({sql})").bindparams(**{k: path, v: value})
 
 
-def _where(f: SessionFilter, dialect: str) -> list[Any]:
+_SEARCH_READY: dict[str, bool] = {}
+
+
+def search_ready(store: Store) -> bool:
+    """Whether the database has the conversation search index (migration 0009)."""
+    hit = _SEARCH_READY.get(store.url)
+    if hit is None:
+        with store.engine.connect() as conn:
+            hit = _SEARCH_READY[store.url] = search.available(conn, store.dialect)
+    return hit
+
+
+def _where(f: SessionFilter, dialect: str, fts: bool = False) -> list[Any]:
     t = Session.__table__.c
     c = Call.__table__.c
     conds: list[Any] = []
     if f.q:
         like = f"%{f.q}%"
-        conds.append(t.id.ilike(like) | t.harness.ilike(like))
+        cond = t.id.ilike(like) | t.harness.ilike(like)
+        match = search.session_match(dialect, f.q) if fts else None
+        if match is not None:  # ... or the words are in its conversation
+            cond = cond | t.id.in_(match.columns(session_id=String))
+        conds.append(cond)
     if f.harness:
         conds.append(t.harness.is_(None) if f.harness == "none" else t.harness == f.harness)
     if f.status:
@@ -320,7 +337,7 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     """One page of sessions: filter, sort and paginate in SQL; enrich only that page's rows."""
     dialect = store.dialect
     t = Session.__table__
-    conds = _where(f, dialect)
+    conds = _where(f, dialect, search_ready(store))
     key = _sort_expr(f.sort, dialect)
     ordering = key.asc() if f.order == "asc" else key.desc()
     stmt = (

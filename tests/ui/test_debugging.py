@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -297,3 +298,19 @@ def test_ui_resend_flags_are_checked() -> None:
     assert res.exit_code == 2 and "--resend-to" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(cli_app, ["serve", "--upstream", "http://127.0.0.1:9/v1", "--ui-resend"])
     assert res.exit_code == 2 and "--ui" in res.output
+
+
+@pytest.mark.slow
+def test_search_finds_a_session_by_its_conversation(rl_db: str, ui_server: Any, page: Any) -> None:
+    srv = ui_server(rl_db)
+    p = page.goto(srv.url + "/")
+    p.fill("input[name=q]", "zanzibar2")  # a word of one attempt's tool result
+    p.press("input[name=q]", "Enter")
+    p.wait_for_url("**q=zanzibar2**")
+    ids = sorted(p.eval_on_selector_all("[data-session-id]", "els => els.map(e => e.dataset.sessionId)"))
+    assert ids == ["add-test-2", "fix-bug-2"]
+    p = page.goto(srv.url + "/?q=" + urllib.parse.quote("Summary of the conversation"))
+    assert p.eval_on_selector_all("[data-session-id]", "els => els.map(e => e.dataset.sessionId)") == [
+        "compacted"
+    ]
+    screenshot(p, "search.png")

@@ -68,3 +68,52 @@ def test_groups_and_their_selection(db_url: str) -> None:
         assert all(a.kept for a in g.attempts) and g.dropped_by is None
     finally:
         store.close()
+
+
+SEARCHES = {
+    "zanzibar1": ["add-test-1", "fix-bug-1", "refactor-1"],  # a word of a tool result
+    "src fix-bug-0.py": ["fix-bug-0", "fix-bug-2"],  # a tool call's arguments
+    "Summary modules": ["compacted"],  # a user message, all words
+    "Hello there": ["streamed"],  # a streamed answer
+    "too large": ["bad-request"],  # an upstream's error body
+    "careful coding": sorted(
+        [f"{t}-{k}" for t, a in rldata.TASKS.items() for k in range(len(a))] + ["compacted"]
+    ),
+    "SECRET": [],  # a request field outside the conversation is not indexed
+    "nonexistentword": [],
+}
+
+
+def test_search_inside_conversations(db_url: str) -> None:
+    rldata.build(db_url)
+    store = open_store(db_url)
+    try:
+        for q, expect in SEARCHES.items():
+            assert _ids(store, q=q) == expect, q
+        assert _ids(store, q="fix-bug-3") == ["fix-bug-3"]  # ids still match as before
+    finally:
+        store.close()
+
+
+def test_the_migration_indexes_what_was_recorded_before(db_url: str) -> None:
+    from orchard_rec.storage import Store, migrate
+
+    migrate.upgrade(db_url, "0007")
+    rldata.build(db_url, upgrade=False)  # written without the index
+    migrate.upgrade(db_url)
+    migrate.check(db_url)
+    store = open_store(db_url)
+    try:
+        for q, expect in SEARCHES.items():
+            assert _ids(store, q=q) == expect, q
+    finally:
+        store.close()
+    # and the writer keeps it up to date after the upgrade
+    w = Store(db_url)
+    w.write_batch(rldata.attempt_calls("later", 7, 0.0))
+    w.close()
+    store = open_store(db_url)
+    try:
+        assert _ids(store, q="zanzibar7") == ["later-7"]
+    finally:
+        store.close()
