@@ -955,6 +955,9 @@ def ui(
     resend_key_env: str | None = typer.Option(
         None, "--resend-key-env", help="Name of the env var holding that upstream's API key."
     ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Allow setting reward/status/label/note from the page (writes outcomes)."
+    ),
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
@@ -975,9 +978,17 @@ def ui(
         raise usage_error("--resend-key-env goes with --resend-to URL")
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     with _reading(db) as store:
-        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target)
-        typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
-        web.run_app(app_, host=host, port=port, print=None)
+        writer = open_write(db, migrate_schema=False) if annotate else None
+        try:
+            app_ = build_ui_app(
+                store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target, writer=writer
+            )
+            mode = "annotations write outcomes" if annotate else "read-only"
+            typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, {mode})")
+            web.run_app(app_, host=host, port=port, print=None)
+        finally:
+            if writer is not None:
+                writer.close()
 
 
 # -- db ------------------------------------------------------------------------------------------------------------

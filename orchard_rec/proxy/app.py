@@ -760,7 +760,10 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
 
         resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
         app.add_subapp(
-            "/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked, resend_to=resend_to)
+            "/ui",
+            build_ui_app(
+                app[STORE], base="/ui", keys=admins, locked=locked, resend_to=resend_to, writer=app[STORE]
+            ),
         )
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,9 +22,11 @@ import jinja2
 import orjson
 from aiohttp import web
 
+from orchard_rec.errors import OrchardError
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.store import Store
 from orchard_rec.ui.calls import Resend, resend
+from orchard_rec.ui.curate import EXPORT_FORMATS, AnnotationError, annotate, export_file
 from orchard_rec.ui.data import (
     STATUSES,
     SessionFilter,
@@ -195,6 +198,8 @@ async def session_page(request: web.Request) -> web.Response:
     ctx["on_mismatch"] = request.query.get("on_mismatch", st["on_mismatch"])
     ctx["poll_ms"] = st["poll_ms"]
     ctx["resend"] = st["resend"] is not None
+    ctx["annotate"] = st["writer"] is not None
+    ctx["statuses"] = STATUSES[:-1]
     return _html(ENV.get_template("session.html").render(ctx))
 
 
@@ -388,6 +393,67 @@ async def group_page(request: web.Request) -> web.Response:
     return _html(ENV.get_template("group.html").render(ctx))
 
 
+async def api_annotate(request: web.Request) -> web.Response:
+    """Set a session's reward, status, label or note (JSON: only the fields to change)."""
+    writer = _settings(request)["writer"]
+    if writer is None:
+        raise UIError(
+            "annotations are off: start the viewer with orchard-rec ui --annotate (serve --ui has them)", 403
+        )
+    if request.content_type != "application/json":  # a cross-site form cannot send JSON unasked
+        raise UIError("annotations are sent as application/json", 415)
+    try:
+        fields = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise UIError(f"the annotation is not valid JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise UIError("the annotation is a JSON object of reward, status, label, note")
+    sid = request.match_info["sid"]
+    try:
+        outcome = await _run(request, annotate, writer, sid, fields)
+    except AnnotationError as exc:
+        raise UIError(str(exc)) from None
+    except LookupError as exc:
+        raise UIError(str(exc), 404) from None
+    return _json(
+        {
+            "session_id": sid,
+            "reward": outcome.reward,
+            "status": outcome.status,
+            "metadata": dict(outcome.metadata),
+        }
+    )
+
+
+async def api_export(request: web.Request) -> web.StreamResponse:
+    """The export of the chosen sessions (``?format=jsonl|parquet&session=ID&session=ID...``) as a download."""
+    fmt = request.query.get("format", "jsonl")
+    ids = [s for s in request.query.getall("session", []) if s]
+    store = request.app[UI_STORE]
+    try:
+        path = await _run(request, export_file, store.url, fmt, ids)
+    except AnnotationError as exc:
+        raise UIError(str(exc)) from None
+    except OrchardError as exc:
+        raise UIError(str(exc)) from None
+    try:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": EXPORT_FORMATS[fmt],
+                "Content-Disposition": f'attachment; filename="orchard-{len(ids)}-sessions.{fmt}"',
+                "Content-Length": str(path.stat().st_size),
+            }
+        )
+        await resp.prepare(request)
+        with path.open("rb") as fh:
+            while chunk := await asyncio.to_thread(fh.read, 1 << 20):
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
 # -- middleware: errors and keys ---------------------------------------------------------------
 
 
@@ -457,6 +523,7 @@ def build_ui_app(
     credit: str = "assistant",
     poll_ms: int = 2000,
     resend_to: Resend | None = None,
+    writer: Store | None = None,
 ) -> web.Application:
     """The viewer over ``store`` (opened by the caller, e.g. with ``open_store``; never written).
 
@@ -464,6 +531,7 @@ def build_ui_app(
     ``keys``: when given, every page and API call needs one (header, or ``?key=`` once: a cookie).
     ``locked`` (default: whether keys are given): with no key, nothing is served.
     ``resend_to``: where "send again" replays a call (off when None, the default).
+    ``writer``: a store open for writing, for annotations only (off when None, the default).
     """
     middlewares: list[Any] = [_ui_errors]
     if keys or locked:
@@ -477,6 +545,7 @@ def build_ui_app(
         "credit": credit,
         "poll_ms": poll_ms,
         "resend": resend_to,
+        "writer": writer,
     }
     r = app.router
     r.add_get("/", sessions_page)
@@ -492,6 +561,8 @@ def build_ui_app(
     r.add_get("/api/sessions/{sid}/stats", session_stats)
     r.add_get("/api/sessions/{sid}/calls/{seq}", api_call)
     r.add_post("/api/sessions/{sid}/calls/{seq}/resend", api_resend)
+    r.add_post("/api/sessions/{sid}/outcome", api_annotate)
+    r.add_get("/api/export", api_export)
     r.add_get("/api/sessions/{sid}/samples", api_samples)
     r.add_get("/api/sessions/{sid}/compare/{seq}", api_compare)
     r.add_static("/static/", STATIC)

@@ -9,6 +9,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -258,7 +259,7 @@ def test_per_call_events_curl_and_send_again(rl_db: str, ui_server: Any, page: A
         screenshot(p, "call-resend.png", full_page=True)
 
 
-def test_serve_ui_resend_replays_through_the_proxy_config(
+def test_serve_ui_resend_and_annotations_behind_the_admin_key(
     upstream: Any, proxy_factory: Any, sqlite_url: str
 ) -> None:
     from e2e.agents import AGENTS
@@ -281,6 +282,20 @@ def test_serve_ui_resend_replays_through_the_proxy_config(
     detail = _json_auth(proxy.url + "/ui/api/sessions/again/calls/1", "adm")
     assert detail["curl"].startswith(f"curl -sS -X POST {proxy.url}/s/again/v1/chat/completions")
     assert "client" not in detail["curl"].replace("codex", "")  # the client's key was never recorded
+    # annotations through the proxy's viewer: refused without the admin key, written with it
+    ann = urllib.request.Request(
+        proxy.url + "/ui/api/sessions/again/outcome",
+        data=b'{"reward": 1, "label": "ok"}',
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer client"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(ann)
+    assert e.value.code == 401
+    ann.headers["Authorization"] = "Bearer adm"
+    with urllib.request.urlopen(ann) as r:
+        assert json.loads(r.read())["metadata"] == {"label": "ok"}
+    assert _sessions_json(sqlite_url)["again"]["reward"] == 1
 
 
 def _json_auth(url: str, key: str) -> Any:
@@ -314,3 +329,81 @@ def test_search_finds_a_session_by_its_conversation(rl_db: str, ui_server: Any, 
         "compacted"
     ]
     screenshot(p, "search.png")
+
+
+def _sessions_json(db: str) -> dict[str, Any]:
+    from typer.testing import CliRunner
+
+    from orchard_rec.cli import app as cli_app
+
+    res = CliRunner().invoke(cli_app, ["sessions", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    return {r["id"]: r for r in rows}
+
+
+@pytest.mark.slow
+def test_annotate_and_curate(tmp_path: Any, ui_server: Any, page: Any) -> None:
+    import pyarrow.parquet as pq
+
+    from orchard_rec.storage import Store
+
+    db = f"sqlite:///{tmp_path / 'curate.db'}"
+    rldata.build(db)
+    # read-only by default: no form, and the API refuses
+    ro = ui_server(db)
+    p = page.goto(ro.url + "/s/fix-bug-1")
+    assert p.locator("#annotate").count() == 0
+    req = urllib.request.Request(
+        ro.url + "/api/sessions/fix-bug-1/outcome",
+        data=b'{"label": "x"}',
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 403
+    writer = Store(db)
+    srv = ui_server(db, writer=writer, poll_ms=300)
+    p = page.goto(srv.url + "/s/fix-bug-1")
+    p.fill("#annotate input[name=reward]", "0.25")
+    p.fill("#annotate input[name=label]", "good-sft")
+    p.fill("#annotate input[name=note]", "reads the file, then answers: keep")
+    p.click("#annotate button[type=submit]")
+    p.wait_for_function("document.getElementById('annotate').dataset.saved === '1'")
+    p.wait_for_selector(".hero .reward:has-text('0.25')")
+    assert "good-sft" in p.inner_text(".outcome-card")
+    row = _sessions_json(db)["fix-bug-1"]
+    assert row["reward"] == 0.25 and row["status"] == "completed"  # status untouched
+    assert row["metadata"]["label"] == "good-sft" and row["metadata"]["task"] == "fix-bug"  # merged
+    assert row["metadata"]["note"].startswith("reads the file")
+    # change only the status; clear the note
+    p.select_option("#annotate select[name=status]", "failed")
+    p.fill("#annotate input[name=note]", "")
+    p.click("#annotate button[type=submit]")
+    p.wait_for_function("document.getElementById('annotate').dataset.saved === '2'")
+    row = _sessions_json(db)["fix-bug-1"]
+    assert row["status"] == "failed" and row["reward"] == 0.25 and "note" not in row["metadata"]
+    assert row["metadata"]["label"] == "good-sft"
+    screenshot(p, "annotate.png")
+    # a bad value is refused in words, nothing written
+    p.fill("#annotate input[name=label]", "x" * 10_001)
+    p.click("#annotate button[type=submit]")
+    p.wait_for_selector("#annotate-msg.bad")
+    assert "longer than" in p.inner_text("#annotate-msg")
+    page.errors.clear()  # the 400 is logged by the browser
+    assert _sessions_json(db)["fix-bug-1"]["metadata"]["label"] == "good-sft"
+    # pick sessions on the list, download their export
+    p = page.goto(srv.url + "/?meta=task%3Dfix-bug")
+    p.check('[data-session-id="fix-bug-0"] input.pick')
+    p.check('[data-session-id="fix-bug-2"] input.pick')
+    assert p.inner_text("#picked") == "2"
+    with p.expect_download() as dl:
+        p.click("#curate .dl[data-format=jsonl]")
+    rows = [json.loads(line) for line in Path(dl.value.path()).read_text().splitlines()]
+    assert sorted({r["session_id"] for r in rows}) == ["fix-bug-0", "fix-bug-2"]
+    with p.expect_download() as dl:
+        p.click("#curate .dl[data-format=parquet]")
+    table = pq.read_table(dl.value.path())
+    assert sorted(set(table.column("session_id").to_pylist())) == ["fix-bug-0", "fix-bug-2"]
+    writer.close()

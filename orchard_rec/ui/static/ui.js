@@ -50,6 +50,40 @@
         if (!el.value) el.disabled = true; /* keep the URL short */
       });
     });
+    /* Curate: pick sessions (kept across live refreshes and pages of this tab), download their export. */
+    var picked = {};
+    try { picked = JSON.parse(sessionStorage.getItem("orchard-picked") || "{}"); } catch (e) { picked = {}; }
+    function showPicks() {
+      var n = Object.keys(picked).length;
+      document.getElementById("picked").textContent = n;
+      document.getElementById("curate").hidden = n === 0;
+      document.querySelectorAll("input.pick").forEach(function (c) { c.checked = !!picked[c.value]; });
+      sessionStorage.setItem("orchard-picked", JSON.stringify(picked));
+    }
+    document.getElementById("rows").addEventListener("change", function (ev) {
+      var c = ev.target;
+      if (!c.classList || !c.classList.contains("pick")) return;
+      if (c.checked) picked[c.value] = 1; else delete picked[c.value];
+      showPicks();
+    });
+    document.getElementById("pick-all").addEventListener("change", function (ev) {
+      document.querySelectorAll("input.pick").forEach(function (c) {
+        if (ev.target.checked) picked[c.value] = 1; else delete picked[c.value];
+      });
+      showPicks();
+    });
+    document.querySelectorAll("#curate .dl").forEach(function (a) {
+      a.addEventListener("click", function (ev) {
+        ev.preventDefault();
+        var q = Object.keys(picked).map(function (id) { return "session=" + encodeURIComponent(id); }).join("&");
+        window.location.href = base + "/api/export?format=" + a.dataset.format + "&" + q;
+      });
+    });
+    document.querySelector("#curate .clear-picks").addEventListener("click", function (ev) {
+      ev.preventDefault(); picked = {}; showPicks();
+    });
+    showPicks();
+
     poll(base + "/api/stats", pollMs, function () {
       var q = location.search ? location.search + "&" : "?";
       Promise.all([
@@ -57,6 +91,7 @@
         getJSON(base + "/api/sessions" + (location.search || "")),
       ]).then(function (res) {
         document.getElementById("rows").innerHTML = res[0];
+        showPicks();
         var total = document.getElementById("total");
         total.dataset.total = res[1].total;
         total.innerHTML = "<b>" + res[1].total.toLocaleString("en-US") + "</b> session" + (res[1].total === 1 ? "" : "s");
@@ -328,6 +363,33 @@
         renderSamples();
         var live = document.getElementById("live");
         if (live) { live.classList.add("flash"); setTimeout(function () { live.classList.remove("flash"); }, 800); }
+      });
+    }
+
+    /* Annotations: only the fields changed are sent; an emptied one is cleared. */
+    var form = document.getElementById("annotate");
+    if (form) {
+      form.addEventListener("submit", function (ev) {
+        ev.preventDefault();
+        var msg = document.getElementById("annotate-msg");
+        var changed = {};
+        ["reward", "status", "label", "note"].forEach(function (k) {
+          var v = form.elements[k].value.trim();
+          if (v === (form.dataset[k] || "")) return;
+          if (k === "reward") changed[k] = v === "" ? null : +v;
+          else changed[k] = v === "" ? null : v;
+        });
+        if (!Object.keys(changed).length) { msg.textContent = "nothing changed"; return; }
+        fetch(base + "/api/sessions/" + encodeURIComponent(sid) + "/outcome", {
+          method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" }, body: JSON.stringify(changed),
+        }).then(function (r) {
+          return r.json().then(function (j) { if (!r.ok) throw new Error(j.error || r.status); return j; });
+        }).then(function (o) {
+          Object.keys(changed).forEach(function (k) { form.dataset[k] = form.elements[k].value.trim(); });
+          msg.textContent = "saved";
+          form.dataset.saved = String((+form.dataset.saved || 0) + 1);
+          return update();
+        }).catch(function (e) { msg.textContent = String(e.message || e); msg.classList.add("bad"); });
       });
     }
 
