@@ -27,6 +27,7 @@ from orchard_rec.records import CallRecord
 from orchard_rec.storage.store import Store
 from orchard_rec.ui.calls import Resend, resend
 from orchard_rec.ui.curate import EXPORT_FORMATS, AnnotationError, annotate, export_file
+from orchard_rec.ui.dash import DashQuery, dashboard
 from orchard_rec.ui.data import (
     STATUSES,
     SessionFilter,
@@ -34,7 +35,9 @@ from orchard_rec.ui.data import (
     UIError,
     call_detail,
     compare_calls,
+    harness_names,
     list_sessions,
+    model_names,
     session_view,
     sessions_stats,
 )
@@ -393,6 +396,19 @@ async def group_page(request: web.Request) -> web.Response:
     return _html(ENV.get_template("group.html").render(ctx))
 
 
+async def dash_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    f = SessionFilter.from_query(request.query)  # the same date and name parsing as the list
+    q = DashQuery(since=f.since, until=f.until, harness=f.harness, model=f.model)
+    store = request.app[UI_STORE]
+    d = await _run(request, dashboard, store, q)
+    if _is_api(request):
+        return _json(d)
+    names = await _run(request, lambda: (harness_names(store), model_names(store)))
+    ctx = {"base": st["base"], "d": d, "q": q, "harnesses": names[0], "models": names[1], "standalone": False}
+    return _html(ENV.get_template("dash.html").render(ctx))
+
+
 async def api_annotate(request: web.Request) -> web.Response:
     """Set a session's reward, status, label or note (JSON: only the fields to change)."""
     writer = _settings(request)["writer"]
@@ -563,6 +579,8 @@ def build_ui_app(
     r.add_post("/api/sessions/{sid}/calls/{seq}/resend", api_resend)
     r.add_post("/api/sessions/{sid}/outcome", api_annotate)
     r.add_get("/api/export", api_export)
+    r.add_get("/dash", dash_page)
+    r.add_get("/api/dash", dash_page)
     r.add_get("/api/sessions/{sid}/samples", api_samples)
     r.add_get("/api/sessions/{sid}/compare/{seq}", api_compare)
     r.add_static("/static/", STATIC)

@@ -54,6 +54,11 @@ def _rec(sid: str, t: float, messages: list[dict[str, Any]], answer: dict[str, A
             },
         ),
         finish_reason="stop",
+        usage=kw.pop("usage", None)
+        or {
+            "prompt_tokens": len(kw.get("prompt_ids") or ()),
+            "completion_tokens": len(kw.get("completion_ids") or ()),
+        },
         **kw,
     )
 

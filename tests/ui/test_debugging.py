@@ -65,7 +65,6 @@ def test_what_was_wrong(rl_db: str, ui_server: Any, page: Any) -> None:
     p.click('[data-call-seq="1"] .tabs button[data-tab="meta"]')
     p.wait_for_selector('[data-call-seq="1"] pre.json')
     assert '"error"' not in p.inner_text('[data-call-seq="1"] pre.json')
-    screenshot(p, "session-headers.png")
 
 
 def _export_ids(db: str, tmp: Any, *args: str) -> list[str]:
@@ -407,3 +406,37 @@ def test_annotate_and_curate(tmp_path: Any, ui_server: Any, page: Any) -> None:
     table = pq.read_table(dl.value.path())
     assert sorted(set(table.column("session_id").to_pylist())) == ["fix-bug-0", "fix-bug-2"]
     writer.close()
+
+
+@pytest.mark.slow
+def test_dashboard_charts_over_time(rl_db: str, ui_server: Any, page: Any) -> None:
+    srv = ui_server(rl_db)
+    p = page.goto(srv.url + "/")
+    p.click("#nav-dash")
+    p.wait_for_function("document.body.dataset.chartsReady === '1'")
+    # 9 attempts x 2 calls + the 400 + 2 compaction calls + 1 streamed
+    totals = p.eval_on_selector("#dash-totals", "e => ({...e.dataset})")
+    assert totals["calls"] == "22" and totals["errors"] == "1" and totals["rewards"] == "9"
+    n_prompt = sum(4 + 7 + 2 for _ in range(9)) + 0 + 40 + 45 + 2  # usage as rldata reports it
+    assert int(totals["prompt"]) == n_prompt
+    for chart in ("calls", "tokens", "latency", "errors", "rewards"):
+        assert p.locator(f"#chart-{chart} canvas").count() == 1, chart  # drawn by the vendored uPlot
+    assert p.get_attribute("#chart-calls", "data-series") == "3"  # all + codex + claude-code
+    assert p.evaluate("typeof uPlot.paths.bars") == "function"
+    rows = p.eval_on_selector_all(
+        "[data-breakdown]", "els => els.map(e => [e.dataset.breakdown, +e.dataset.calls])"
+    )
+    assert rows == [["codex|qwen-tiny", 21], ["claude-code|other-model", 1]]
+    screenshot(p, "dashboard.png", full_page=True)
+    # per harness and model
+    p.select_option("select[name=model]", "other-model")
+    p.wait_for_url("**model=other-model**")
+    p.wait_for_function("document.body.dataset.chartsReady === '1'")
+    assert p.get_attribute("#dash-totals", "data-calls") == "1"
+    assert p.get_attribute("#dash-totals", "data-errors") == "1"
+    api = _json(srv.url + "/api/dash?harness=codex")
+    assert api["totals"]["calls"] == 21 and api["totals"]["errors"] == 0
+    assert sum(api["rewards"]["counts"]) == 9
+    # no CDN: every script and stylesheet is served by the viewer itself
+    srcs = p.eval_on_selector_all("script[src], link[rel=stylesheet]", "els => els.map(e => e.src || e.href)")
+    assert srcs and all(s.startswith(srv.url) for s in srcs)

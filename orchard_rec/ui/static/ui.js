@@ -402,7 +402,45 @@
     }
   }
 
+  /* ---------------------------------------------------------------- dashboard (uPlot, vendored) */
+  function dashPage() {
+    var d = JSON.parse(document.getElementById("dash-data").textContent);
+    var form = document.getElementById("dash-filters");
+    form.querySelectorAll("select").forEach(function (s) { s.addEventListener("change", function () { form.submit(); }); });
+    var COLORS = ["#2f6f4e", "#3566c5", "#d9822b", "#7a3e9d", "#c23b3b", "#5b7fa8", "#b7791f"];
+    function chart(id, series, data, opts) {
+      var el = document.getElementById(id);
+      var o = {
+        width: Math.max(320, el.clientWidth || 600), height: 220,
+        series: [{}].concat(series.map(function (sr, k) {
+          return Object.assign({ stroke: COLORS[k % COLORS.length], width: 1.5, spanGaps: false }, sr);
+        })),
+        axes: [{}, { size: 60 }],
+        legend: { live: true },
+        tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },  /* the page says UTC */
+      };
+      if (opts) Object.assign(o, opts);
+      var u = new uPlot(o, data, el);
+      el.dataset.series = String(series.length);
+      el.dataset.points = String(data[0].length);
+      return u;
+    }
+    var t = d.t;
+    var hs = Object.keys(d.by_harness);
+    chart("chart-calls", [{ label: "all", stroke: "#17202b", width: 2 }].concat(hs.map(function (h) { return { label: h }; })),
+      [t, d.calls_per_min].concat(hs.map(function (h) { return d.by_harness[h]; })));
+    chart("chart-tokens", [{ label: "prompt" }, { label: "completion" }], [t, d.prompt_tokens_per_min, d.completion_tokens_per_min]);
+    chart("chart-latency", [{ label: "p50", spanGaps: true }, { label: "p90", spanGaps: true }, { label: "p99", spanGaps: true }], [t, d.p50_ms, d.p90_ms, d.p99_ms]);
+    chart("chart-errors", [{ label: "error %", stroke: "#c23b3b" }], [t, d.error_rate.map(function (x) { return x == null ? null : 100 * x; })]);
+    var r = d.rewards;
+    var mids = r.counts.map(function (_, k) { return (r.edges[k] + r.edges[k + 1]) / 2; });
+    chart("chart-rewards", [{ label: "sessions", fill: "rgba(47, 111, 78, .35)", paths: uPlot.paths.bars({ size: [0.9] }) }], [mids, r.counts],
+      { scales: { x: { time: false } } });
+    body.dataset.chartsReady = "1";
+  }
+
   var page = body.dataset.page;
   if (page === "sessions") sessionsPage();
   else if (page === "session") sessionPage();
+  else if (page === "dash") dashPage();
 })();
