@@ -26,6 +26,7 @@ from orchard_rec.errors import OrchardError
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.store import Store
 from orchard_rec.ui.calls import Resend, resend
+from orchard_rec.ui.compare import compare_calls
 from orchard_rec.ui.curate import EXPORT_FORMATS, AnnotationError, annotate, export_file
 from orchard_rec.ui.dash import DashQuery, dashboard
 from orchard_rec.ui.data import (
@@ -34,7 +35,6 @@ from orchard_rec.ui.data import (
     SessionView,
     UIError,
     call_detail,
-    compare_calls,
     harness_names,
     list_sessions,
     model_names,

@@ -62,7 +62,8 @@ def _tokens(usage: Any) -> tuple[int, int]:
     return (p if isinstance(p, int) else 0), (c if isinstance(c, int) else 0)
 
 
-def dashboard(store: Store, q: DashQuery) -> dict[str, Any]:
+def _read(store: Store, q: DashQuery) -> tuple[float, float, list[Any], list[float | None]]:
+    """The window, its calls' light columns, and its sessions' numeric rewards."""
     c = Call.__table__.c
     with store.engine.connect() as conn:
         last = _epoch(conn.execute(select(func.max(c.received_at))).scalar())
@@ -82,12 +83,17 @@ def dashboard(store: Store, q: DashQuery) -> dict[str, Any]:
             stmt = stmt.where(c.harness == q.harness)
         if q.model:
             stmt = stmt.where(c.model == q.model)
-        rows = conn.execute(stmt).all()
+        rows = list(conn.execute(stmt))
         s = Session.__table__.c
         rstmt = select(s.reward).where(s.outcome_at.is_not(None), s.updated_at >= _ts(since))
         if q.harness:
             rstmt = rstmt.where(s.harness == q.harness)
         rewards = [numeric_reward(_json(r)) for (r,) in conn.execute(rstmt)]
+    return since, until, rows, rewards
+
+
+def dashboard(store: Store, q: DashQuery) -> dict[str, Any]:
+    since, until, rows, rewards = _read(store, q)
     span = max(until - since, 60.0)
     bucket = 60.0 * max(1, round(span / 120 / 60))
     n = max(1, math.ceil(span / bucket))

@@ -30,6 +30,7 @@ from orchard_rec.selection.filters import is_positive
 from orchard_rec.storage.models import Session
 from orchard_rec.storage.store import Store
 from orchard_rec.ui.chat import conversation, response_turn
+from orchard_rec.ui.compare import msg_key
 
 __all__ = [
     "FILTERS",
@@ -247,10 +248,8 @@ def _steps(store: Store, sid: str) -> list[dict[str, Any]]:
 
 def attempt_diff(store: Store, a: str, b: str) -> dict[str, Any]:
     """Two attempts side by side: their steps, and the first step where they differ."""
-    from orchard_rec.ui.data import _msg_key
-
     sa, sb = _steps(store, a), _steps(store, b)
-    ka, kb = [_msg_key(m) for m in sa], [_msg_key(m) for m in sb]
+    ka, kb = [msg_key(m) for m in sa], [msg_key(m) for m in sb]
     first = next((i for i, (x, y) in enumerate(zip(ka, kb)) if x != y), None)
     if first is None and len(ka) != len(kb):
         first = min(len(ka), len(kb))
