@@ -184,6 +184,7 @@ def measure(url: str, rounds: int, sessions: int, tokens: int) -> dict[str, dict
                 page = ctx.new_page()
                 page.goto(url + path, wait_until="load")
                 page.wait_for_selector(selector, state="attached")
+                page.wait_for_function("performance.getEntriesByName('first-contentful-paint').length > 0")
                 m = page.evaluate(
                     "() => { const n = performance.getEntriesByType('navigation')[0];"
                     " const fcp = performance.getEntriesByName('first-contentful-paint')[0];"
