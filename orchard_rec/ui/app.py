@@ -442,9 +442,11 @@ async def api_annotate(request: web.Request) -> web.Response:
 
 
 async def api_export(request: web.Request) -> web.StreamResponse:
-    """The export of the chosen sessions (``?format=jsonl|parquet&session=ID&session=ID...``) as a download."""
-    fmt = request.query.get("format", "jsonl")
-    ids = [s for s in request.query.getall("session", []) if s]
+    """The export of the chosen sessions (``format=jsonl|parquet&session=ID&session=ID...``, in the
+    query or a POSTed form: a long selection outgrows a URL) as a download."""
+    q = await request.post() if request.method == "POST" else request.query  # POST: many sessions
+    fmt = str(q.get("format", "jsonl"))
+    ids = [str(s) for s in q.getall("session", []) if s]
     store = request.app[UI_STORE]
     try:
         path = await _run(request, export_file, store.url, fmt, ids)
@@ -579,6 +581,7 @@ def build_ui_app(
     r.add_post("/api/sessions/{sid}/calls/{seq}/resend", api_resend)
     r.add_post("/api/sessions/{sid}/outcome", api_annotate)
     r.add_get("/api/export", api_export)
+    r.add_post("/api/export", api_export)
     r.add_get("/dash", dash_page)
     r.add_get("/api/dash", dash_page)
     r.add_get("/api/sessions/{sid}/samples", api_samples)

@@ -405,6 +405,12 @@ def test_annotate_and_curate(tmp_path: Any, ui_server: Any, page: Any) -> None:
         p.click("#curate .dl[data-format=parquet]")
     table = pq.read_table(dl.value.path())
     assert sorted(set(table.column("session_id").to_pylist())) == ["fix-bug-0", "fix-bug-2"]
+    # a GET with the ids in the query works too (scripts), and says what is wrong in words
+    with urllib.request.urlopen(srv.url + "/api/export?format=jsonl&session=refactor-1") as r:
+        assert {json.loads(line)["session_id"] for line in r.read().splitlines()} == {"refactor-1"}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(srv.url + "/api/export?format=csv&session=refactor-1")
+    assert e.value.code == 400 and "format must be one of" in json.loads(e.value.read())["error"]
     writer.close()
 
 

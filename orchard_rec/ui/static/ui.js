@@ -75,8 +75,13 @@
     document.querySelectorAll("#curate .dl").forEach(function (a) {
       a.addEventListener("click", function (ev) {
         ev.preventDefault();
-        var q = Object.keys(picked).map(function (id) { return "session=" + encodeURIComponent(id); }).join("&");
-        window.location.href = base + "/api/export?format=" + a.dataset.format + "&" + q;
+        /* a form POST: a long selection would outgrow a URL */
+        var f = document.createElement("form");
+        f.method = "post"; f.action = base + "/api/export"; f.hidden = true;
+        [["format", a.dataset.format]].concat(Object.keys(picked).map(function (id) { return ["session", id]; })).forEach(function (kv) {
+          var i = document.createElement("input"); i.name = kv[0]; i.value = kv[1]; f.appendChild(i);
+        });
+        document.body.appendChild(f); f.submit(); f.remove();
       });
     });
     document.querySelector("#curate .clear-picks").addEventListener("click", function (ev) {
