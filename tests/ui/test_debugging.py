@@ -117,6 +117,13 @@ def test_a_task_group_side_by_side(rl_db: str, ui_server: Any, page: Any, tmp_pa
     assert p.get_attribute("#pair", "data-diverge") == "2"
     assert p.locator("#pair .msg.diverge").count() == 2
     screenshot(p, "group.png", full_page=True)
+    # from an attempt's page back to its group and its siblings
+    p = page.goto(srv.url + "/s/fix-bug-3")
+    assert p.get_attribute("dd:has(code:text-is('fix-bug')) .meta-group", "href") == "/groups/task/fix-bug"
+    p.click("dd:has(code:text-is('fix-bug')) .meta-filter")
+    p.wait_for_url("**meta=task%3Dfix-bug**")
+    assert p.locator("[data-session-id]").count() == 4
+    p = page.goto(srv.url + "/groups/task/fix-bug?select=bar:2:0.25:0.75&filter=nonzero-std")
     # pick another B: fix-bug-2 answers differently too; the selection stays in the URL
     p.click('[data-attempt-id="fix-bug-2"] .pick-b')
     p.wait_for_url("**b=fix-bug-2**")
