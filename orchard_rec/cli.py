@@ -607,6 +607,9 @@ def serve(
     ui: bool = typer.Option(
         False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
     ),
+    ui_resend: bool = typer.Option(
+        False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -653,7 +656,10 @@ def serve(
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
         ui=ui,
+        ui_resend=ui_resend,
     )
+    if ui_resend and not ui:
+        raise usage_error("--ui-resend goes with --ui")
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
@@ -1013,18 +1019,49 @@ def ui(
     ),
     on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
     credit: Credit = CreditOpt,
+    resend_to: str | None = typer.Option(
+        None,
+        "--resend-to",
+        help="Enable 'send again': replay a call to this upstream (base URL with /v1). Off by default.",
+    ),
+    resend_key_env: str | None = typer.Option(
+        None, "--resend-key-env", help="Name of the env var holding that upstream's API key."
+    ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Allow setting reward/status/label/note from the page (writes outcomes)."
+    ),
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
 
     from orchard_rec.ui import build_ui_app
+    from orchard_rec.ui.calls import Resend
 
+    target = None
+    if resend_to is not None:
+        resend_to = _check_upstream(resend_to, "--resend-to")
+        key = os.environ.get(resend_key_env) if resend_key_env else None
+        if resend_key_env and not key:
+            raise usage_error(
+                f"--resend-key-env: the environment variable {resend_key_env} is empty or unset"
+            )
+        target = Resend(resend_to, key)
+    elif resend_key_env:
+        raise usage_error("--resend-key-env goes with --resend-to URL")
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     _check_port(host, port)
     with _reading(db) as store:
-        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
-        typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
-        web.run_app(app_, host=host, port=port, print=None)
+        writer = open_write(db, migrate_schema=False) if annotate else None
+        try:
+            app_ = build_ui_app(
+                store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target, writer=writer
+            )
+            mode = "annotations write outcomes" if annotate else "read-only"
+            typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, {mode})")
+            web.run_app(app_, host=host, port=port, print=None)
+        finally:
+            if writer is not None:
+                writer.close()
 
 
 # -- db ------------------------------------------------------------------------------------------------------------
@@ -1371,20 +1408,14 @@ def export(
                 f"--pass-rate {pass_rate}: needs 0 <= LO <= HI <= 1", "e.g. --pass-rate 0.25:0.75"
             )
         window = (lo, hi)
-    bar: tuple[int, float, float] | tuple[int, float, float, int] | None = None
+    bar = None
     if select is not None:
-        parts = select.split(":")
+        from orchard_rec.selection import parse_bar
+
         try:
-            if len(parts) not in (4, 5) or parts[0] != "bar":
-                raise ValueError
-            bar = (int(parts[1]), float(parts[2]), float(parts[3]), *(int(p) for p in parts[4:]))  # type: ignore[assignment]
-        except ValueError:
-            raise usage_error("--select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75") from None
-        assert bar is not None
-        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0 or (len(bar) > 3 and bar[3] < 1):
-            raise usage_error(
-                "--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1"
-            )
+            bar = parse_bar(select)
+        except ValueError as e:
+            raise usage_error(f"--{e}") from None
     if (bar is not None or filters) and not group_by:
         raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
     from orchard_rec.selection import FILTERS

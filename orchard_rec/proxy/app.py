@@ -756,7 +756,15 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
 
         admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
         locked = bool(config.api_keys or config.admin_keys)
-        app.add_subapp("/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked))
+        from orchard_rec.ui.calls import Resend
+
+        resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
+        app.add_subapp(
+            "/ui",
+            build_ui_app(
+                app[STORE], base="/ui", keys=admins, locked=locked, resend_to=resend_to, writer=app[STORE]
+            ),
+        )
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect)
     app.router.add_route("*", "/s/{sid}", probe_handler)

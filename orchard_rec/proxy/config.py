@@ -68,6 +68,9 @@ class ProxyConfig(BaseModel):
     ui: bool = False
     """Mount the read-only trajectory viewer (``orchard_rec.ui``) at ``/ui``; behind the admin key
     when keys are configured."""
+    ui_resend: bool = False
+    """With ``ui``: allow the viewer's "send again" (a recorded call replayed to ``upstream``
+    with ``upstream_key``; the answer is shown, never recorded)."""
 
     @field_validator("upstream")
     @classmethod

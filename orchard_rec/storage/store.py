@@ -40,7 +40,7 @@ from sqlalchemy.orm import sessionmaker
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
-from orchard_rec.storage import layout
+from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Blob, Call, Image, Session
 
@@ -147,6 +147,7 @@ class Store:
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
+        self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
         self.encoder = Encoder(env_megabytes("ORCHARD_STATE_CACHE_MB", 1024))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
@@ -164,6 +165,12 @@ class Store:
         from orchard_rec.storage.migrate import upgrade
 
         upgrade(self.url, engine=self.engine)
+        self._search = None
+
+    def _searchable(self, db: Any) -> bool:
+        if self._search is None:
+            self._search = search.available(db.connection(), self.dialect)
+        return self._search
 
     def close(self) -> None:
         self.engine.dispose()
@@ -215,11 +222,14 @@ class Store:
             blobs: list[tuple[Any, ...]] = []
             images: dict[str, ImageRef] = {}
             parts = self.encoder.parts
+            docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
             for r in order:
                 sid = r.session_id or ""
                 st = states.setdefault(sid, SessionState())
                 fields, new = self.encoder.encode(r, st)
                 rows.append(_row(r, seqs.get(r.call_id), fields))
+                if docs is not None:
+                    docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
                 if not new:
                     continue
                 if parts:
@@ -233,6 +243,8 @@ class Store:
             if blobs:
                 self._insert_blobs(db, blobs)
             self._insert_calls(db, rows)
+            if docs:
+                search.index_calls(db.connection(), self.dialect, docs)
         self.encoder.commit(states)
         return len(fresh)
 
