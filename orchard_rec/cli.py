@@ -149,6 +149,8 @@ class _Group(TyperGroup):
             message, hint, code = _explain(exc)
             _report(message, hint)
             sys.exit(code)
+        if rv == EXIT_INTERRUPTED:  # typer turns a KeyboardInterrupt into a silent 130
+            typer.echo("interrupted", err=True)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -213,6 +215,7 @@ OnMismatch = Literal["split", "realign"]
 Credit = Literal["assistant", "last-turn", "turn-weights", "value"]
 
 # the session selection every command that reads samples shares (export, teacher, reward ...)
+FORCE_HELP = "Replace an existing file that is not an earlier orchard-rec output (never a database)."
 SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
 SinceOpt = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC).")
 HarnessOpt = typer.Option(None, "--harness", help="Only sessions of this harness.")
@@ -395,8 +398,11 @@ def _load_tokenizer(name: str, *, hf: bool) -> Any:
             f"--tokenizer {name}: no such file or folder",
             "give the model's folder (with tokenizer.json / tokenizer_config.json), or 'demo'",
         )
+    from orchard_rec.signals import interrupt_deferred
+
     try:
-        return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
+        with interrupt_deferred():  # transformers imports torch: Ctrl-C inside would abort
+            return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
     except Exception as exc:
         if _debug:
             raise
@@ -891,9 +897,11 @@ def show(
     html: Path | None = typer.Option(
         None, "--html", help="Write the viewer's session page to this file (one self-contained HTML)."
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Print a session's samples with the trained tokens highlighted."""
     if html is not None:
+        _check_output(html, db, force, "--html")
         _show_html(session, db, tokenizer, on_mismatch, credit, html)
         return
     from orchard_rec.pipeline import iter_samples
@@ -927,7 +935,12 @@ def _show_html(
             page = render_session_html(store, session, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
         except UIError as exc:
             raise CliError(f"{exc} in {db}", "list them with `orchard-rec sessions`") from None
-    out.write_text(page, encoding="utf-8")
+    from orchard_rec.exporters.base import atomic_output, output_set
+
+    with output_set(lambda p: _check_output(p, db, True, "--html")) as outputs:
+        with atomic_output(out) as f:
+            f.write(page.encode())
+        outputs.commit()
     typer.echo(f"wrote {out} ({len(page.encode()) / 1e6:.1f} MB, self-contained)")
 
 
@@ -1148,6 +1161,14 @@ def _format_doc(target: str) -> str:
     return first or f"plug-in ({target})"
 
 
+def _check_output(path: Path, db: str, force: bool, option: str = "--out") -> None:
+    """Never write over a database, nor over a file that is not our own output without --force
+    (``orchard_rec.outputs`` has the rules)."""
+    from orchard_rec.outputs import check_output
+
+    check_output(path, db_url=db, force=force, option=option)
+
+
 def _check_out(fmt: str, out: Path) -> None:
     if str(out) == "-":
         if fmt not in STDOUT_FORMATS:
@@ -1248,6 +1269,7 @@ def export(
         "--auxiliary/--no-auxiliary",
         help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1268,6 +1290,8 @@ def export(
     if out is None:
         raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
     _check_out(fmt, out)
+    if "{rollout_id}" not in str(out):
+        _check_output(out, db, force)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
     if pass_rate and not group_by:
@@ -1356,19 +1380,21 @@ def export(
             selection_stats=sel_stats,
             auxiliary=auxiliary,
             require_teacher=require_teacher,
+            check=lambda p: _check_output(p, db, force),
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     if bar is not None or filters:
         typer.echo(f"selection: {sel_stats.summary()}", err=True)
+    if stats.samples == 0:
+        kept = "" if to_stdout else f"; nothing written ({out} left as it was)"
+        raise CliError(
+            "no sample passed the filters (--status, --min-reward, --pass-rate, --filter, --select)" + kept
+            if (status or min_reward is not None or pass_rate or filters or bar or require_teacher)
+            else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)" + kept
+        )
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
-    if stats.samples == 0:
-        raise CliError(
-            "no sample passed the filters (--status, --min-reward, --pass-rate)"
-            if (status or min_reward is not None or pass_rate)
-            else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)"
-        )
 
 
 # -- outcome --------------------------------------------------------------------------------------------------------
