@@ -117,6 +117,7 @@ class _Group(TyperGroup):
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
             )
         global _debug
+        _finite_floats(self)
         argv = list(sys.argv[1:] if args is None else args)
         cut = argv.index("--") if "--" in argv else len(argv)
         _debug = os.environ.get("ORCHARD_DEBUG", "") not in ("", "0")
@@ -152,6 +153,33 @@ class _Group(TyperGroup):
         if rv == EXIT_INTERRUPTED:  # typer turns a KeyboardInterrupt into a silent 130
             typer.echo("interrupted", err=True)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _finite_floats(group: Any) -> None:
+    """Every number option of every command refuses ``nan`` and ``inf`` (click takes them):
+    each command's callback checks its float arguments before it runs."""
+    import functools
+    import math
+
+    stack = [group]
+    while stack:
+        cmd = stack.pop()
+        stack.extend(getattr(cmd, "commands", {}).values())
+        callback = getattr(cmd, "callback", None)
+        if callback is None or getattr(callback, "finite_checked", False):
+            continue
+        options = {p.name: (p.opts or [p.name])[0] for p in cmd.params}
+
+        @functools.wraps(callback)
+        def checked(*args: Any, _callback: Any = callback, _options: Any = options, **kwargs: Any) -> Any:
+            for name, value in kwargs.items():
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, float) and not math.isfinite(v):
+                        raise usage_error(f"{_options.get(name, name)} {v}: not a finite number")
+            return _callback(*args, **kwargs)
+
+        checked.finite_checked = True  # type: ignore[attr-defined]
+        cmd.callback = checked
 
 
 def _typer(**kw: Any) -> typer.Typer:
@@ -1437,44 +1465,40 @@ def outcome(
     metadata: list[str] | None = typer.Option(
         None,
         "--metadata",
-        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable).",
+        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable; other keys stay).",
     ),
     metadata_json: str | None = typer.Option(
-        None, "--metadata-json", help="Outcome metadata as a JSON object."
+        None, "--metadata-json", help="Outcome metadata as a JSON object (merged into the stored keys)."
+    ),
+    clear: list[str] | None = typer.Option(
+        None,
+        "--clear",
+        help="Remove a stored field: reward, status, step_values, metadata, metadata.KEY, or all (repeatable).",
     ),
     create: bool = typer.Option(False, "--create", help="Create the session if no call recorded it yet."),
     db: str = DbOpt,
 ) -> None:
-    """Attach a reward/status to a session (flows into every export)."""
+    """Set a session's reward/status/metadata (flows into every export); what is given merges into what is stored."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.records import Outcome
+    from orchard_rec.storage.outcome import OutcomeChange
+    from orchard_rec.storage.outcome import as_json as outcome_as_json
 
-    r: Any = reward
-    if reward_json is not None:
+    sets: dict[str, Any] = {}
+    r = _reward_option(reward, reward_json)
+    if r is not None:
+        sets["reward"] = r
+    if status is not None:
+        sets["status"] = status
+    if step_values is not None:
         try:
-            named = json.loads(reward_json)
-        except json.JSONDecodeError as exc:
-            raise usage_error(
-                f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
-                'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
-            ) from None
-        if isinstance(named, (int, float)) and not isinstance(named, bool):
-            named = {"reward": named} if reward is None else {"reward": reward, "value": named}
-        if not isinstance(named, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
-        ):
-            raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
-        if reward is not None:
-            if "reward" in named and named["reward"] != reward:
-                raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
-            named = {"reward": reward, **named}
-        r = named
-    try:
-        sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
-    except ValueError:
-        raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
+            sets["step_values"] = tuple(float(x) for x in step_values.split(","))
+        except ValueError:
+            raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
     meta = _parse_metadata(metadata, metadata_json)
+    if meta:
+        sets["metadata"] = meta
+    change = _cli_outcome_change(OutcomeChange, sets, clear, "--reward-json" if reward_json else "--reward")
     open_read(db).close()  # exists and is migrated (else says which command migrates); creates nothing
     store = open_write(db, migrate_schema=False)
     try:
@@ -1483,15 +1507,61 @@ def outcome(
                 f"no session {session!r} in {db}",
                 "check the id (`orchard-rec sessions`), or --create to record an outcome before any call",
             )
-        store.set_outcome(session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
+        merged = store.update_outcome(session, change)
     except sa_exc.SQLAlchemyError as exc:
         raise _db_error(exc, _parse_db(db)) from None
     finally:
         store.close()
+    shown = outcome_as_json(merged)
     typer.echo(
-        f"session {session}: reward={json.dumps(r)} status={status or '-'}"
-        + (f" metadata={json.dumps(meta)}" if meta else "")
+        f"session {session}: reward={json.dumps(shown['reward'])} status={shown['status'] or '-'}"
+        + (f" metadata={json.dumps(shown['metadata'])}" if shown["metadata"] else "")
     )
+
+
+def _cli_outcome_change(cls: Any, sets: dict[str, Any], clear: list[str] | None, reward_option: str) -> Any:
+    """The options as a ``storage.outcome.OutcomeChange``; its refusals become --option messages."""
+    from orchard_rec.storage.outcome import InvalidOutcome
+
+    names = {
+        "reward": reward_option,
+        "step_values": "--step-values",
+        "status": "--status",
+        "metadata": "--metadata",
+    }
+    try:
+        return cls(sets, frozenset(clear or ()))
+    except InvalidOutcome as exc:
+        option = names.get(exc.param or "", "")
+        raise usage_error(f"{option}: {exc.message}" if option else exc.message) from None
+
+
+def _reward_option(reward: float | None, reward_json: str | None) -> Any:
+    """``--reward`` and ``--reward-json`` as one stored reward (a number, or named numbers)."""
+    if reward_json is None:
+        return reward
+
+    def refuse(name: str) -> NoReturn:
+        raise usage_error(f"--reward-json: {name} is not a finite number")
+
+    try:
+        named = json.loads(reward_json, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise usage_error(
+            f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
+            'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
+        ) from None
+    if isinstance(named, (int, float)) and not isinstance(named, bool):
+        named = {"reward": named} if reward is None else {"reward": reward, "value": named}
+    if not isinstance(named, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
+    ):
+        raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
+    if reward is not None:
+        if "reward" in named and named["reward"] != reward:
+            raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
+        named = {"reward": reward, **named}
+    return named
 
 
 def set_outcome(store: Store, session: str, outcome: Any) -> None:

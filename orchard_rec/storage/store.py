@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -39,10 +39,13 @@ from sqlalchemy.orm import sessionmaker
 
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
-from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
+from orchard_rec.records import CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Blob, Call, Image, Session
+from orchard_rec.storage.outcome import OutcomeChange, sanitize
+from orchard_rec.storage.outcome import check as check_outcome
+from orchard_rec.storage.outcome import merge as merge_outcome
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
 
@@ -99,13 +102,8 @@ def _summary(s: Any, prefix: str = "") -> SessionSummary:
 
     outcome = None
     if get("outcome_at") is not None:
-        steps = get("step_values")
-        outcome = Outcome(
-            reward=get("reward"),
-            status=get("status"),
-            step_values=None if steps is None else tuple(float(v) for v in steps),
-            metadata=get("outcome_metadata") or {},
-        )
+        reward, steps, meta = sanitize(get("id"), get("reward"), get("step_values"), get("outcome_metadata"))
+        outcome = Outcome(reward=reward, status=get("status"), step_values=steps, metadata=meta)
     return SessionSummary(
         get("id"),
         get("call_count"),
@@ -400,23 +398,39 @@ class Store:
     # -- reads -----------------------------------------------------------------------------
 
     def set_outcome(self, session_id: str, outcome: Outcome) -> None:
-        """Attach (or replace) a session's outcome; the session row is created if no call came yet."""
-        if outcome.status is not None and outcome.status not in SESSION_STATUSES:
-            raise ValueError(f"status must be one of {', '.join(SESSION_STATUSES)}, got {outcome.status!r}")
+        """Attach (or replace) a session's whole outcome; the session row is created if no call
+        came yet. ``update_outcome`` merges instead (what the CLI and HTTP use)."""
+        check_outcome(outcome)
+        self._outcome_txn(session_id, lambda _stored: outcome)
+
+    def update_outcome(self, session_id: str, change: OutcomeChange) -> Outcome:
+        """Merge ``change`` into the stored outcome in one transaction (``storage.outcome`` has
+        the rules); the merged outcome is returned."""
+        merged: list[Outcome] = []
+
+        def apply(stored: Outcome | None) -> Outcome:
+            merged[:] = [merge_outcome(stored, change)]
+            return merged[0]
+
+        self._outcome_txn(session_id, apply)
+        return merged[0]
+
+    def _outcome_txn(self, session_id: str, apply: Callable[[Outcome | None], Outcome]) -> None:
         from sqlalchemy.exc import IntegrityError
 
         try:
-            self._set_outcome(session_id, outcome)
+            self._set_outcome(session_id, apply)
         except IntegrityError:  # the writer created the session row meanwhile (its first call)
-            self._set_outcome(session_id, outcome)
+            self._set_outcome(session_id, apply)
 
-    def _set_outcome(self, session_id: str, outcome: Outcome) -> None:
+    def _set_outcome(self, session_id: str, apply: Callable[[Outcome | None], Outcome]) -> None:
         now = datetime.now(UTC)
         with self._sessions.begin() as db:
             s = db.get(Session, session_id, with_for_update=self.dialect == "postgresql")
             if s is None:
                 s = Session(id=session_id, created_at=now, updated_at=now, call_count=0)
                 db.add(s)
+            outcome = apply(_summary(s).outcome)
             s.reward = dict(outcome.reward) if isinstance(outcome.reward, dict) else outcome.reward
             s.status = outcome.status
             s.step_values = None if outcome.step_values is None else list(outcome.step_values)
