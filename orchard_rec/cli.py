@@ -117,7 +117,7 @@ class _Group(TyperGroup):
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
             )
         global _debug
-        _finite_floats(self)
+        _check_arguments(self)
         argv = list(sys.argv[1:] if args is None else args)
         cut = argv.index("--") if "--" in argv else len(argv)
         _debug = os.environ.get("ORCHARD_DEBUG", "") not in ("", "0")
@@ -155,30 +155,39 @@ class _Group(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _finite_floats(group: Any) -> None:
-    """Every number option of every command refuses ``nan`` and ``inf`` (click takes them):
-    each command's callback checks its float arguments before it runs."""
+def _check_arguments(group: Any) -> None:
+    """Checks every command shares, run before its body: number options refuse ``nan`` and
+    ``inf`` (click takes them), and session ids follow the one rule (``records.SESSION_ID_RULE``)."""
     import functools
     import math
+
+    from orchard_rec.records import SESSION_ID_RULE, session_id_problem
 
     stack = [group]
     while stack:
         cmd = stack.pop()
         stack.extend(getattr(cmd, "commands", {}).values())
         callback = getattr(cmd, "callback", None)
-        if callback is None or getattr(callback, "finite_checked", False):
+        if callback is None or getattr(callback, "arguments_checked", False):
             continue
         options = {p.name: (p.opts or [p.name])[0] for p in cmd.params}
 
         @functools.wraps(callback)
         def checked(*args: Any, _callback: Any = callback, _options: Any = options, **kwargs: Any) -> Any:
             for name, value in kwargs.items():
+                shown = _options.get(name, name)
+                shown = "SESSION" if not shown.startswith("-") and name == "session" else shown
                 for v in value if isinstance(value, (list, tuple)) else (value,):
                     if isinstance(v, float) and not math.isfinite(v):
-                        raise usage_error(f"{_options.get(name, name)} {v}: not a finite number")
+                        raise usage_error(f"{shown} {v}: not a finite number")
+                    problem = session_id_problem(v) if name == "session" and isinstance(v, str) else None
+                    if problem is not None:
+                        raise usage_error(
+                            f"{shown} {v[:60]!r} is not a session id: {problem}", SESSION_ID_RULE
+                        )
             return _callback(*args, **kwargs)
 
-        checked.finite_checked = True  # type: ignore[attr-defined]
+        checked.arguments_checked = True  # type: ignore[attr-defined]
         cmd.callback = checked
 
 
@@ -1234,6 +1243,39 @@ def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> No
         )
 
 
+def _reward_key_check(selected: list[Any], key: str) -> None:
+    """A --reward-key no selected session has is a mistake (every reward would be null); one
+    that only some have is a warning."""
+    from orchard_rec.pipeline import pick_reward
+
+    missing = [s.id for s in selected if pick_reward(s.outcome, key) is None]
+    if len(missing) < len(selected):
+        if missing:
+            _warn(
+                f"--reward-key {key}: {len(missing)} of {len(selected)} sessions have no {key!r}"
+                f" (e.g. {missing[0]!r}): their samples carry reward null"
+            )
+        return
+    known: set[str] = set()
+    for s in selected:
+        o = s.outcome
+        if o is None:
+            continue
+        if isinstance(o.reward, dict):
+            known.update(o.reward)
+        known.update(
+            k for k, v in o.metadata.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+        if isinstance(o.metadata.get("process_reward"), dict):
+            known.add("process")
+    raise usage_error(
+        f"--reward-key {key}: no selected session has a reward named {key!r} (every reward would be null)",
+        f"known here: {', '.join(sorted(known))}"
+        if known
+        else "no session has named rewards: set them with `orchard-rec outcome SID --reward-json ...`",
+    )
+
+
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
@@ -1364,6 +1406,8 @@ def export(
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         if group_by:
             _group_warning(store, selection, group_by)
+    if reward_key is not None and selected:
+        _reward_key_check(selected, reward_key)
     total = len(selected)
     if total == 0:
         raise CliError(

@@ -39,11 +39,11 @@ from sqlalchemy.orm import sessionmaker
 
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
-from orchard_rec.records import CallOutcome, CallRecord, Dialect, Outcome
+from orchard_rec.records import SESSION_ID_RULE, CallOutcome, CallRecord, Dialect, Outcome, session_id_problem
 from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Blob, Call, Image, Session
-from orchard_rec.storage.outcome import OutcomeChange, sanitize
+from orchard_rec.storage.outcome import InvalidOutcome, OutcomeChange, sanitize
 from orchard_rec.storage.outcome import check as check_outcome
 from orchard_rec.storage.outcome import merge as merge_outcome
 
@@ -417,6 +417,10 @@ class Store:
 
     def _outcome_txn(self, session_id: str, apply: Callable[[Outcome | None], Outcome]) -> None:
         from sqlalchemy.exc import IntegrityError
+
+        problem = session_id_problem(session_id)  # the one rule, on SQLite as on PostgreSQL
+        if problem is not None:
+            raise InvalidOutcome(f"invalid session id: {problem} ({SESSION_ID_RULE})", param="session_id")
 
         try:
             self._set_outcome(session_id, apply)
