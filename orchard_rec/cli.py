@@ -632,9 +632,33 @@ def serve(
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
-    open_write(db).close()  # reachable, writable, migrated: before anything listens
+    _check_writable(db)  # reachable, migrated, and takes a write: before anything listens
     configure_logging(log_level, log_format)
     serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+
+
+def _check_writable(db: str) -> None:
+    """``serve``'s database: opened, migrated, and a trial write rolled back (a damaged SQLite
+    file fails here, in one line, instead of spooling every call after "ready")."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.storage.health import check_writable
+
+    store = open_write(db)
+    try:
+        check_writable(store)
+    except sa_exc.SQLAlchemyError as exc:
+        url = _parse_db(db)
+        err = _db_error(exc, url)
+        damaged = url.get_backend_name() == "sqlite" and "malformed" in str(exc)
+        raise CliError(
+            err.message,
+            "the file is damaged: give a new --db (or restore a backup); `sqlite3 FILE .recover` may save what it holds"
+            if damaged
+            else err.hint,
+        ) from None
+    finally:
+        store.close()
 
 
 # -- reading -------------------------------------------------------------------------------------------------
@@ -652,7 +676,7 @@ def _session_rows(
     """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
     from sqlalchemy import func, select
 
-    from orchard_rec.storage.models import Call, Session
+    from orchard_rec.storage.models import Session
     from orchard_rec.storage.store import _epoch, _ts
 
     where = []
@@ -673,28 +697,18 @@ def _session_rows(
             rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
             total = len(rows)
             rows = rows[:limit] if limit else rows
-        last: dict[str, dict[str, Any]] = {}
-        ids = [r["id"] for r in rows]
-        for k in range(0, len(ids), 500):
-            chunk = ids[k : k + 500]
-            q = (
-                select(Call.session_id, Call.model, Call.usage, Call.prompt_ids, Call.completion_ids)
-                .join(Session, Session.id == Call.session_id)
-                .where(Call.session_id.in_(chunk), Call.seq == Session.call_count)
-            )
-            for c in conn.execute(q):
-                last[c.session_id] = dict(c._mapping)
+    sizes = _session_sizes(store, [r["id"] for r in rows])
     out = []
     for r in reversed(rows):
-        lc = last.get(r["id"], {})
+        model, tokens = sizes.get(r["id"], (None, None))
         out.append(
             {
                 "id": r["id"],
                 "calls": r["call_count"],
                 "status": r["status"],
                 "reward": r["reward"],
-                "model": lc.get("model"),
-                "tokens": _tokens_of(lc),
+                "model": model,
+                "tokens": tokens,
                 "harness": r["harness"],
                 "metadata": r["outcome_metadata"] or {},
                 "created_at": _epoch(r["created_at"]),
@@ -713,22 +727,21 @@ def _scalar_reward(v: Any) -> float | None:
     return None
 
 
-def _tokens_of(last_call: dict[str, Any]) -> int | None:
-    """A session's size: its last call's prompt + completion (ids when recorded, else usage)."""
+def _session_sizes(store: Store, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
+    """Each session's model (its last call's) and size: the largest context of its calls
+    (``records.context_tokens``: ids when recorded, else usage), as the viewer counts it."""
+    from orchard_rec.records import context_tokens
 
-    def load(v: Any) -> Any:
-        return json.loads(v) if isinstance(v, str) else v
-
-    p, c = load(last_call.get("prompt_ids")), load(last_call.get("completion_ids"))
-    if isinstance(p, list) and isinstance(c, list):
-        return len(p) + len(c)
-    u = load(last_call.get("usage"))
-    if isinstance(u, dict):
-        a = u.get("prompt_tokens", u.get("input_tokens"))
-        b = u.get("completion_tokens", u.get("output_tokens"))
-        if isinstance(a, int) and isinstance(b, int):
-            return a + b
-    return None
+    out: dict[str, tuple[str | None, int | None]] = {}
+    for k in range(0, len(ids), 500):
+        for summary, calls in store.iter_sessions_calls(ids[k : k + 500]):
+            model, size = None, None
+            for c in calls:
+                model = c.model or model
+                n = context_tokens(c)
+                size = n if size is None or (n is not None and n > size) else size
+            out[summary.id] = (model, size)
+    return out
 
 
 def _reward_text(v: Any) -> str:
@@ -1968,10 +1981,28 @@ def reward(
             if missing:
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         results = []
+        needs = tuple(getattr(rule_set, "gold_fields", ()))
+        ungraded = [
+            s.id for s in selected if needs and not set(needs) & set(s.outcome.metadata if s.outcome else {})
+        ]
         for summary in selected:
-            res = score_session(store, summary.id, rule_set)
+            res = None if summary.id in ungraded else score_session(store, summary.id, rule_set)
             if res is not None:
                 results.append((summary, res))
+    if ungraded:
+        hint = (
+            f"set the grader's fields first, e.g. orchard-rec outcome {ungraded[0]} --metadata resolved=true"
+        )
+        if not results:
+            raise CliError(
+                f"--rules {rules}: no selected session has grader data ({', '.join(needs[:4])}, ...);"
+                " nothing scored, nothing stored",
+                hint,
+            )
+        _warn(
+            f"--rules {rules}: {len(ungraded)} session(s) have no grader data ({', '.join(needs[:4])}, ...),"
+            f" not scored: {', '.join(map(repr, ungraded[:5]))}{' ...' if len(ungraded) > 5 else ''} ({hint})"
+        )
     if not results:
         raise CliError("no session to score" + (" matches --session" if session else f" in {db}"))
     rows = []
@@ -2130,6 +2161,12 @@ def teacher(
         _warn(
             f"{summary.failed} samples failed (stored with an all-zero valid mask); run the command again to retry them"
         )
+        if any(" 404" in e or "answered 404" in e for e in summary.errors):
+            typer.echo(
+                f"  the teacher answered 404: is --url {cfg.url} the server's root, and --kind {kind} right? "
+                f"(vllm: POST /v1/completions, sglang: POST /generate)",
+                err=True,
+            )
         raise SystemExit(1)
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "CallRecord",
     "Dialect",
     "Outcome",
+    "context_tokens",
     "session_id_problem",
 ]
 
@@ -161,3 +162,18 @@ class Outcome:
     step_values: tuple[float, ...] | None = None
     """A value estimate after each model turn, for value-based credit assignment."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def context_tokens(call: CallRecord) -> int | None:
+    """A call's context size: prompt + completion ids when recorded, else the usage the upstream
+    reported (prompt + completion, OpenAI or Anthropic names); None when neither is known.
+    A session's size, in ``orchard-rec sessions`` and the viewer alike, is the largest of its calls'."""
+    if call.prompt_ids is not None and call.completion_ids is not None:
+        return len(call.prompt_ids) + len(call.completion_ids)
+    u = call.usage
+    if isinstance(u, Mapping):
+        a = u.get("prompt_tokens", u.get("input_tokens"))
+        b = u.get("completion_tokens", u.get("output_tokens"))
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+    return None

@@ -653,6 +653,20 @@ async def post_outcome(request: web.Request) -> web.Response:
     return web.json_response({"session_id": sid, "recorded": True, "outcome": outcome_as_json(merged)})
 
 
+async def _ui_slash(request: web.Request) -> web.Response:
+    """``/ui`` is the viewer too: to ``/ui/`` (its links are relative to it), the query kept (``?key=``)."""
+    raise web.HTTPFound("/ui/" + (f"?{request.query_string}" if request.query_string else ""))
+
+
+def _ui_tokenizer(name: str | None) -> Any:
+    """The viewer's tokenizer (``--tokenizer``: a folder, or ``demo``), loaded as ``orchard-rec ui`` does."""
+    if not name:
+        return None
+    from orchard_rec.tokenizer import load_tokenizer
+
+    return load_tokenizer(name)
+
+
 async def openapi_handler(request: web.Request) -> web.Response:
     return web.json_response(openapi_spec())
 
@@ -734,7 +748,11 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
 
         admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
         locked = bool(config.api_keys or config.admin_keys)
-        app.add_subapp("/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked))
+        shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
+        app.router.add_get("/ui", _ui_slash)
+        app.add_subapp(
+            "/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked, tokenizer=shown_by)
+        )
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect)
     app.router.add_route("*", "/s/{sid}", probe_handler)

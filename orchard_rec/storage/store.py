@@ -195,7 +195,10 @@ class Store:
             order: list[CallRecord] = []
             for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
                 group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
-                last = self._bump_session(db, sid, len(group), now, group[0].harness)
+                # the harness is named by a generation call: a probe first (``curl .../v1/models``)
+                # must not label a Codex session ``curl``
+                harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
+                last = self._bump_session(db, sid, len(group), now, harness)
                 for i, r in enumerate(group):
                     seqs[r.call_id] = last - len(group) + 1 + i
                 cached = self.encoder.state(sid)
@@ -730,6 +733,7 @@ _LIGHT_COLUMNS = (
     "completion_logprobs",
     "finish_reason",
     "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
+    "usage",  # small: a call's size when no ids were recorded (passthrough)
 )
 
 
@@ -757,6 +761,7 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
         finish_reason=c.finish_reason,
         seq=c.seq,
         metadata=c.metadata or {},
+        usage=c.usage,
     )
 
 
