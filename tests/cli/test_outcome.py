@@ -106,8 +106,8 @@ def _poison(db: str, sid: str = "my-run") -> None:
     with sqlite3.connect(path) as con:
         con.execute(
             "UPDATE sessions SET step_values = '[1.0,null,2.0]', reward = 1, status = 'completed',"
-            " outcome_metadata = '{}', outcome_at = CURRENT_TIMESTAMP WHERE id = ?",
-            (sid,),
+            " outcome_metadata = ?, outcome_at = CURRENT_TIMESTAMP WHERE id = ?",
+            ('{"resolved": true}', sid),
         )
 
 
@@ -129,7 +129,7 @@ def test_readers_survive_a_bad_row_with_a_warning(
     assert rc == 0, out
     rc, out = cli("outcome", "my-run", "--status", "failed", "--db", db)
     assert rc == 0, out
-    assert _outcome(db) == Outcome(reward=1, status="failed")  # the bad step values are gone
+    assert _outcome(db) == Outcome(reward=1, status="failed", metadata={"resolved": True})  # bad step values gone
 
 
 @pytest.mark.network

@@ -103,3 +103,23 @@ def test_good_ids_pass_everywhere(db: str, sid: str) -> None:
     assert session_id_problem(sid) is None and validate_session_id(sid) == sid
     rc, out = cli("outcome", sid, "--reward", "1", "--create", "--db", db)
     assert rc == 0, out
+
+
+# -- 10. reward --rules swe without grader data ---------------------------------------------------------------
+
+
+def test_swe_rewards_need_grader_data(db: str) -> None:
+    """main: stored -0.167 (a reward made up from the trajectory alone) for every session, no warning."""
+    rc, out = cli("reward", "--rules", "swe", "--db", db)
+    assert rc == 1 and "no selected session has grader data" in out and "nothing stored" in out, out
+    assert_short(out)
+    store = Store(db)
+    assert all("process_reward" not in (s.outcome.metadata if s.outcome else {}) for s in store.sessions())
+    store.close()
+    assert cli("outcome", "alpha", "--metadata", "resolved=true", "--db", db)[0] == 0
+    rc, out = cli("reward", "--rules", "swe", "--db", db)
+    assert rc == 0 and "1 session(s) have no grader data" in out and "'beta'" in out, out
+    store = Store(db)
+    stored = {s.id: "process_reward" in s.outcome.metadata for s in store.sessions() if s.outcome}
+    store.close()
+    assert stored == {"alpha": True, "beta": False}
