@@ -1863,6 +1863,7 @@ def train_sft_cmd(
     lr: float = typer.Option(1e-4, "--lr"),
 ) -> None:
     """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
+    _check_output(out, db, True)  # a checkpoint folder: never the database (nor any SQLite file)
     try:
         from transformers import AutoModelForCausalLM
 

@@ -34,7 +34,9 @@ def work(tmp_path: Path) -> Path:
             call("other", prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
         ]
     )
-    store.update_outcome("my-run", OutcomeChange({"reward": 1, "status": "completed", "metadata": {"task": "t1"}}))
+    store.update_outcome(
+        "my-run", OutcomeChange({"reward": 1, "status": "completed", "metadata": {"task": "t1"}})
+    )
     store.update_outcome("other", OutcomeChange({"reward": {"tests": 0}}))
     store.close()
     assert cli("export", "--out", "keep.jsonl", cwd=tmp_path)[0] == 0
@@ -67,6 +69,7 @@ TOUR = [
     (["show", "my-run", "--html", "orchard.db"], 2, "is the database"),
     (["export", "--out", "notes.txt", "--format", "jsonl"], 2, "not an earlier orchard-rec output"),
     (["show", "my-run", "--html", "notes.txt"], 2, "not an earlier orchard-rec output"),
+    (["train", "sft", "--model", ".", "--out", "orchard.db"], 2, "is the database"),
     # 2. numbers that are not finite
     (["outcome", "my-run", "--reward", "nan"], 2, "not a finite number"),
     (["outcome", "my-run", "--reward", "inf"], 2, "not a finite number"),
@@ -78,7 +81,11 @@ TOUR = [
     (["outcome", "my-run"], 2, "nothing to change"),
     (["outcome", "my-run", "--clear", "rewards"], 2, "cannot clear 'rewards'"),
     # 4. filters that keep nothing leave the earlier output
-    (["export", "--out", "keep.jsonl", "--status", "aborted"], 1, "nothing written (keep.jsonl left as it was)"),
+    (
+        ["export", "--out", "keep.jsonl", "--status", "aborted"],
+        1,
+        "nothing written (keep.jsonl left as it was)",
+    ),
     (["export", "--out", "keep.jsonl", "--min-reward", "5"], 1, "nothing written"),
     (
         ["export", "--out", "keep.jsonl", "--group-by", "session", "--filter", "nonzero-std"],
@@ -104,7 +111,9 @@ def test_the_tour_damages_nothing(work: Path, args: list[str], code: int, says: 
     before = _digest(work)
     rc, out = cli(*args, cwd=work)
     assert rc == code and says in out, out
-    assert_short("\n".join(x for x in out.splitlines() if not x.startswith("selection: ")))  # what --filter kept
+    assert_short(
+        "\n".join(x for x in out.splitlines() if not x.startswith("selection: "))
+    )  # what --filter kept
     assert "wrote 0" not in out
     assert _digest(work) == before
 

@@ -129,7 +129,9 @@ def test_readers_survive_a_bad_row_with_a_warning(
     assert rc == 0, out
     rc, out = cli("outcome", "my-run", "--status", "failed", "--db", db)
     assert rc == 0, out
-    assert _outcome(db) == Outcome(reward=1, status="failed", metadata={"resolved": True})  # bad step values gone
+    assert _outcome(db) == Outcome(
+        reward=1, status="failed", metadata={"resolved": True}
+    )  # bad step values gone
 
 
 @pytest.mark.network
