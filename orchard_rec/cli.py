@@ -251,8 +251,8 @@ ProxyMode = Literal["token", "passthrough", "tito"]
 OnMismatch = Literal["split", "realign"]
 Credit = Literal["assistant", "last-turn", "turn-weights", "value"]
 
-# the session selection every command that reads samples shares (export, teacher, reward ...)
 FORCE_HELP = "Replace an existing file that is not an earlier orchard-rec output (never a database)."
+# the session selection every command that reads samples shares (export, teacher, reward ...)
 SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
 SinceOpt = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC).")
 HarnessOpt = typer.Option(None, "--harness", help="Only sessions of this harness.")
