@@ -1864,10 +1864,13 @@ def train_sft_cmd(
 ) -> None:
     """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
     _check_output(out, db, True)  # a checkpoint folder: never the database (nor any SQLite file)
-    try:
-        from transformers import AutoModelForCausalLM
+    from orchard_rec.signals import interrupt_deferred
 
-        from orchard_rec.trainers.sft import train_sft
+    try:
+        with interrupt_deferred():  # torch: Ctrl-C inside its import would abort the interpreter
+            from transformers import AutoModelForCausalLM
+
+            from orchard_rec.trainers.sft import train_sft
     except ImportError as exc:
         raise CliError(
             f"training needs torch and transformers ({exc})", "pip install 'orchard-rec[train,hf]'"

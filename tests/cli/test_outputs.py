@@ -294,3 +294,16 @@ def test_ctrl_c_while_writing_leaves_no_partial_set(tmp_path: Path) -> None:
     assert proc.returncode == 130 and err.strip().endswith("interrupted"), err
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("r_*.pt")} == before
     assert [n for n in _names(tmp_path) if not n.startswith("r_")] == []
+
+
+def test_interrupt_deferred_holds_ctrl_c_until_the_block_ends() -> None:
+    from orchard_rec.signals import interrupt_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run by now: it only noted the signal
+            reached.append(True)
+    assert reached == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
