@@ -112,12 +112,12 @@ class _Group(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        _check_arguments(self)
         if not standalone_mode:
             return super().main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
             )
         global _debug
-        _check_arguments(self)
         argv = list(sys.argv[1:] if args is None else args)
         cut = argv.index("--") if "--" in argv else len(argv)
         _debug = os.environ.get("ORCHARD_DEBUG", "") not in ("", "0")

@@ -21,6 +21,7 @@ from factories import call
 
 from orchard_rec.records import Outcome
 from orchard_rec.storage import Store
+from orchard_rec.storage.outcome import OutcomeChange
 from tests.cli.test_mistakes import assert_short, cli
 
 
@@ -193,3 +194,29 @@ def test_http_outcome_follows_the_same_rules(upstream, proxy_factory, sqlite_url
     status, body = _post(url, {"reward": None, "metadata": {"task": None, "reviewer": "bob"}})
     assert status == 200, body
     assert proxy.store().session("run-1").outcome == Outcome(status="completed", metadata={"reviewer": "bob"})
+
+
+def test_readers_survive_a_bad_row_on_both_databases(db_url: str, tmp_path: Path) -> None:
+    """PostgreSQL behaved the same as SQLite on main: every export failed after one bad row."""
+    from sqlalchemy import text
+
+    store = Store(db_url)
+    store.upgrade()
+    store.write_batch([call("my-run", prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2])])
+    store.update_outcome("my-run", OutcomeChange({"reward": 1, "metadata": {"resolved": True}}))
+    cast = "CAST(:s AS json)" if store.dialect == "postgresql" else ":s"
+    with store.engine.begin() as con:
+        con.execute(
+            text(f"UPDATE sessions SET step_values = {cast} WHERE id = 'my-run'"), {"s": "[1.0, null]"}
+        )
+    store.close()
+    rc, out = cli("export", "--out", str(tmp_path / "x.jsonl"), "--db", db_url)
+    assert rc == 0 and "wrote 1 samples" in out, out
+    for args in (("show", "my-run", "--plain"), ("reward", "--dry-run"), ("sessions",)):
+        rc, out = cli(*args, "--db", db_url)
+        assert rc == 0, (args, out)
+    rc, out = cli("outcome", "my-run", "--step-values", "0.5,1", "--db", db_url)
+    assert rc == 0, out
+    store = Store(db_url)
+    assert store.session("my-run").outcome.step_values == (0.5, 1.0)  # type: ignore[union-attr]
+    store.close()
