@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "SESSION_ID_MAX",
+    "SESSION_ID_PATTERN",
     "SESSION_ID_RULE",
     "SESSION_STATUSES",
     "CallOutcome",
@@ -134,7 +135,9 @@ viewer's ``/s/ID``), so nothing that a path, a query or a fragment would read di
 allowed (no ``/``, ``?``, ``#``, ``%``, no ``..`` alone: it must start alphanumeric), and no
 control character. Non-ASCII letters are refused too: the same-looking id could be spelled in
 two Unicode normal forms, and percent-encoded differently by different clients."""
-_SESSION_ID_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:@=+-]{{0,{SESSION_ID_MAX - 1}}}")
+SESSION_ID_PATTERN = rf"[A-Za-z0-9][A-Za-z0-9._:@=+-]{{0,{SESSION_ID_MAX - 1}}}"
+"""``SESSION_ID_RULE`` as a regular expression (for a full match)."""
+_SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
 
 
 def session_id_problem(sid: str) -> str | None:
