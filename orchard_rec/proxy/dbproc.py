@@ -47,6 +47,8 @@ from typing import IO, Any
 
 import orjson
 
+from orchard_rec.errors import one_line
+
 __all__ = ["Result", "WriterProcess", "main"]
 
 log = logging.getLogger("orchard_rec.recorder")
@@ -303,8 +305,8 @@ class _Child:
             if records:
                 self.store.write_batch(records, known_new=first)
         except Exception as exc:
-            log.warning("database write failed (%d calls): %s: %s", len(records), type(exc).__name__, exc)
-            return {"built": len(records), "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            log.warning("database write failed (%d calls): %s", len(records), one_line(exc))
+            return {"built": len(records), "ok": False, "error": one_line(exc)[:500]}
         self.decoder.prune()
         return {"built": len(records), "ok": True, "error": None, "caches": self.caches()}
 

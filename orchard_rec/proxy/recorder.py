@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.errors import env_megabytes
+from orchard_rec.errors import env_megabytes, one_line
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.dbproc import Result, WriterDied, WriterProcess
@@ -637,7 +637,7 @@ class Recorder:
             self.store.write_batch(batch, known_new=first)
         except Exception as exc:  # keep serving; the spool or a retry carries the records
             self.write_errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.last_error = one_line(exc)[:500]
             log.warning("database write failed (%d calls), spooling: %s", len(batch), self.last_error)
             return False
         self.written += len(batch)

@@ -1,8 +1,8 @@
 """Annotate and curate from the viewer: a session's reward, status, label and note; the export
 of chosen sessions as a download.
 
-Annotations are the session's outcome, written through ``Store.set_outcome`` (the function
-``POST /sessions/{id}/outcome`` and ``orchard-rec outcome`` call), on a store opened for writing
+Annotations are the session's outcome, written through ``Store.update_outcome`` with the merge
+rules of ``storage.outcome`` (what ``POST /sessions/{id}/outcome`` and ``orchard-rec outcome`` use), on a store opened for writing
 only for this (``orchard-rec ui --annotate``; the proxy's own store under ``serve --ui``). Only
 the fields given change: the others are read back and passed on as they were; a field given as
 null (or an empty label/note) is cleared. The label and the note live in the outcome metadata
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.records import SESSION_STATUSES, Outcome
+from orchard_rec.storage.outcome import InvalidOutcome, change_from_json
 from orchard_rec.storage.store import Store
 
 __all__ = ["ANNOTATION_FIELDS", "EXPORT_FORMATS", "annotate", "export_file"]
@@ -56,30 +57,21 @@ def annotate(store: Store, session_id: str, fields: dict[str, Any]) -> Outcome:
     summary = store.session(session_id)
     if summary is None:
         raise LookupError(f"no session {session_id!r}")
-    old = summary.outcome or Outcome()
-    reward: Any = old.reward
+    body: dict[str, Any] = {}
     if "reward" in fields:
-        new = fields["reward"]
-        if isinstance(reward, dict) and new is not None:  # named rewards: the scalar is "reward"
-            reward = {**reward, "reward": float(new)}
-        else:
-            reward = None if new is None else float(new)
-    meta = dict(old.metadata)
-    for k in ("label", "note"):
-        if k in fields:
-            v = (fields[k] or "").strip()
-            if v:
-                meta[k] = v
-            else:
-                meta.pop(k, None)
-    outcome = Outcome(
-        reward=reward,
-        status=fields.get("status", old.status),
-        step_values=old.step_values,
-        metadata=meta,
-    )
-    store.set_outcome(session_id, outcome)
-    return outcome
+        new, old = fields["reward"], (summary.outcome or Outcome()).reward
+        # named rewards: the page's number is the scalar "reward" among them
+        body["reward"] = {**old, "reward": float(new)} if isinstance(old, dict) and new is not None else new
+    if "status" in fields:
+        body["status"] = fields["status"]
+    meta = {k: ((fields[k] or "").strip() or None) for k in ("label", "note") if k in fields}
+    if meta:
+        body["metadata"] = meta  # an empty label/note clears its key (null), the other keys stay
+    # the merge rules of `orchard-rec outcome` and POST /sessions/{id}/outcome (storage.outcome), in one transaction
+    try:
+        return store.update_outcome(session_id, change_from_json(body))
+    except InvalidOutcome as e:
+        raise AnnotationError(str(e)) from None
 
 
 def export_file(db_url: str, fmt: str, sessions: list[str]) -> Path:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
-from orchard_rec.records import CallRecord
+from orchard_rec.records import CallRecord, context_tokens
 from orchard_rec.storage import search
 from orchard_rec.storage.models import Call, Session
 from orchard_rec.storage.store import SessionSummary, Store
@@ -428,7 +428,7 @@ def _enrich(store: Store, rows: list[SessionRow]) -> None:
             n = len(c.completion_ids or ())
             row.prompt_tokens += p
             row.completion_tokens += n
-            row.context_tokens = max(row.context_tokens, p + n)
+            row.context_tokens = max(row.context_tokens, context_tokens(c) or 0)
             if c.error or c.outcome.value != "ok":
                 row.errors += 1
 
