@@ -52,6 +52,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,6 +286,18 @@ class Spool:
         """Every record below this index is in the database."""
         self._aside: set[int] = set()
         """Indexes of the lines moved aside by this process (a replay pass meets them again)."""
+        self.synced = self.end
+        """Every record below this index has been fsync'd (what a power loss cannot take)."""
+        self.fsyncs = 0
+        """``fdatasync`` calls of appends and of ``sync`` so far."""
+        self.unsynced_since: float | None = None
+        """``time.monotonic()`` of the oldest append not yet covered by an fsync (None: none)."""
+        self.max_unsynced_age = 0.0
+        """The longest an append has waited for the fsync that covered it so far (seconds)."""
+        self._dirty: list[_Segment] = []
+        """Segments written since their last fsync."""
+        self._dir_dirty = False
+        """A segment was created since the folder's last fsync (its name must survive a crash)."""
 
     def _scan(self, seg: _Segment) -> None:
         """Count a segment's complete lines, up to its zeros (if any); a torn tail (a crash
@@ -314,9 +327,11 @@ class Spool:
         the index one past the last of them (what ``ack`` takes once the database has them)."""
         return self.append_lines([record_to_json(r) for r in records])
 
-    def append_lines(self, lines: Sequence[bytes]) -> int:
+    def append_lines(self, lines: Sequence[bytes], *, sync: bool = True) -> int:
         """``append`` of lines encoded already (each one JSON object, no newline). When it raises,
-        nothing of them stays in the spool."""
+        nothing of them stays in the spool. ``sync=False``: written (``pwrite``) but not fsync'd:
+        they survive the death of this process (the kernel has them), not a machine crash, until
+        ``sync`` covers them (``unsynced_since`` says since when they wait)."""
         if not lines:
             return self.end
         data = b"\n".join(lines) + b"\n"
@@ -337,7 +352,12 @@ class Spool:
                 if self.preallocate and pos + n > seg.room:
                     _pwrite_all(fd, bytes(self.preallocate), pos + n)
                     seg.room = pos + n + self.preallocate
-                _sync(fd)
+                if sync:
+                    self._sync_dir()
+                    for other in self._open_dirty():
+                        if other is not seg:
+                            _sync(other.f.fileno())
+                    _sync(fd)
             except BaseException:
                 self._cut(seg, pos)
                 raise
@@ -346,7 +366,68 @@ class Spool:
             seg.count += len(lines)
             seg.size = pos + n
             self.end += len(lines)
+            if sync:
+                self.fsyncs += 1
+                self._synced_upto(self.end, time.monotonic())
+            else:
+                if self.unsynced_since is None:
+                    self.unsynced_since = time.monotonic()
+                if seg not in self._dirty:
+                    self._dirty.append(seg)
             return self.end
+
+    def _synced_upto(self, end: int, now: float) -> None:
+        """Everything below ``end`` is fsync'd (the lock held); so is all written, when ``end`` is ``self.end``."""
+        self.synced = max(self.synced, end)
+        if self.unsynced_since is not None and end == self.end:
+            self.max_unsynced_age = max(self.max_unsynced_age, now - self.unsynced_since)
+            self.unsynced_since = None
+            self._dirty.clear()
+
+    def _open_dirty(self) -> list[_Segment]:
+        """The dirty segments still open (an acknowledged one may have been closed since)."""
+        return [d for d in self._dirty if any(d is x for x in self._segments)]
+
+    @property
+    def unsynced_age(self) -> float:
+        """Seconds the oldest append not yet fsync'd has waited (0: everything is)."""
+        since = self.unsynced_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def sync(self) -> bool:
+        """fsync whatever ``append_lines(sync=False)`` wrote so far (the background fsync); appends
+        go on meanwhile (the lock is not held during the flush). False when there was nothing to do."""
+        with self._lock:
+            since = self.unsynced_since
+            if since is None and not self._dir_dirty:
+                return False
+            end = self.end
+            fds = [os.dup(seg.f.fileno()) for seg in self._open_dirty()]  # valid if it is closed meanwhile
+            self._dirty = []
+            self.unsynced_since = None
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        try:
+            if dir_dirty:
+                self._fsync_dir()
+            for fd in fds:
+                _sync(fd)
+        except BaseException:
+            with self._lock:  # not covered: the next sync tries again
+                self._dir_dirty = self._dir_dirty or dir_dirty
+                if since is not None:
+                    self.unsynced_since = min(since, self.unsynced_since or since)
+                    self._dirty = list(self._segments)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        now = time.monotonic()
+        with self._lock:
+            self.fsyncs += 1
+            self.synced = max(self.synced, end)
+            if since is not None:
+                self.max_unsynced_age = max(self.max_unsynced_age, now - since)
+        return True
 
     def _cut(self, seg: _Segment, pos: int) -> None:
         """After an append at ``pos`` failed: the file ends at ``pos`` again (the append may have
@@ -366,12 +447,20 @@ class Spool:
         p = self.path.with_name(f"{self.path.name}.{n}")
         seg = _Segment(p, _open(p), self.end)
         self._segments.append(seg)
+        self._dir_dirty = True  # the new file's name must survive a crash along with its records
+        return seg
+
+    def _sync_dir(self) -> None:
+        if self._dir_dirty:
+            self._fsync_dir()
+            self._dir_dirty = False
+
+    def _fsync_dir(self) -> None:
         dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:  # the new file's name must survive a crash along with its records
+        try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        return seg
 
     def _truncate_all(self) -> None:
         """Everything is acknowledged: drop the lines. A single segment with zeros ahead keeps its

@@ -110,7 +110,7 @@ def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path
     port = free_port()
     proc = serve_process(port, upstream.url, db, "--spool", str(spool))  # no --durability: the default
     base = f"http://127.0.0.1:{port}"
-    assert json.loads(_get(base + "/healthz")[1])["durability"] == "wal"  # the default
+    assert json.loads(_get(base + "/healthz")[1])["durability"] == "process"  # the default
     completed: set[str] = set()
     attempted = 0
 
