@@ -246,7 +246,12 @@ def _sync(fd: int) -> None:
 
 class Spool:
     def __init__(
-        self, path: Path, *, segment_bytes: int = 64 * 1024 * 1024, preallocate: int = 1 << 20
+        self,
+        path: Path,
+        *,
+        segment_bytes: int = 64 * 1024 * 1024,
+        preallocate: int = 1 << 20,
+        keep_bytes: int = 0,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +260,12 @@ class Spool:
         self.preallocate = preallocate
         """Bytes of zeros kept ahead of the last line of the segment being written (0: plain
         appends, each growing the file)."""
+        self.keep_bytes = keep_bytes
+        """With no zeros ahead: a single segment of at most this many bytes is not cut when everything
+        in it is acknowledged; appends go on after its lines, and it is cut once it holds more (a
+        truncation per call cost the database thread a journaled ``ftruncate``, and held the file's
+        lock against the event loop's next ``write``). A crash then replays those acknowledged lines,
+        which the idempotent write skips, as it does after a truncation a crash lost."""
         self._lock = threading.Lock()
         lock_f = _open(self.path)  # held for the spool's lifetime
         try:
@@ -337,7 +348,7 @@ class Spool:
         data = b"\n".join(lines) + b"\n"
         with self._lock:
             seg = self._segments[-1]
-            if self.acked == self.end and (seg.size or len(self._segments) > 1):
+            if self.acked == self.end and (seg.size > self._keep(seg) or len(self._segments) > 1):
                 self._truncate_all()
                 seg = self._segments[-1]
             elif seg.size > self.segment_bytes:
@@ -429,6 +440,10 @@ class Spool:
                 self.max_unsynced_age = max(self.max_unsynced_age, now - since)
         return True
 
+    def _keep(self, seg: _Segment) -> int:
+        """Bytes of acknowledged lines ``seg`` may keep rather than be cut (``keep_bytes``)."""
+        return self.keep_bytes if seg.room <= seg.size else 0
+
     def _cut(self, seg: _Segment, pos: int) -> None:
         """After an append at ``pos`` failed: the file ends at ``pos`` again (the append may have
         written anything from nothing to all of its lines and zeros)."""
@@ -484,7 +499,8 @@ class Spool:
                 return
             self.acked = min(upto, self.end)
             if self.acked == self.end:
-                self._truncate_all()
+                if len(self._segments) > 1 or self._segments[0].size > self._keep(self._segments[0]):
+                    self._truncate_all()
                 return
             for seg in list(self._segments[:-1]):  # closed segments wholly acknowledged go
                 if seg.count == 0 or seg.start + seg.count > self.acked:
