@@ -229,13 +229,18 @@ class Recorder:
     def sync_stats(self) -> dict[str, float]:
         """The spool's fsync state: ``fsyncs``, ``unsynced_age_s`` (how long the oldest write not yet
         fsync'd has waited, 0 when none), ``max_unsynced_age_s`` (the longest any write waited for its
-        fsync so far) and ``fsync_interval_s`` (``process``: the bound those keep under)."""
+        fsync so far), ``fsync_interval_s`` (``process``: the bound those keep under) and, of the last
+        64 background fsyncs, ``max_sync_lag_s`` (the oldest write's age when one started: the schedule's
+        part) and ``slowest_fsync_s`` (the device's part)."""
         sp = self.spool
+        log = sp.sync_log if sp is not None else []
         return {
             "fsyncs": sp.fsyncs if sp is not None else 0,
             "unsynced_age_s": round(sp.unsynced_age, 6) if sp is not None else 0.0,
             "max_unsynced_age_s": round(sp.max_unsynced_age, 6) if sp is not None else 0.0,
             "fsync_interval_s": self.fsync_interval if self.durability == "process" else 0.0,
+            "max_sync_lag_s": round(max((lag for lag, _ in log), default=0.0), 6),
+            "slowest_fsync_s": round(max((took for _, took in log), default=0.0), 6),
         }
 
     @property

@@ -302,7 +302,13 @@ class Spool:
         self.fsyncs = 0
         """``fdatasync`` calls of appends and of ``sync`` so far."""
         self.unsynced_since: float | None = None
-        """``time.monotonic()`` of the oldest append not yet covered by an fsync (None: none)."""
+        """``time.monotonic()`` of the oldest append no fsync has started to cover (None: none)."""
+        self._syncing_since: float | None = None
+        """``unsynced_since`` as the running ``sync`` took it over (None: none runs): its appends
+        are not on disk before that fsync returns."""
+        self.sync_log: list[tuple[float, float]] = []
+        """The last 64 fsyncs of ``sync``: ``(how long its oldest write had waited when it started,
+        how long it took)``, seconds: what the caller's schedule controls, and what the device adds."""
         self.max_unsynced_age = 0.0
         """The longest an append has waited for the fsync that covered it so far (seconds)."""
         self._dirty: list[_Segment] = []
@@ -402,7 +408,9 @@ class Spool:
     @property
     def unsynced_age(self) -> float:
         """Seconds the oldest append not yet fsync'd has waited (0: everything is)."""
-        since = self.unsynced_since
+        since = self._syncing_since
+        if since is None:
+            since = self.unsynced_since
         return 0.0 if since is None else max(0.0, time.monotonic() - since)
 
     def sync(self) -> bool:
@@ -415,8 +423,9 @@ class Spool:
             end = self.end
             fds = [os.dup(seg.f.fileno()) for seg in self._open_dirty()]  # valid if it is closed meanwhile
             self._dirty = []
-            self.unsynced_since = None
+            self._syncing_since, self.unsynced_since = since, None
             dir_dirty, self._dir_dirty = self._dir_dirty, False
+        t = time.monotonic()
         try:
             if dir_dirty:
                 self._fsync_dir()
@@ -424,6 +433,7 @@ class Spool:
                 _sync(fd)
         except BaseException:
             with self._lock:  # not covered: the next sync tries again
+                self._syncing_since = None
                 self._dir_dirty = self._dir_dirty or dir_dirty
                 if since is not None:
                     self.unsynced_since = min(since, self.unsynced_since or since)
@@ -434,6 +444,8 @@ class Spool:
                 os.close(fd)
         now = time.monotonic()
         with self._lock:
+            self._syncing_since = None
+            self.sync_log = [*self.sync_log[-63:], (0.0 if since is None else t - since, now - t)]
             self.fsyncs += 1
             self.synced = max(self.synced, end)
             if since is not None:
