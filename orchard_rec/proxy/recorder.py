@@ -5,12 +5,20 @@ disconnect or a cancellation, so a call is queued even when its handler is being
 down. A writer thread drains the queue in batches and turns each ``Capture`` into a
 ``CallRecord`` there, so SSE parsing and reassembly never run on the response path.
 
-Durability (``--durability``):
-- ``wal`` (the default, durable): the handler holds the client's last byte until the call
-  is appended to the local spool and fsync'd (``await durable(cap)``). What is appended is a
+Durability (``--durability``, what a call survives; README "Durability" has the table):
+- ``process`` (the default): the handler holds the client's last byte until the call's spool line
+  is written (``write(2)``): the death of the proxy's process loses nothing. A small call's line is
+  written right there on the event loop (``_write_inline``: microseconds, no thread hand-off); a
+  large one (``inline_bytes``), or any while the spool thread has calls queued, by the spool thread
+  as under ``machine``, without the fsync. A background thread (``_sync_run``) fsyncs every write
+  within ``fsync_interval``, so a machine crash loses at most that. The database thread lingers
+  ``db_linger_s`` after a batch's first call so calls handed over one by one are stored in batches.
+- ``machine`` (was ``wal``): the handler holds the client's last byte until the call is appended
+  to the local spool and fsync'd (``await durable(cap)``).
+Under both, what is appended is a
   *capture line* (``capline``): the call's raw material, with what it repeats of its session's
   earlier calls written as references, so the work on the client's wait is O(what is new in
-  the call), not O(context); no record is built there. Group commit: the spool thread takes
+  the call), not O(context); no record is built there. Group commit (``machine``): the spool thread takes
   every call queued while its previous fsync ran and covers them all with one fsync; the
   records are built and written to the database meanwhile (a pipeline: neither the record's
   cost nor the database's latency is on the response path), and acknowledged in the spool,
@@ -300,7 +308,11 @@ class Recorder:
         if self.spool_path is not None:
             # process: no zeros kept ahead (they spared each append's fsync a size change; the
             # background fsync journals it once per interval), so a write only ever extends the file
-            pre = {"preallocate": 0, "keep_bytes": 4 << 20} if self.durability == "process" else {}
+            pre = (
+                {"preallocate": 0, "keep_bytes": env_megabytes("ORCHARD_SPOOL_KEEP_MB", 4)}
+                if self.durability == "process"
+                else {}
+            )
             self.spool = Spool(self.spool_path, **pre)
             self.spool_pending = self.spool.depth > 0
         self._thread = threading.Thread(target=self._run, name="orchard-writer", daemon=True)
@@ -309,7 +321,9 @@ class Recorder:
             self._db_thread = threading.Thread(target=self._db_run, name="orchard-db-writer", daemon=True)
             self._db_thread.start()
         if self.durability == "process":
-            self._sync_thread = threading.Thread(target=self._sync_run, name="orchard-spool-sync", daemon=True)
+            self._sync_thread = threading.Thread(
+                target=self._sync_run, name="orchard-spool-sync", daemon=True
+            )
             self._sync_thread.start()
 
     def begin(self) -> None:

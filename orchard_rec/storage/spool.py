@@ -1,8 +1,12 @@
-"""The local spool: an append-only log of calls, fsync'd per batch.
+"""The local spool: an append-only log of calls, fsync'd per batch or in the background.
 
 It holds what the database has not (yet) acknowledged: in ``async`` durability, the
-batches a failed write could not store (record lines); in ``wal`` durability (the default),
-every batch, written before any of its clients gets its last byte (capture lines, below).
+batches a failed write could not store (record lines); in ``process`` (the default) and
+``machine`` durability, every batch, written before any of its clients gets its last byte
+(capture lines, below): ``machine`` fsyncs each append (``append_lines``), ``process`` only
+writes it (``sync=False``: it survives the process's death, the kernel has it) and a background
+thread calls ``sync`` (``unsynced_since`` / ``unsynced_age``: how long the oldest write not yet
+on disk has waited; ``max_unsynced_age``: the longest any did).
 Records are replayed with ``Store.write_batch``, which is idempotent by call id, so a replay
 that is interrupted and repeated stores each call exactly once. One process owns a spool (an exclusive ``flock``
 on its file); the files survive ``kill -9`` and are replayed at the next start.

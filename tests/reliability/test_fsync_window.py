@@ -50,7 +50,11 @@ def test_unsynced_writes_are_fsynced_within_the_interval(upstream, tmp_path) -> 
             async with aiohttp.ClientSession() as http:
 
                 async def one(i: int) -> None:
-                    body = {"model": "m", "messages": [{"role": "user", "content": f"w {i}"}], "stream": i % 3 == 0}
+                    body = {
+                        "model": "m",
+                        "messages": [{"role": "user", "content": f"w {i}"}],
+                        "stream": i % 3 == 0,
+                    }
                     async with http.post(f"{base}/s/win-{i % 4}/v1/chat/completions", json=body) as r:
                         await r.read()
                         assert r.status == 200
@@ -129,7 +133,7 @@ def test_the_earlier_name_wal_still_serves_as_machine(upstream, tmp_path) -> Non
         str(tmp_path / "w.spool"),
         "--durability",
         "wal",
-        stderr=open(tmp_path / "err.txt", "wb"),  # noqa: SIM115 - the process holds it
+        stderr=open(tmp_path / "err.txt", "wb"),
     )
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
