@@ -82,7 +82,9 @@ def main() -> None:
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models")
         work = Path(tempfile.mkdtemp(prefix="orchard-stall-"))
-        print("| request MB | raw write(2) ms | loop's longest stall, line on the loop ms | by the spool thread ms |")
+        print(
+            "| request MB | raw write(2) ms | loop's longest stall, line on the loop ms | by the spool thread ms |"
+        )
         print("|---|---|---|---|")
         k = 0
         for mb in (float(x) for x in args.mb.split(",")):

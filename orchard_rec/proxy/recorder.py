@@ -186,13 +186,15 @@ class Recorder(DatabaseThread):
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
         self.fsync_interval = fsync_interval
         """``process`` durability: the background fsync covers every write at most this long after it
-        (it starts one at half the interval, sooner when recent fsyncs were slow)."""
+        (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
         self.inline_bytes = env_megabytes("ORCHARD_SPOOL_INLINE_MB", 1)
         """``process`` durability: a call smaller than this (``_size``) has its line written on the
         event loop (``write(2)`` of a few kB: microseconds, no thread hand-off); a larger one, or any
         while the spool thread has calls queued (lines keep their order), by the spool thread, which
         the handler waits for: a multi-MB ``write(2)`` takes milliseconds (4 MB ~1.1 ms, 16 MB ~10 ms
         on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
+        self.max_sync_late = 0.0
+        """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
         self._sync_stop = threading.Event()
         self._sync_thread: threading.Thread | None = None
         self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
@@ -239,8 +241,9 @@ class Recorder(DatabaseThread):
         """The spool's fsync state: ``fsyncs``, ``unsynced_age_s`` (how long the oldest write not yet
         fsync'd has waited, 0 when none), ``max_unsynced_age_s`` (the longest any write waited for its
         fsync so far), ``fsync_interval_s`` (``process``: the bound those keep under) and, of the last
-        64 background fsyncs, ``max_sync_lag_s`` (the oldest write's age when one started: the schedule's
-        part) and ``slowest_fsync_s`` (the device's part)."""
+        64 background fsyncs, ``max_sync_lag_s`` (the oldest write's age when one started) and
+        ``slowest_fsync_s`` (the device's part), and ``max_sync_late_s``, the longest the fsync thread
+        was woken late (the machine's scheduler's part)."""
         sp = self.spool
         log = sp.sync_log if sp is not None else []
         return {
@@ -250,6 +253,7 @@ class Recorder(DatabaseThread):
             "fsync_interval_s": self.fsync_interval if self.durability == "process" else 0.0,
             "max_sync_lag_s": round(max((lag for lag, _ in log), default=0.0), 6),
             "slowest_fsync_s": round(max((took for _, took in log), default=0.0), 6),
+            "max_sync_late_s": round(self.max_sync_late, 6),
         }
 
     @property
@@ -454,31 +458,36 @@ class Recorder(DatabaseThread):
 
     def _sync_run(self) -> None:
         """``process``: fsync what was written, each write within ``fsync_interval`` of it: the fsync
-        starts half an interval after the oldest unsynced write (sooner when recent fsyncs were slow,
+        starts a quarter of the interval after the oldest unsynced write (sooner when recent fsyncs were slow,
         so that one ends in time), covering everything written by then."""
         sp = self.spool
         assert sp is not None
         interval = self.fsync_interval
         slow = 0.0
         """The slowest recent fsync (decaying), seconds."""
+        done = 0.0
         while not self._sync_stop.is_set():
             since = sp.unsynced_since
             if since is None:
-                self._sync_stop.wait(interval / 2)
+                self._sync_stop.wait(interval / 4)
                 continue
-            due = since + min(interval / 2, max(0.0, interval - 2 * slow))
+            due = since + min(interval / 4, max(0.0, interval - 2 * slow))
             wait = due - time.monotonic()
             if wait > 0:
                 self._sync_stop.wait(wait)
                 continue
             t = time.monotonic()
+            # how much later than due (or than the last fsync's return) this thread got to run: the
+            # machine's scheduler and the interpreter lock, not the schedule above
+            self.max_sync_late = max(self.max_sync_late, t - max(due, done))
             try:
                 sp.sync()
             except Exception as exc:  # EIO, disk full: said, and tried again
                 self.last_error = f"spool fsync failed: {type(exc).__name__}: {exc}"[:500]
                 log.error("%s", self.last_error)
                 self._sync_stop.wait(interval)
-            slow = max(time.monotonic() - t, slow * 0.9)
+            done = time.monotonic()
+            slow = max(done - t, slow * 0.9)
 
     def _run(self) -> None:
         wal = self.durability != "async"
