@@ -57,10 +57,11 @@ def one(upstream: str, work: Path, mb: float, inline: bool, k: int) -> float:
 
         asyncio.run(call())  # warm-up (a first call of a session is whole either way)
         stop_box: list[asyncio.Event] = []
+        tasks: list[asyncio.Task[None]] = []
 
         async def start() -> None:
             stop_box.append(asyncio.Event())
-            asyncio.ensure_future(_probe(stop_box[0], lags))
+            tasks.append(asyncio.ensure_future(_probe(stop_box[0], lags)))
 
         asyncio.run_coroutine_threadsafe(start(), loop).result()
         time.sleep(0.05)
