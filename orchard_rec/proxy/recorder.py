@@ -347,15 +347,11 @@ class Recorder(DatabaseThread):
     async def durable(self, cap: Capture, *, committed: bool = False) -> None:
         """Submit ``cap`` and return once its line is in the spool: written (``process``) or fsync'd
         (``machine``); with ``committed`` once the database has it (so another replica can read it)."""
-        if (
-            self.durability == "process"
-            and not committed
-            and not self._q.unfinished_tasks  # else behind the spool thread's calls, in their order
-            and self._thread is not None
-            and _size(cap) < self.inline_bytes
-        ):
-            self._write_inline(cap)
-            return
+        if self.durability == "process" and not committed and self._thread is not None:
+            size = _size(cap)
+            if size < self.inline_bytes and not self._q.unfinished_tasks:  # else behind the spool
+                self._write_inline(cap, size)  # thread's calls, in their order
+                return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -371,12 +367,11 @@ class Recorder(DatabaseThread):
         await fut  # not through asyncio.shield: two loop steps fewer on the client's wait; a
         # cancelled handler cancels only this future (``settle`` skips it), never the append
 
-    def _write_inline(self, cap: Capture) -> None:
+    def _write_inline(self, cap: Capture, size: int) -> None:
         """``process``: write a small call's line here, on the event loop (what the spool thread would
         do, without the two thread hand-offs on the client's wait); the database thread takes it on."""
         snap = capline.snapshot(cap)
         cap.submitted = True
-        size = _size(cap)
         self._bytes_in += size
         self.inflight -= 1
         self._spool_batch([snap], [], [], size)
