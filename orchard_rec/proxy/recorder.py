@@ -152,11 +152,6 @@ class Recorder(DatabaseThread):
         it has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits
         for the commit): the batch's clients are being answered at that moment, and the records'
         Python work would take the GIL from the event loop doing it."""
-        self.db_linger_s = float(os.environ.get("ORCHARD_DB_LINGER_S", "0.01") or 0)
-        """process: how long the database thread lets calls gather after the first of a batch
-        (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
-        come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
-        call: 88 us in batches of 8, 42 us of 32); also the ``db_delay_s`` above, for the same reason."""
         self.writer = writer if durability != "async" else "thread"
         """wal: where the spooled batches' records are built and written: ``thread``, this process's
         database thread, or ``process``, a child process (``proxy.dbproc``: that work off this
@@ -184,19 +179,7 @@ class Recorder(DatabaseThread):
         """Bytes submitted (event-loop thread only)."""
         self._bytes_out = 0
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
-        self.fsync_interval = fsync_interval
-        """``process`` durability: the background fsync covers every write at most this long after it
-        (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
-        self.inline_bytes = env_megabytes("ORCHARD_SPOOL_INLINE_MB", 1)
-        """``process`` durability: a call smaller than this (``_size``) has its line written on the
-        event loop (``write(2)`` of a few kB: microseconds, no thread hand-off); a larger one, or any
-        while the spool thread has calls queued (lines keep their order), by the spool thread, which
-        the handler waits for: a multi-MB ``write(2)`` takes milliseconds (4 MB ~1.1 ms, 16 MB ~10 ms
-        on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
-        self.max_sync_late = 0.0
-        """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
-        self._sync_stop = threading.Event()
-        self._sync_thread: threading.Thread | None = None
+        self._init_process(fsync_interval)
         self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
         """The writer thread's OS niceness (``ORCHARD_WRITER_NICE``, default 0: the process's own).
         A positive value makes the scheduler run the event loop (and the model server, the harness)
@@ -230,6 +213,27 @@ class Recorder(DatabaseThread):
         self._pace_waiters = 0
         self._pace_event: asyncio.Event | None = None
         self._pace_loop: asyncio.AbstractEventLoop | None = None
+
+    def _init_process(self, fsync_interval: float) -> None:
+        """The settings and state of ``process`` durability."""
+        self.db_linger_s = float(os.environ.get("ORCHARD_DB_LINGER_S", "0.01") or 0)
+        """process: how long the database thread lets calls gather after the first of a batch
+        (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
+        come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
+        call: 88 us in batches of 8, 42 us of 32), and the loop answers the clients meanwhile."""
+        self.fsync_interval = fsync_interval
+        """``process`` durability: the background fsync covers every write at most this long after it
+        (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
+        self.inline_bytes = env_megabytes("ORCHARD_SPOOL_INLINE_MB", 1)
+        """``process`` durability: a call smaller than this (``_size``) has its line written on the
+        event loop (``write(2)`` of a few kB: microseconds, no thread hand-off); a larger one, or any
+        while the spool thread has calls queued (lines keep their order), by the spool thread, which
+        the handler waits for: a multi-MB ``write(2)`` takes milliseconds (4 MB ~1.1 ms, 16 MB ~10 ms
+        on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
+        self.max_sync_late = 0.0
+        """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
+        self._sync_stop = threading.Event()
+        self._sync_thread: threading.Thread | None = None
 
     @property
     def fsyncs(self) -> int:
