@@ -598,16 +598,25 @@ def serve(
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
-    durability: Literal["async", "wal"] = typer.Option(
-        "wal",
+    durability: Literal["process", "machine", "async", "wal"] = typer.Option(
+        "process",
         "--durability",
-        help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
+        help="What a recorded call survives. process (default): the last byte waits for the spool's write(2),"
+        " fsync'd within --fsync-interval (the proxy's crash loses nothing, a power loss at most that);"
+        " machine: waits for the fsync (group commit); async: recorded after the response. wal: old name of machine.",
+    ),
+    fsync_interval: float = typer.Option(
+        0.1,
+        "--fsync-interval",
+        min=0.001,
+        max=60.0,
+        help="process durability: the longest a written spool line waits for its fsync, in seconds (default 0.1).",
     ),
     db_writer: Literal["thread", "process"] = typer.Option(
         "thread",
         "--db-writer",
         envvar="ORCHARD_DB_WRITER",
-        help="wal: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
+        help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
     ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
@@ -663,6 +672,12 @@ def serve(
         raise usage_error(f"--max-body-mb {max_body_mb:g}: must be above 0", "the default is 64 (megabytes)")
     if pace_queue_bytes < 0:
         raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
+    if durability == "wal":
+        _warn(
+            "--durability wal is now called machine (the same: the last byte after the spool's fsync);"
+            " wal will be removed. The default, process, survives the proxy's crash at write(2) speed."
+        )
+        durability = "machine"
     upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
     if mode == "tito" and not tokenizer:
         raise usage_error(
@@ -687,6 +702,7 @@ def serve(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         durability=durability,
+        fsync_interval=fsync_interval,
         db_writer=db_writer,
         spool=spool,
         max_inflight=max_inflight,

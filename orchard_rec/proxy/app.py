@@ -443,7 +443,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         payload, ctype = orjson.dumps(client_obj), "application/json"
     resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
     cap.bytes_out = len(payload)
-    if cfg.durability == "wal" or key is not None:
+    if cfg.durability != "async" or key is not None:
         # A session's call is in the database before the client has it, so whichever replica
         # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
@@ -475,7 +475,7 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
                 return await _relay_stream(request, call, relay, up)
             out = call.body(await up.read(), up.status)
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
-            if cfg.durability == "wal":
+            if cfg.durability != "async":
                 cap.done_at = time.time()
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
@@ -512,7 +512,7 @@ async def _relay_stream(
     if call.client_content_type is not None:
         resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
-    wal = request.app[CONFIG].durability == "wal"
+    wal = request.app[CONFIG].durability != "async"
     try:
         async for chunk in up.content.iter_any():
             out = relay.feed(chunk)
@@ -613,6 +613,7 @@ async def healthz(request: web.Request) -> web.Response:
         "written": rec.written,
         "mode": request.app[CONFIG].mode,
         "durability": rec.durability,
+        "spool_sync": rec.sync_stats(),
         "db_writer": rec.writer_state,
         "caches": cache_stats(request.app),
     }
@@ -689,6 +690,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         app[STORE],
         spool=Path(config.spool) if config.spool else default_spool(config.db),
         durability=config.durability,
+        fsync_interval=config.fsync_interval,
         # a Store handed in is the caller's own (it may not even be the URL's): it writes
         writer=config.db_writer if owned_store and not in_memory else "thread",
     )
@@ -700,6 +702,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         lambda: recorder.queued_bytes,
         lambda: recorder.paced,
         lambda: cache_stats(app),
+        spool_sync=recorder.sync_stats,
     )
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer

@@ -1,4 +1,4 @@
-"""The database writer in a process of its own (``--db-writer process``, under ``wal``).
+"""The database writer in a process of its own (``--db-writer process``, under ``process`` and ``machine``).
 
 Why: building a 150k-token call's record and writing it is ~1-2 ms of Python per call. In the
 proxy's process that work holds the interpreter's lock (GIL) against the event loop (a GIL trace
