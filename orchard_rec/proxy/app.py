@@ -35,6 +35,7 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from orchard_rec import rlwire
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
@@ -79,6 +80,7 @@ from orchard_rec.proxy.tito import (
     wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
+from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, policy_body
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -93,6 +95,7 @@ UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
 UPSTREAM_HEALTH = web.AppKey("upstream_health", dict[str, Any])
+POLICY = web.AppKey("policy", PolicyTracker)
 UPSTREAM_CHECK_S = float(os.environ.get("ORCHARD_UPSTREAM_CHECK_S", "10"))
 """How often the background check asks the upstream whether it answers (``GET <upstream>/models``)."""
 
@@ -112,6 +115,7 @@ _HOP = frozenset(
         "accept-encoding",
         "content-encoding",  # aiohttp decoded the body we read; the upstream gets it plain
         "x-orchard-session",
+        POLICY_HEADER,
     }
 )
 _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
@@ -288,6 +292,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
         call.identify(request.headers)
+        if dialect.is_generation:
+            cap.metadata["policy"] = app[POLICY].sent(request.headers)
         raw = await _read_body(request)
         body = call.read(raw, request.headers.get("content-type"), cfg.mode)
         if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:
@@ -307,6 +313,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     finally:
         if not cap.submitted:
             cap.done_at = time.time()
+            _close_fence(app, cap)
             recorder.submit(cap)
         metrics.observe_call(
             dialect.value,
@@ -445,6 +452,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         # A session's call is in the database before the client has it, so whichever replica
         # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
+        _close_fence(app, cap)
         await app[RECORDER].durable(cap, committed=key is not None)
         tito.acknowledge(key)
     await resp.prepare(request)
@@ -475,12 +483,17 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability == "wal":
                 cap.done_at = time.time()
+                _close_fence(app, cap)
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
             cap.complete = True
             return resp
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _close_fence(app: web.Application, cap: Capture) -> None:
+    app[POLICY].close(cap.metadata)  # the call's last token is in: the version now
 
 
 @contextlib.contextmanager
@@ -518,6 +531,7 @@ async def _relay_stream(
                 if relay.ended and wal and not cap.submitted:
                     relay.sending(len(out))
                     cap.done_at = time.time()
+                    _close_fence(request.app, cap)
                     await request.app[RECORDER].durable(cap)  # recorded before the client has the end
                     await resp.write(out)
                 else:
@@ -530,6 +544,7 @@ async def _relay_stream(
         if wal and not cap.submitted:
             relay.sending(len(tail))
             cap.done_at = time.time()
+            _close_fence(request.app, cap)
             await request.app[RECORDER].durable(cap)
             if tail:
                 await resp.write(tail)
@@ -675,6 +690,18 @@ async def post_outcome(request: web.Request) -> web.Response:
     return web.json_response({"session_id": sid, "recorded": True})
 
 
+async def policy_handler(request: web.Request) -> web.Response:
+    """``POST /v1/orchard/policy {"version": "..."}``: the trainer says which weights are in force
+    (admin key); ``GET`` answers the version the proxy knows and who said it."""
+    tracker = request.app[POLICY]
+    _authorize(request, None, admin=True)
+    if request.method == "POST":
+        tracker.set(policy_body(await request.read()), "trainer")
+    elif request.method != "GET":
+        raise MethodNotAllowed(f"{request.method} /v1/orchard/policy: use GET or POST")
+    return web.json_response(tracker.state())
+
+
 async def openapi_handler(request: web.Request) -> web.Response:
     return web.json_response(openapi_spec())
 
@@ -701,6 +728,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         writer=config.db_writer if owned_store and not in_memory else "thread",
     )
     app[RECORDER] = recorder
+    app[POLICY] = PolicyTracker()
     app[METRICS] = Metrics(
         lambda: recorder.depth,
         lambda: recorder.spool_depth,
@@ -735,10 +763,16 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         )
         app[UPSTREAM_HEALTH] = {"reachable": None, "checked_at": None, "error": None}
         watch = asyncio.create_task(_watch_upstream(app))
+        tasks = [watch]
+        if config.policy_refresh > 0:
+            root = rlwire.server_root(config.upstream)
+            poll = app[POLICY].poll(app[UPSTREAM], root, config.upstream_kind, config.policy_refresh)
+            tasks.append(asyncio.create_task(poll))
         yield
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await app[UPSTREAM].close()
         await asyncio.to_thread(recorder.close)
         if owned_store:
@@ -749,6 +783,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_post("/sessions/{sid}/outcome", post_outcome)
     app.router.add_get("/openapi.json", openapi_handler)
+    app.router.add_route("*", "/v1/orchard/policy", policy_handler)
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     if config.ui:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import policy
 from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
@@ -168,6 +169,8 @@ class Capture:
         _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
+        completion_t = None if completion is None else tuple(completion)
+        metadata, versions = _versions(self.metadata, completion_t)
         model = None
         if isinstance(self.request, dict) and isinstance(self.request.get("model"), str):
             model = self.request["model"][:256]
@@ -195,13 +198,37 @@ class Capture:
             error=self.error,
             usage=usage if isinstance(usage, dict) else None,
             prompt_ids=prompt,  # type: ignore[arg-type]  # ``Ids``: a sequence, equal to the tuple
-            completion_ids=None if completion is None else tuple(completion),
+            completion_ids=completion_t,
             completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            metadata=self.metadata,
+            metadata=metadata,
+            policy_versions=versions,
         )
+
+
+def _versions(
+    metadata: dict[str, Any], completion: tuple[int, ...] | None
+) -> tuple[dict[str, Any], tuple[policy.Span, ...] | None]:
+    """The record's metadata and version spans from what the response path noted under
+    ``metadata["policy"]``: the server's own ``spans`` (tito: vLLM's ``weight_versions``, SGLang's
+    ``weight_version``), else the call's fence (``sent``/``done``, ``moved`` when the version
+    changed and changed back in between). The spans go to their own column, the fence stays."""
+    fence = metadata.get("policy")
+    if not isinstance(fence, dict):
+        return metadata, None
+    n = len(completion) if completion is not None else 0
+    spans = fence.get("spans")
+    if spans is not None:
+        found = policy.from_json(spans)
+        rest = {k: v for k, v in fence.items() if k != "spans"}
+        return {**metadata, "policy": rest}, found
+    if completion is None:
+        return metadata, None
+    done = policy.UNKNOWN if fence.get("moved") else fence.get("done")
+    found_f = policy.fence_spans(fence.get("sent"), done, n)
+    return metadata, None if found_f is None else tuple(found_f)
 
 
 def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: bool) -> None:

@@ -129,6 +129,9 @@ class Call(Base):
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     call_metadata: Mapped[Json] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
     """What the proxy decided about the call (token-in/token-out branch, ...)."""
+    policy_versions: Mapped[Json]
+    """Which weights sampled the completion: ``[[version, start, end], ...]`` over
+    ``completion_ids`` (``orchard_rec.policy``); None when the proxy knew no version."""
 
 
 class Blob(Base):

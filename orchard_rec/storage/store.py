@@ -37,6 +37,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from orchard_rec import policy
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
@@ -689,6 +690,7 @@ def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, An
         "bytes_in": r.bytes_in,
         "bytes_out": r.bytes_out,
         "metadata": dict(r.metadata) if r.metadata else None,
+        "policy_versions": policy.to_json(r.policy_versions),
         **stored,
     }
 
@@ -712,6 +714,7 @@ _LIGHT_COLUMNS = (
     "completion_logprobs",
     "finish_reason",
     "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
+    "policy_versions",
 )
 
 
@@ -739,6 +742,7 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
         finish_reason=c.finish_reason,
         seq=c.seq,
         metadata=c.metadata or {},
+        policy_versions=policy.from_json(c.policy_versions),
     )
 
 
@@ -772,4 +776,5 @@ def _record(c: Call, reader: Reader) -> CallRecord:
         bytes_out=c.bytes_out,
         seq=c.seq,
         metadata=c.call_metadata or {},
+        policy_versions=policy.from_json(c.policy_versions),
     )

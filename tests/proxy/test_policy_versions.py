@@ -1,0 +1,105 @@
+"""Token and passthrough modes fence each call with the policy version the proxy knows
+(``proxy.versions``): told by the trainer (``POST /v1/orchard/policy``) or a call's header.
+A call that straddled an update gets one ``unknown`` span, never a guess."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from orchard_rec.policy import UNKNOWN
+
+
+@dataclass
+class _Answer:
+    status_code: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _http(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> _Answer:
+    req = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return _Answer(r.status, r.read())
+    except urllib.error.HTTPError as e:
+        return _Answer(e.code, e.read())
+
+
+def _chat(url: str, content: str, *, stream: bool = False, headers: dict[str, str] | None = None) -> _Answer:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        "max_tokens": 8,
+    }
+    return _http(f"{url}/s/run-1/v1/chat/completions", json.dumps(body).encode(), headers)
+
+
+def _policy(url: str, version: object, headers: dict[str, str] | None = None) -> _Answer:
+    return _http(f"{url}/v1/orchard/policy", json.dumps({"version": version}).encode(), headers)
+
+
+@pytest.mark.parametrize("mode", ["token", "passthrough"])
+def test_calls_carry_the_version_the_trainer_set(upstream, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, mode=mode, policy_refresh=0)
+    assert _chat(proxy.url, "before any version").status_code == 200
+    assert _policy(proxy.url, "v1").json()["version"] == "v1"
+    assert _chat(proxy.url, "hello").status_code == 200
+    r = _chat(proxy.url, "by header", headers={"X-Orchard-Policy-Version": "v2"})
+    assert r.status_code == 200
+    assert _http(f"{proxy.url}/v1/orchard/policy").json() == {
+        "version": "v2",
+        "source": "header",
+        "learned_at": pytest.approx(time.time(), abs=60),
+    }
+    proxy.flush()
+    calls = proxy.store().calls("run-1")
+    assert calls[0].policy_versions is None  # nothing known: nothing said
+    for c, v in zip(calls[1:], ["v1", "v2"], strict=True):
+        if mode == "token":
+            assert c.policy_versions == ((v, 0, len(c.completion_ids or ())),)
+        assert c.metadata["policy"] == {"sent": v, "done": v}
+    # the header is the proxy's, not the server's
+    assert all("x-orchard-policy-version" not in h for h in upstream.fake.headers)
+
+
+def test_a_stream_that_straddles_an_update_is_unknown(upstream_factory, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    up = upstream_factory(chunk_delay=0.05)
+    proxy = proxy_factory(up.url, sqlite_url, mode="token", policy_refresh=0)
+    _policy(proxy.url, 3)
+    t = threading.Timer(0.15, _policy, (proxy.url, 4))
+    t.start()
+    r = _chat(proxy.url, "a long answer please", stream=True)
+    t.join()
+    assert r.status_code == 200
+    proxy.flush()
+    [c] = proxy.store().calls("run-1")
+    n = len(c.completion_ids or ())
+    assert n > 0
+    assert c.policy_versions == ((UNKNOWN, 0, n),)
+    assert c.metadata["policy"] == {"sent": "3", "done": "4"}
+
+
+def test_the_policy_route_refuses_bad_bodies_and_needs_the_admin_key(
+    upstream, proxy_factory, sqlite_url
+) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, policy_refresh=0, api_keys=("k",), admin_keys=("adm",))
+    assert _policy(proxy.url, "v1").status_code == 401
+    h = {"Authorization": "Bearer adm"}
+    for bad in (b"nope", b"[]", b'{"version": ""}', b'{"version": true}', b'{"v": 1}'):
+        r = _http(f"{proxy.url}/v1/orchard/policy", bad, h)
+        assert r.status_code == 400 and "error" in r.json(), bad
+    ok = _policy(proxy.url, 7, h)
+    assert ok.json()["version"] == "7"
