@@ -35,7 +35,7 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from orchard_rec import rlwire
+from orchard_rec import policy, rlwire
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
@@ -58,7 +58,7 @@ from orchard_rec.protocol import error_body, is_anthropic
 from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
 from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
 from orchard_rec.protocol.sse import DONE_FRAME, encode
-from orchard_rec.proxy import idcut, reqparse, tochat
+from orchard_rec.proxy import idcut, partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of
@@ -80,7 +80,7 @@ from orchard_rec.proxy.tito import (
     wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
-from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, policy_body
+from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -313,7 +313,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     finally:
         if not cap.submitted:
             cap.done_at = time.time()
-            _close_fence(app, cap)
+            app[POLICY].close(cap.metadata)
             recorder.submit(cap)
         metrics.observe_call(
             dialect.value,
@@ -336,11 +336,12 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     plan = await asyncio.to_thread(tito.plan, key, messages, tools)
     prompt, branch, version, decision, rendered = plan[:5]
     images = [u for u, _ in plan.images]  # a VLM's images go with the ids (tito.py)
+    generate = cfg.tito_endpoint == "generate"
     if images:  # the server expands them: what it ran is recorded (``server_prompt``), not these
-        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images)
+        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images, generate=generate)
         wire = orjson.dumps(up_body)
     else:  # the prompt's ``Ids`` in the body (the record's prompt by identity), its JSON kept
-        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
+        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images, generate=generate)
         wire = wire_body(up_body, prompt, plan.json)
     cap.upstream_request = up_body
     cap.upstream_raw = wire
@@ -380,6 +381,15 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         except orjson.JSONDecodeError as exc:
             raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
     ids, lps, finish, text = read_upstream(cfg.upstream_kind, obj)
+    gen = partial.Generated.of(cfg.upstream_kind, obj, ids, lps, finish, text)
+    if rlwire.abort_finish(cfg.upstream_kind, obj):  # a weight update cut it: go on after /resume
+        url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
+        link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
+        gen = await partial.continue_aborted(cfg, up_body, list(prompt), gen, link)
+        cap.body, cap.id_cut = (gen.data, None) if gen.status < 400 else (cap.body, cap.id_cut)
+    ids, lps, finish, text = gen.ids, gen.lps, gen.finish, gen.text
+    if gen.spans is not None and isinstance(cap.metadata.get("policy"), dict):
+        cap.metadata["policy"]["spans"] = policy.to_json(gen.spans)
     seen = server_prompt(obj, prompt) if images else prompt  # the server's expanded image runs
     answer = parse_generation(
         tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,
@@ -407,6 +417,8 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:
         cap.metadata["tito"]["images"] = len(images)
+    if gen.parts:
+        cap.metadata["tito"]["parts"] = gen.parts
     cap.tokens = (seen, ids, lps, finish)
     if cap.dialect is Dialect.RESPONSES:
         client_obj: Any = chat_to_responses(chat_obj, body)
@@ -452,7 +464,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         # A session's call is in the database before the client has it, so whichever replica
         # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
-        _close_fence(app, cap)
+        app[POLICY].close(cap.metadata)
         await app[RECORDER].durable(cap, committed=key is not None)
         tito.acknowledge(key)
     await resp.prepare(request)
@@ -483,17 +495,13 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability == "wal":
                 cap.done_at = time.time()
-                _close_fence(app, cap)
+                app[POLICY].close(cap.metadata)
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
             cap.complete = True
             return resp
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _close_fence(app: web.Application, cap: Capture) -> None:
-    app[POLICY].close(cap.metadata)  # the call's last token is in: the version now
 
 
 @contextlib.contextmanager
@@ -531,7 +539,7 @@ async def _relay_stream(
                 if relay.ended and wal and not cap.submitted:
                     relay.sending(len(out))
                     cap.done_at = time.time()
-                    _close_fence(request.app, cap)
+                    request.app[POLICY].close(cap.metadata)
                     await request.app[RECORDER].durable(cap)  # recorded before the client has the end
                     await resp.write(out)
                 else:
@@ -544,7 +552,7 @@ async def _relay_stream(
         if wal and not cap.submitted:
             relay.sending(len(tail))
             cap.done_at = time.time()
-            _close_fence(request.app, cap)
+            request.app[POLICY].close(cap.metadata)
             await request.app[RECORDER].durable(cap)
             if tail:
                 await resp.write(tail)
@@ -691,15 +699,9 @@ async def post_outcome(request: web.Request) -> web.Response:
 
 
 async def policy_handler(request: web.Request) -> web.Response:
-    """``POST /v1/orchard/policy {"version": "..."}``: the trainer says which weights are in force
-    (admin key); ``GET`` answers the version the proxy knows and who said it."""
-    tracker = request.app[POLICY]
+    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``)."""
     _authorize(request, None, admin=True)
-    if request.method == "POST":
-        tracker.set(policy_body(await request.read()), "trainer")
-    elif request.method != "GET":
-        raise MethodNotAllowed(f"{request.method} /v1/orchard/policy: use GET or POST")
-    return web.json_response(tracker.state())
+    return web.json_response(request.app[POLICY].answer(request.method, await request.read()))
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
@@ -762,12 +764,9 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
         app[UPSTREAM_HEALTH] = {"reachable": None, "checked_at": None, "error": None}
-        watch = asyncio.create_task(_watch_upstream(app))
-        tasks = [watch]
+        tasks = [asyncio.create_task(_watch_upstream(app))]
         if config.policy_refresh > 0:
-            root = rlwire.server_root(config.upstream)
-            poll = app[POLICY].poll(app[UPSTREAM], root, config.upstream_kind, config.policy_refresh)
-            tasks.append(asyncio.create_task(poll))
+            tasks.append(asyncio.create_task(app[POLICY].poll(app[UPSTREAM], config)))
         yield
         for task in tasks:
             task.cancel()

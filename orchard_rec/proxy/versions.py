@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from orchard_rec import rlwire
-from orchard_rec.errors import BadRequest
+from orchard_rec.errors import BadRequest, MethodNotAllowed
+from orchard_rec.proxy.config import ProxyConfig
 
 if TYPE_CHECKING:
     import aiohttp
@@ -100,7 +101,9 @@ class PolicyTracker:
         fence = metadata.get("policy")
         if isinstance(fence, dict) and "_serial" in fence:
             closed = self.done(fence)
-            if closed["sent"] is None and closed["done"] is None:
+            if "spans" in fence:  # the server's own (tito)
+                closed["spans"] = fence["spans"]
+            if closed["sent"] is None and "spans" not in closed and closed["done"] is None:
                 del metadata["policy"]
             else:
                 metadata["policy"] = closed
@@ -124,8 +127,17 @@ class PolicyTracker:
             return  # the trainer's word stands until the server reports something new
         self.set(v, "server")
 
-    async def poll(self, session: aiohttp.ClientSession, root: str, kind: str, every: float) -> None:
+    async def poll(self, session: aiohttp.ClientSession, cfg: ProxyConfig) -> None:
         """The background loop (an app's cleanup context starts and cancels it)."""
+        root = rlwire.server_root(cfg.upstream)
         while self.polling:
-            await self.refresh(session, root, kind)
-            await asyncio.sleep(every)
+            await self.refresh(session, root, cfg.upstream_kind)
+            await asyncio.sleep(cfg.policy_refresh)
+
+    def answer(self, method: str, raw: bytes) -> dict[str, Any]:
+        """``POST /v1/orchard/policy`` takes the trainer's version; ``GET`` only answers."""
+        if method == "POST":
+            self.set(policy_body(raw), "trainer")
+        elif method != "GET":
+            raise MethodNotAllowed(f"{method} /v1/orchard/policy: use GET or POST")
+        return self.state()

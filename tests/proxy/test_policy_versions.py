@@ -103,3 +103,40 @@ def test_the_policy_route_refuses_bad_bodies_and_needs_the_admin_key(
         assert r.status_code == 400 and "error" in r.json(), bad
     ok = _policy(proxy.url, 7, h)
     assert ok.json()["version"] == "7"
+
+
+def _messages(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tito_records_the_servers_spans_and_continues_an_abort(
+    upstream, proxy_factory, sqlite_url, stream
+) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's ``/inference/v1/generate`` reports ``weight_versions``; an answer aborted for an
+    update (``finish_reason: abort``) is continued from prompt + tokens so far, and the client
+    gets one answer."""
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo", tito_endpoint="generate")
+    body = {"model": "m", "messages": _messages("hello there"), "stream": stream, "max_tokens": 64}
+    upstream.fake.weight_version = "v1"
+    assert _http(f"{proxy.url}/s/run-1/v1/chat/completions", json.dumps(body).encode()).status_code == 200
+    upstream.fake.abort_next = (2, "v2")
+    r = _http(f"{proxy.url}/s/run-1/v1/chat/completions", json.dumps(body).encode())
+    assert r.status_code == 200
+    proxy.flush()
+    first, cont = proxy.store().calls("run-1")
+    n = len(first.completion_ids or ())
+    assert first.policy_versions == (("v1", 0, n),)
+    m = len(cont.completion_ids or ())
+    assert m > 2 and cont.policy_versions == (("v1", 0, 2), ("v2", 2, m))
+    assert cont.metadata["tito"]["parts"] == [
+        {"tokens": 2, "finish": "abort"},
+        {"tokens": m - 2, "finish": "stop"},
+    ]
+    assert cont.finish_reason == "stop"
+    assert len(cont.completion_logprobs or ()) == m
+    sent = [b for p, b in upstream.fake.log if p == "/inference/v1/generate"]
+    assert sent[-1]["token_ids"] == list(cont.prompt_ids) + list((cont.completion_ids or ())[:2])
+    assert sent[-1]["sampling_params"]["max_tokens"] == 62
+    text = r.body.decode()
+    assert "abort" not in text  # one uninterrupted answer
