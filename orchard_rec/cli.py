@@ -541,6 +541,22 @@ def serve(
     ui: bool = typer.Option(
         False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
     ),
+    policy_refresh: float = typer.Option(
+        1.0,
+        "--policy-refresh",
+        min=0,
+        help="Seconds between asks of the server's policy version (GET /weight_info, vLLM with VLLM_SERVER_DEV_MODE=1); 0: only the trainer's word (POST /v1/orchard/policy).",
+    ),
+    tito_endpoint: Literal["completions", "generate"] = typer.Option(
+        "completions",
+        "--tito-endpoint",
+        help="tito with vLLM: /v1/completions, or /inference/v1/generate (vllm serve --enable-scale-out: per-token weight_versions, aborted generations continued).",
+    ),
+    cache_salt: Literal["off", "policy"] = typer.Option(
+        "off",
+        "--cache-salt",
+        help="policy: send cache_salt = the current policy version with chat/completions calls (no prefix cache across weight updates).",
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -585,6 +601,9 @@ def serve(
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
         ui=ui,
+        policy_refresh=policy_refresh,
+        tito_endpoint=tito_endpoint,
+        cache_salt=cache_salt,
     )
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
@@ -1248,6 +1267,23 @@ def export(
         "--auxiliary/--no-auxiliary",
         help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
     ),
+    policy_version: int | None = typer.Option(
+        None, "--policy-version", help="The trainer's current policy version V (with --max-staleness K)."
+    ),
+    max_staleness: int | None = typer.Option(
+        None, "--max-staleness", min=0, help="Tokens sampled by versions older than V - K are stale."
+    ),
+    min_policy_version: int | None = typer.Option(
+        None, "--min-policy-version", help="Tokens sampled by versions older than this are stale."
+    ),
+    stale: Literal["drop", "mask"] = typer.Option(
+        "drop", "--stale", help="drop samples holding stale tokens, or mask those tokens (loss mask 0)."
+    ),
+    aborted: Literal["drop", "keep"] = typer.Option(
+        "drop",
+        "--aborted",
+        help="Generations the server aborted for a weight update (finish reason abort): left out, or kept with their partial tokens.",
+    ),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1299,6 +1335,15 @@ def export(
             raise usage_error(f"--filter {name!r} is not a filter", f"one of: {', '.join(FILTERS)}")
     from orchard_rec.pipeline import SelectionStats
 
+    if (policy_version is None) != (max_staleness is None):
+        raise usage_error(
+            "--policy-version and --max-staleness go together", "e.g. --policy-version 12 --max-staleness 2"
+        )
+    from orchard_rec.policy import Staleness
+    from orchard_rec.selection.staleness import StalenessStats
+
+    floor = Staleness(policy_version, max_staleness, min_policy_version)
+    stale_stats = StalenessStats()
     sel_stats = SelectionStats()
     options = {"rollout_size": rollout_size} if rollout_size else {}
     since_ts = _since(since)
@@ -1356,17 +1401,23 @@ def export(
             selection_stats=sel_stats,
             auxiliary=auxiliary,
             require_teacher=require_teacher,
+            aborted=aborted,
+            staleness=floor if floor.floor is not None else None,
+            stale=stale,
+            staleness_stats=stale_stats,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     if bar is not None or filters:
         typer.echo(f"selection: {sel_stats.summary()}", err=True)
+    if floor.floor is not None:
+        typer.echo(f"staleness: {stale_stats.summary()}", err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
     if stats.samples == 0:
         raise CliError(
-            "no sample passed the filters (--status, --min-reward, --pass-rate)"
-            if (status or min_reward is not None or pass_rate)
+            "no sample passed the filters (--status, --min-reward, --pass-rate, staleness)"
+            if (status or min_reward is not None or pass_rate or floor.floor is not None)
             else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)"
         )
 

@@ -135,6 +135,9 @@ def to_slime_dict(
     if s.teacher is not None:
         d["teacher_log_probs"] = list(s.teacher.log_probs)
         d["teacher_valid_mask"] = list(s.teacher.valid_mask)
+    if s.policy_versions is not None:  # slime appends one version per generate call; spans per token
+        d["weight_versions"] = s.weight_versions()
+        meta["policy_versions"] = [[v, a, b] for v, a, b in s.policy_versions]
     return d
 
 
@@ -274,6 +277,8 @@ def agent_loop_fields(s: Sample, *, multi_modal: bool = True) -> dict[str, Any]:
             "call_ids": list(s.metadata.get("call_ids", [])),
             "token_source": s.metadata.get("token_source"),
             "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
+            # the version that sampled each response token (None on observations), for off-policy correction
+            "policy_versions": s.versions_per_token(),
         },
         "multi_modal_data": {"images": pil_images(s)} if multi_modal and s.images else None,
     }

@@ -20,6 +20,7 @@ Schema (zstd, row groups of 512 samples):
 | teacher_valid_mask | list<int8>, null | 1 where the teacher scored the token |
 | teacher_topk_ids / teacher_topk_logprobs | list<list<...>>, null | the teacher's top-k per response token |
 | teacher | string, null | the teacher's model name |
+| policy_versions | list<string>, null | the policy version that sampled each response token (null on observations; ``unknown`` where an update could not be placed); null when no version was recorded |
 | images | list<struct<bytes, path>> | only when the export has images: the sample's images in order, a ``datasets`` ``List(Image())`` feature (``columnar``); ``load_dataset`` gives PIL images |
 """
 
@@ -54,6 +55,7 @@ SCHEMA = pa.schema(
         ("status", pa.string()),
         ("metadata_json", pa.string()),
         *TEACHER_FIELDS,
+        ("policy_versions", pa.list_(pa.string())),
     ]
 )
 
@@ -74,6 +76,7 @@ def _row(s: Sample) -> dict[str, Any]:
         "status": str(s.status),
         "metadata_json": orjson.dumps(d["metadata"]).decode(),
         **teacher_columns(s),
+        "policy_versions": s.versions_per_token(),
     }
 
 

@@ -191,7 +191,9 @@ def reconstruct(
                 target = b
         if target is not None:
             target.append_observation(prompt[len(target.tokens) :])
-            target.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+            target.append_generation(
+                g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions
+            )
             target.sources.add(g.source)
             target.images = list(g.images)
             continue
@@ -200,7 +202,9 @@ def reconstruct(
             if found is not None:
                 b, cut = found
                 b.append_observation(prompt[cut:])
-                b.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+                b.append_generation(
+                    g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions
+                )
                 b.metadata.setdefault("realigned", []).append(g.call_id)
                 b.sources.add(g.source)
                 b.images = list(g.images)
@@ -218,7 +222,7 @@ def reconstruct(
         if g.auxiliary is not None:
             nb.metadata["auxiliary"] = True
             nb.metadata["auxiliary_kind"] = g.auxiliary
-        nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+        nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions)
         nb.sources.add(g.source)
         nb.images = list(g.images)
         builders.append(nb)
@@ -228,6 +232,8 @@ def reconstruct(
         s = b.build()
         s.index = k
         s.status = SampleStatus.TRUNCATED if b.last_finish in _TRUNCATED else SampleStatus.COMPLETED
+        if b.last_finish == "abort":  # kept with --aborted keep: the server cut its last generation
+            s.status = SampleStatus.ABORTED
         s.metadata["call_ids"] = list(b.call_ids)
         source = b.sources.pop() if len(b.sources) == 1 else TokenSource.MIXED
         s.metadata["token_source"] = source.value
@@ -259,15 +265,18 @@ def reconstruct_session(
     outcome: Outcome | None = None,
     session_id: str | None = None,
     tokenizer: Any = None,
+    aborted: str = "drop",
 ) -> list[Sample]:
     """Samples of one session's recorded calls, in order of their first call.
 
     ``tokenizer`` (a Hugging Face tokenizer with a chat template) gives ids to calls
     recorded without them; without one, such calls are skipped. ``session_id`` defaults to
-    the calls' own.
+    the calls' own. ``aborted``: ``drop`` (default) leaves generations the server cut (finish
+    reason ``abort``, a weight update) out, listed in ``skipped_calls``; ``keep`` takes their
+    partial tokens like any other's.
     """
     calls = list(calls)
-    generations, skipped = generations_of(calls, tokenizer)
+    generations, skipped = generations_of(calls, tokenizer, aborted=aborted)
     sid = session_id or next((c.session_id for c in calls if c.session_id), None) or ""
     return reconstruct(
         generations,

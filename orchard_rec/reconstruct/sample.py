@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchard_rec import policy
 from orchard_rec.protocol.images import ImageRef
 
 __all__ = [
@@ -151,6 +152,24 @@ class Sample:
     images: list[ImageRef] = field(default_factory=list)
     """The images the sample's tokens show, in order (the last merged call's prompt images): one
     per image run of the prompt/observations (``metadata.image_spans`` when the image token is known)."""
+    policy_versions: list[policy.Span] | None = None
+    """Which weights sampled each generated token: ``(version, start, end)`` spans in response
+    coordinates over the generated positions only (observations have none); ``"unknown"`` where
+    a generation had no version or an update could not be placed. None: no version was known."""
+
+    def versions_per_token(self) -> list[str | None] | None:
+        """One entry per response token: its version, None on observations (not sampled)."""
+        if self.policy_versions is None:
+            return None
+        out: list[str | None] = [None] * self.response_length
+        for v, s, e in self.policy_versions:
+            out[s:e] = [v] * (min(e, self.response_length) - s)
+        return out
+
+    def weight_versions(self) -> list[str]:
+        """slime's ``Sample.weight_versions``: the versions that sampled the response, in order
+        (slime appends one per generate call; a generation that straddled an update gives each)."""
+        return [v for v, _, _ in self.policy_versions or ()]
 
     @property
     def sample_key(self) -> str:
@@ -203,6 +222,8 @@ class Sample:
             d["images"] = [im.to_dict() for im in self.images]
         if self.teacher is not None:
             d.update(self.teacher.to_dict())
+        if self.policy_versions is not None:
+            d["policy_versions"] = policy.to_json(self.policy_versions)
         return d
 
     @classmethod
@@ -224,7 +245,13 @@ class Sample:
             metadata=meta,
             teacher=TeacherData.from_dict(d),
             images=[ImageRef.from_dict(i) for i in d.get("images") or ()],
+            policy_versions=_spans(d.get("policy_versions")),
         )
+
+
+def _spans(value: Any) -> list[policy.Span] | None:
+    spans = policy.from_json(value)
+    return None if spans is None else list(spans)
 
 
 class SampleBuilder:
@@ -244,6 +271,8 @@ class SampleBuilder:
         "sources",
         "tokens",
         "turns",
+        "versions",
+        "versions_known",
     )
 
     def __init__(self, session_id: str, prompt_ids: Sequence[int]) -> None:
@@ -263,6 +292,9 @@ class SampleBuilder:
         """Where the ids came from: ``server`` and/or ``retokenized``."""
         self.images: list[ImageRef] = []
         """The images of the last merged prompt (it contains every earlier one's)."""
+        self.versions: list[policy.Span] = []
+        """Version spans over the generated positions, in response coordinates."""
+        self.versions_known = False
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -275,6 +307,7 @@ class SampleBuilder:
         logprobs: Sequence[float] | None,
         call_id: str,
         finish_reason: str | None = None,
+        versions: Sequence[policy.Span] | None = None,
     ) -> None:
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"call {call_id}: {len(logprobs)} logprobs for {len(ids)} generated tokens")
@@ -288,6 +321,19 @@ class SampleBuilder:
         else:
             self.log_probs.extend(map(float, logprobs))
         self.turns.append(Turn(call_id, start, start + len(ids), finish_reason))
+        if versions is None:
+            own = [(policy.UNKNOWN, 0, len(ids))] if ids else []
+        else:
+            self.versions_known = True
+            own = policy.slice_spans(versions, 0, len(ids))
+            covered = own[-1][2] if own else 0
+            if covered < len(ids):  # spans that stop short: the rest is not known
+                own.append((policy.UNKNOWN, covered, len(ids)))
+        for v, s, e in policy.shift(own, start):
+            if self.versions and self.versions[-1][0] == v and self.versions[-1][2] == s:
+                self.versions[-1] = (v, self.versions[-1][1], e)
+            else:
+                self.versions.append((v, s, e))
         self.call_ids.append(call_id)
         self.last_finish = finish_reason
 
@@ -310,4 +356,5 @@ class SampleBuilder:
             turns=list(self.turns),
             metadata=dict(self.metadata),
             images=list(self.images),
+            policy_versions=list(self.versions) if self.versions_known else None,
         )
