@@ -35,6 +35,7 @@ __all__ = [
     "GENERATE_PATH",
     "Kind",
     "abort_finish",
+    "cache_salt",
     "is_paused",
     "pause",
     "resume",
@@ -57,6 +58,15 @@ def server_root(upstream: str) -> str:
     """The server's root from an OpenAI base URL (``http://h:8000/v1`` -> ``http://h:8000``)."""
     upstream = upstream.rstrip("/")
     return upstream[:-3] if upstream.endswith("/v1") else upstream
+
+
+_SALT_FORBIDDEN = str.maketrans({c: "_" for c in "@/\\\x00"})
+
+
+def cache_salt(version: str) -> str:
+    """A version as vLLM's ``cache_salt`` (``validate_cache_salt``: a non-empty string of at most
+    128 characters without ``@``, ``/``, ``\\`` or NUL; those become ``_``)."""
+    return (version.translate(_SALT_FORBIDDEN) or "_")[:128]
 
 
 def spans_in(kind: str, obj: Any, n: int) -> tuple[policy.Span, ...] | None:

@@ -35,7 +35,6 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from orchard_rec import policy, rlwire
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
@@ -72,7 +71,6 @@ from orchard_rec.proxy.tito import (
     chat_of,
     client_error,
     parse_generation,
-    read_upstream,
     server_prompt,
     synth_chunks,
     upstream_request,
@@ -295,7 +293,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if dialect.is_generation:
             cap.metadata["policy"] = app[POLICY].sent(request.headers)
         raw = await _read_body(request)
-        body = call.read(raw, request.headers.get("content-type"), cfg.mode)
+        body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
         if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:
             return await _relay_tito(request, cap, body)
         return await _relay(request, call, raw)
@@ -331,6 +329,8 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cfg = app[CONFIG]
     tito = app[TITO]
     chat = chat_of(cap.dialect, body)
+    if (salt := app[POLICY].salt(cfg)) is not None and "cache_salt" not in chat:
+        chat = {**chat, "cache_salt": salt}
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
     plan = await asyncio.to_thread(tito.plan, key, messages, tools)
@@ -380,16 +380,10 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
-    ids, lps, finish, text = read_upstream(cfg.upstream_kind, obj)
-    gen = partial.Generated.of(cfg.upstream_kind, obj, ids, lps, finish, text)
-    if rlwire.abort_finish(cfg.upstream_kind, obj):  # a weight update cut it: go on after /resume
-        url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
-        link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
-        gen = await partial.continue_aborted(cfg, up_body, list(prompt), gen, link)
-        cap.body, cap.id_cut = (gen.data, None) if gen.status < 400 else (cap.body, cap.id_cut)
+    url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
+    link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
+    gen = await partial.settle(cfg, cap, obj, up_body, prompt, link)  # an abort: go on after /resume
     ids, lps, finish, text = gen.ids, gen.lps, gen.finish, gen.text
-    if gen.spans is not None and isinstance(cap.metadata.get("policy"), dict):
-        cap.metadata["policy"]["spans"] = policy.to_json(gen.spans)
     seen = server_prompt(obj, prompt) if images else prompt  # the server's expanded image runs
     answer = parse_generation(
         tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,

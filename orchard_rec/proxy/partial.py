@@ -29,10 +29,11 @@ import orjson
 
 from orchard_rec import policy, rlwire
 from orchard_rec.errors import UpstreamProtocolError
+from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.tito import read_upstream
 
-__all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted"]
+__all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted", "settle"]
 
 MAX_PARTS = 8
 POLL_S = 0.05
@@ -77,6 +78,22 @@ class Generated:
     ) -> Generated:
         """A first part, as ``tito.read_upstream`` read it, with the answer's version spans."""
         return cls(ids, lps, finish, text, rlwire.spans_in(kind, obj, len(ids)), obj=obj)
+
+
+async def settle(
+    cfg: ProxyConfig, cap: Capture, obj: Any, body: dict[str, Any], prompt: Sequence[int], link: Link
+) -> Generated:
+    """The generation a token endpoint's answer ``obj`` holds, continued when it was aborted; its
+    version spans noted for the record (``metadata["policy"]["spans"]``), and when continued the
+    last part's answer is what the record parses."""
+    gen = Generated.of(cfg.upstream_kind, obj, *read_upstream(cfg.upstream_kind, obj))
+    if rlwire.abort_finish(cfg.upstream_kind, obj):
+        gen = await continue_aborted(cfg, body, prompt, gen, link)
+        if gen.status < 400:
+            cap.body, cap.id_cut = gen.data, None
+    if gen.spans is not None and isinstance(cap.metadata.get("policy"), dict):
+        cap.metadata["policy"]["spans"] = policy.to_json(gen.spans)
+    return gen
 
 
 def _next_body(kind: str, body: dict[str, Any], prompt: Sequence[int], ids: Sequence[int]) -> dict[str, Any]:

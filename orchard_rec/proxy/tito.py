@@ -954,10 +954,20 @@ def upstream_request(
         for k in ("temperature", "top_p", "top_k", "stop", "seed"):
             if chat.get(k) is not None:
                 sp[k] = chat[k]
+        if chat.get("cache_salt") is not None:  # a request field, not a sampling parameter
+            out_salt: dict[str, Any] = {"cache_salt": chat["cache_salt"]}
+        else:
+            out_salt = {}
         out: dict[str, Any] = {"model": chat.get("model"), "token_ids": prompt}
         if images:
             out["content_parts"] = [{"type": "image_url", "url": u} for u in images]
-        return GENERATE_PATH, {**out, "sampling_params": sp, "return_token_ids": True, "stream": False}
+        return GENERATE_PATH, {
+            **out,
+            **out_salt,
+            "sampling_params": sp,
+            "return_token_ids": True,
+            "stream": False,
+        }
     if kind == "sglang":
         params: dict[str, Any] = {"max_new_tokens": max_tokens, "skip_special_tokens": False}
         for k in ("temperature", "top_p", "top_k", "stop"):
@@ -978,7 +988,7 @@ def upstream_request(
         "skip_special_tokens": False,
         "stream": False,
     }
-    for k in ("temperature", "top_p", "top_k", "stop", "seed"):
+    for k in ("temperature", "top_p", "top_k", "stop", "seed", "cache_salt"):
         if chat.get(k) is not None:
             body[k] = chat[k]
     return "completions", body

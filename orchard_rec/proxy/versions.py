@@ -108,6 +108,12 @@ class PolicyTracker:
             else:
                 metadata["policy"] = closed
 
+    def salt(self, cfg: ProxyConfig) -> str | None:
+        """The ``cache_salt`` to send (``--cache-salt policy``): the version now, if known."""
+        if cfg.cache_salt != "policy" or self.version is None:
+            return None
+        return rlwire.cache_salt(self.version)
+
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "source": self.source, "learned_at": self.learned_at}
 

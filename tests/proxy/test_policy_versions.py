@@ -140,3 +140,31 @@ def test_tito_records_the_servers_spans_and_continues_an_abort(
     assert sent[-1]["sampling_params"]["max_tokens"] == 62
     text = r.body.decode()
     assert "abort" not in text  # one uninterrupted answer
+
+
+@pytest.mark.parametrize("mode", ["token", "tito"])
+def test_cache_salt_policy_sends_the_version_as_cache_salt(upstream, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
+    extra = {"tokenizer": "demo"} if mode == "tito" else {}
+    proxy = proxy_factory(upstream.url, sqlite_url, mode=mode, policy_refresh=0, cache_salt="policy", **extra)
+    assert _chat(proxy.url, "no version yet").status_code == 200
+    _policy(proxy.url, "step/7")  # vLLM refuses '/' in a salt: it becomes '_'
+    assert _chat(proxy.url, "salted").status_code == 200
+    own = {"model": "m", "messages": _messages("own salt"), "max_tokens": 4, "cache_salt": "mine"}
+    assert _http(f"{proxy.url}/s/run-1/v1/chat/completions", json.dumps(own).encode()).status_code == 200
+    salts = [
+        b.get("cache_salt") for p, b in upstream.fake.log if p in ("/v1/chat/completions", "/v1/completions")
+    ]
+    assert salts == [None, "step_7", "mine"]
+    proxy.flush()
+    calls = proxy.store().calls("run-1")
+    assert "cache_salt" not in calls[1].request  # the client did not send it
+    if mode == "token":
+        assert calls[1].upstream_request["cache_salt"] == "step_7"
+        assert b"cache_salt" not in upstream.fake.sent[1]  # the server does not echo it: nothing to strip
+
+
+def test_cache_salt_is_off_by_default(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="token", policy_refresh=0)
+    _policy(proxy.url, "v1")
+    assert _chat(proxy.url, "hello").status_code == 200
+    assert all("cache_salt" not in b for _, b in upstream.fake.log)
