@@ -132,3 +132,25 @@ def test_staleness_options_are_checked(db: str, tmp_path: Path) -> None:
         app, ["export", "--db", db, "--out", str(tmp_path / "x.jsonl"), "--policy-version", "3"]
     )
     assert r.exit_code != 0 and "--max-staleness" in r.output and "Traceback" not in r.output
+
+
+def test_the_slime_rollout_plugin_selects_by_staleness_too(db: str, caplog: pytest.LogCaptureFixture) -> None:
+    from argparse import Namespace
+
+    from orchard_rec.trainers import slime as slime_plugins
+
+    args = Namespace(orchard_db=db, rollout_batch_size=10, orchard_policy_version=6, orchard_max_staleness=1)
+    with caplog.at_level("INFO", logger="orchard_rec.trainers.slime"):
+        groups = slime_plugins.generate_rollout(args, 0, None)
+    assert [s.session_id for g in groups for s in g] == ["fresh"]
+    assert "2 of 3 samples dropped" in caplog.text
+    args = Namespace(orchard_db=db, rollout_batch_size=10, orchard_min_policy_version=5, orchard_stale="mask")
+    served = {s.session_id: s for g in slime_plugins.generate_rollout(args, 0, None) for s in g}
+    assert served["mixed"].loss_mask == [0, 1, 1, 0, 1, 1] and served["mixed"].weight_versions == [
+        "4",
+        "6",
+        "6",
+    ]
+    args = Namespace(orchard_db=db, rollout_batch_size=10, orchard_aborted="keep")
+    served = {s.session_id: s for g in slime_plugins.generate_rollout(args, 0, None) for s in g}
+    assert served["cut"].status.value == "aborted"
