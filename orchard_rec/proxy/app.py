@@ -290,7 +290,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
         call.identify(request.headers)
-        if dialect.is_generation:
+        if dialect.is_generation and app[POLICY].tracking:
             cap.metadata["policy"] = app[POLICY].sent(request.headers)
         raw = await _read_body(request)
         body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))

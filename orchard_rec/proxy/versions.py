@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ def policy_body(raw: bytes) -> str:
 class PolicyTracker:
     """The current version (None until learned) and a counter of its changes."""
 
-    __slots__ = ("last_polled", "learned_at", "polling", "serial", "source", "version")
+    __slots__ = ("last_polled", "learned_at", "polling", "serial", "source", "tracking", "version")
 
     def __init__(self) -> None:
         self.version: str | None = None
@@ -69,6 +70,8 @@ class PolicyTracker:
         self.learned_at: float | None = None
         self.polling = True
         """False once the server showed it has no version endpoint."""
+        self.tracking = os.environ.get("ORCHARD_POLICY_TRACKING", "on").strip().lower() != "off"
+        """``ORCHARD_POLICY_TRACKING=off``: no fences, no polling (measurement: bench/policy.py)."""
         self.last_polled: str | None = None
         """What the server said last: a poll overrides the trainer's word only when this changes."""
 
@@ -136,7 +139,7 @@ class PolicyTracker:
     async def poll(self, session: aiohttp.ClientSession, cfg: ProxyConfig) -> None:
         """The background loop (an app's cleanup context starts and cancels it)."""
         root = rlwire.server_root(cfg.upstream)
-        while self.polling:
+        while self.polling and self.tracking:
             await self.refresh(session, root, cfg.upstream_kind)
             await asyncio.sleep(cfg.policy_refresh)
 
