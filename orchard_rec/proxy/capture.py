@@ -214,21 +214,23 @@ def _versions(
     """The record's metadata and version spans from what the response path noted under
     ``metadata["policy"]``: the server's own ``spans`` (tito: vLLM's ``weight_versions``, SGLang's
     ``weight_version``), else the call's fence (``sent``/``done``, ``moved`` when the version
-    changed and changed back in between). The spans go to their own column, the fence stays."""
+    changed and changed back in between). The spans go to their own column; the fence stays in
+    the metadata only where the spans do not say it all: a straddle, or a call recorded without
+    ids (passthrough: its spans are made at reconstruction, over the template's ids)."""
     fence = metadata.get("policy")
     if not isinstance(fence, dict):
         return metadata, None
-    n = len(completion) if completion is not None else 0
+    rest = {k: v for k, v in metadata.items() if k != "policy"}
     spans = fence.get("spans")
     if spans is not None:
-        found = policy.from_json(spans)
-        rest = {k: v for k, v in fence.items() if k != "spans"}
-        return {**metadata, "policy": rest}, found
+        return rest, policy.from_json(spans)
     if completion is None:
         return metadata, None
-    done = policy.UNKNOWN if fence.get("moved") else fence.get("done")
-    found_f = policy.fence_spans(fence.get("sent"), done, n)
-    return metadata, None if found_f is None else tuple(found_f)
+    moved = fence.get("moved") or fence.get("sent") != fence.get("done")
+    found = policy.fence_spans(
+        fence.get("sent"), policy.UNKNOWN if moved else fence.get("done"), len(completion)
+    )
+    return (metadata if moved else rest), None if found is None else tuple(found)
 
 
 def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: bool) -> None:
