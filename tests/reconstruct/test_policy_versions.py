@@ -106,3 +106,13 @@ def test_unknown_and_unversioned_tokens_are_stale_under_a_floor() -> None:
     a = call(prompt_ids=SYS, completion_ids=[10, 11], policy_versions=((UNKNOWN, 0, 2),))
     [s] = reconstruct_session([a])
     assert not apply_staleness(s, Staleness(minimum=0), "mask")  # nothing trainable left: dropped
+
+
+def test_the_viewer_gets_a_version_per_token_for_its_band() -> None:
+    from orchard_rec.ui.data import _sample_tokens
+
+    toks = _sample_tokens(_sample())
+    p = len(SYS)
+    assert toks["v"] == [None] * p + ["v5"] * 3 + [None] + ["v7"] * 2
+    [plain] = reconstruct_session([call(prompt_ids=SYS, completion_ids=[10])])
+    assert _sample_tokens(plain)["v"] is None
