@@ -24,6 +24,7 @@ session (this module imports no HTTP library itself).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchard_rec import policy
@@ -102,9 +103,11 @@ def abort_finish(kind: str, obj: Any) -> bool:
     )
 
 
-async def weight_version(session: aiohttp.ClientSession, root: str, kind: str = "vllm") -> str | None:
+async def weight_version(
+    session: aiohttp.ClientSession, root: str, kind: str = "vllm", headers: Mapping[str, str] | None = None
+) -> str | None:
     """The server's current weight version; None when it does not say (no dev mode: 404)."""
-    async with session.get(f"{root}/{_VERSION_PATH[kind]}") as r:
+    async with session.get(f"{root}/{_VERSION_PATH[kind]}", headers=headers) as r:
         if r.status != 200:
             return None
         body = await r.json(content_type=None)
@@ -132,9 +135,11 @@ async def resume(session: aiohttp.ClientSession, root: str, kind: str = "vllm") 
     return await _post(session, f"{root}/{_RESUME_PATH[kind]}", {} if kind == "sglang" else None)
 
 
-async def is_paused(session: aiohttp.ClientSession, root: str) -> bool:
+async def is_paused(
+    session: aiohttp.ClientSession, root: str, headers: Mapping[str, str] | None = None
+) -> bool:
     """vLLM's ``GET /is_paused`` (False when the server does not have it)."""
-    async with session.get(f"{root}/is_paused") as r:
+    async with session.get(f"{root}/is_paused", headers=headers) as r:
         if r.status != 200:
             return False
         body = await r.json(content_type=None)

@@ -78,7 +78,7 @@ from orchard_rec.proxy.tito import (
     wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
-from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker
+from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
 from orchard_rec.storage.store import Store
 
@@ -291,7 +291,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             )
         call.identify(request.headers)
         if dialect.is_generation and app[POLICY].tracking:
-            cap.metadata["policy"] = app[POLICY].sent(request.headers)
+            cap.metadata["policy"] = app[POLICY].sent(request.headers, trusted(cfg, _presented_key(request)))
         raw = await _read_body(request)
         body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
         if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:

@@ -110,11 +110,11 @@ def _next_body(kind: str, body: dict[str, Any], prompt: Sequence[int], ids: Sequ
     return {**body, "prompt": ids_in, "max_tokens": max(1, int(body.get("max_tokens") or 1) - len(ids))}
 
 
-async def _resumed(session: aiohttp.ClientSession, root: str, timeout: float) -> None:
+async def _resumed(link: Link, root: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if not await rlwire.is_paused(session, root):
+            if not await rlwire.is_paused(link.session, root, link.headers):
                 return
         except Exception:  # a server without /is_paused: take it as resumed
             return
@@ -132,7 +132,7 @@ async def continue_aborted(
     last = first
     budget_left = True
     while rlwire.abort_finish(kind, last.obj) and len(parts) < MAX_PARTS and budget_left:
-        await _resumed(link.session, root, cfg.read_timeout)
+        await _resumed(link, root, cfg.read_timeout)
         nxt = _next_body(kind, body, prompt, ids)
         status, data = await link.send(orjson.dumps(nxt))
         if status >= 400:

@@ -19,6 +19,7 @@ proxy (the first way). Must never block a response or guess a version it was not
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
@@ -33,12 +34,20 @@ from orchard_rec.proxy.config import ProxyConfig
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["POLICY_HEADER", "PolicyTracker", "policy_body"]
+__all__ = ["POLICY_HEADER", "PolicyTracker", "policy_body", "trusted"]
 
 log = logging.getLogger("orchard_rec.proxy")
 
 POLICY_HEADER = "x-orchard-policy-version"
 """A call's header: the policy version the trainer-side client knows to be in force."""
+
+
+def trusted(cfg: ProxyConfig, key: str | None) -> bool:
+    """Whether a caller presenting ``key`` may move the policy version (the admin routes' rule)."""
+    if not cfg.api_keys and not cfg.admin_keys:
+        return True
+    admins = cfg.admin_keys or tuple(k for k in cfg.api_keys if ":" not in k)[:1]
+    return key is not None and any(hmac.compare_digest(key, a) for a in admins)
 
 
 def policy_body(raw: bytes) -> str:
@@ -85,11 +94,13 @@ class PolicyTracker:
         self.serial += 1
         return True
 
-    def sent(self, headers: Any) -> dict[str, Any]:
-        """A call's opening fence (``metadata["policy"]``), after its header's word, if any."""
-        said = headers.get(POLICY_HEADER) if headers is not None else None
-        if said:
-            self.set(said.strip()[:128], "header")
+    def sent(self, headers: Any, trusted: bool = True) -> dict[str, Any]:
+        """A call's opening fence (``metadata["policy"]``), after its header's word, if any: taken
+        only from a ``trusted`` caller (the admin key, or a proxy without keys), since it moves
+        the version every call is fenced with."""
+        said = headers.get(POLICY_HEADER) if headers is not None and trusted else None
+        if said and (said := said.strip()[:128]):
+            self.set(said, "header")
         return {"sent": self.version, "_serial": self.serial}
 
     def done(self, fence: dict[str, Any]) -> dict[str, Any]:
@@ -120,10 +131,12 @@ class PolicyTracker:
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "source": self.source, "learned_at": self.learned_at}
 
-    async def refresh(self, session: aiohttp.ClientSession, root: str, kind: str) -> None:
+    async def refresh(
+        self, session: aiohttp.ClientSession, root: str, kind: str, headers: dict[str, str] | None = None
+    ) -> None:
         """Ask the server once (a 404 stops the polling; an unreachable server is asked again)."""
         try:
-            v = await rlwire.weight_version(session, root, kind)
+            v = await rlwire.weight_version(session, root, kind, headers)
         except Exception as exc:  # unreachable, not JSON: the server is asked again next time
             log.debug("policy version: %s: %s: %s", root, type(exc).__name__, exc)
             return
@@ -139,8 +152,10 @@ class PolicyTracker:
     async def poll(self, session: aiohttp.ClientSession, cfg: ProxyConfig) -> None:
         """The background loop (an app's cleanup context starts and cancels it)."""
         root = rlwire.server_root(cfg.upstream)
+        # the proxy's own upstream credential, as on every call (never a client's)
+        headers = {"Authorization": f"Bearer {cfg.upstream_key}"} if cfg.upstream_key else None
         while self.polling and self.tracking:
-            await self.refresh(session, root, cfg.upstream_kind)
+            await self.refresh(session, root, cfg.upstream_kind, headers)
             await asyncio.sleep(cfg.policy_refresh)
 
     def answer(self, method: str, raw: bytes) -> dict[str, Any]:

@@ -170,3 +170,14 @@ def test_cache_salt_is_off_by_default(upstream, proxy_factory, sqlite_url) -> No
     _policy(proxy.url, "v1")
     assert _chat(proxy.url, "hello").status_code == 200
     assert all("cache_salt" not in b for _, b in upstream.fake.log)
+
+
+def test_the_header_moves_the_version_only_for_a_trusted_caller(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, policy_refresh=0, api_keys=("k",), admin_keys=("adm",))
+    adm = {"Authorization": "Bearer adm"}
+    _policy(proxy.url, "v1", adm)
+    r = _chat(proxy.url, "hello", headers={"Authorization": "Bearer k", "X-Orchard-Policy-Version": "v9"})
+    assert r.status_code == 200
+    assert (
+        _http(f"{proxy.url}/v1/orchard/policy", headers=adm).json()["version"] == "v1"
+    )  # a client's word is not the trainer's
