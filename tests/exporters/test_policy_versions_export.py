@@ -22,8 +22,8 @@ SYS = [1, 2, 3]
 
 
 @pytest.fixture
-def db(sqlite_url: str) -> str:
-    store = Store(sqlite_url)
+def db(db_url: str) -> str:  # SQLite and PostgreSQL
+    store = Store(db_url)
     store.upgrade()
     store.write_batch(
         [
@@ -71,7 +71,7 @@ def db(sqlite_url: str) -> str:
         ]
     )
     store.close()
-    return sqlite_url
+    return db_url
 
 
 def _export(db: str, out: Path, *args: str) -> str:

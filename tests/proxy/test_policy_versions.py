@@ -51,9 +51,11 @@ def _policy(url: str, version: object, headers: dict[str, str] | None = None) ->
     return _http(f"{url}/v1/orchard/policy", json.dumps({"version": version}).encode(), headers)
 
 
-@pytest.mark.parametrize("mode", ["token", "passthrough"])
-def test_calls_carry_the_version_the_trainer_set(upstream, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
-    proxy = proxy_factory(upstream.url, sqlite_url, mode=mode, policy_refresh=0)
+@pytest.mark.parametrize(
+    ("mode", "writer"), [("token", "thread"), ("passthrough", "thread"), ("token", "process")]
+)
+def test_calls_carry_the_version_the_trainer_set(upstream, proxy_factory, sqlite_url, mode, writer) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, mode=mode, policy_refresh=0, db_writer=writer)
     assert _chat(proxy.url, "before any version").status_code == 200
     assert _policy(proxy.url, "v1").json()["version"] == "v1"
     assert _chat(proxy.url, "hello").status_code == 200
