@@ -557,6 +557,11 @@ def serve(
         "--cache-salt",
         help="policy: send cache_salt = the current policy version with chat/completions calls (no prefix cache across weight updates).",
     ),
+    routed_experts: bool = typer.Option(
+        False,
+        "--routed-experts",
+        help="MoE routing replay: record the routed_experts the server answers (vLLM --enable-return-routed-experts), token and tito mode.",
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -604,6 +609,7 @@ def serve(
         policy_refresh=policy_refresh,
         tito_endpoint=tito_endpoint,
         cache_salt=cache_salt,
+        routed_experts=routed_experts,
     )
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app

@@ -113,6 +113,9 @@ class CallRecord:
     """Which weights sampled the completion: ``(version, start, end)`` spans over
     ``completion_ids`` (``orchard_rec.policy``; ``"unknown"`` where an update could not be
     placed); None when no version was known."""
+    routed_experts: bytes | None = None
+    """MoE routing replay (``--routed-experts``): the experts the server routed each token to,
+    packed by ``orchard_rec.routing`` (rows over prompt + completion, less the last token)."""
 
 
 SESSION_STATUSES = ("completed", "truncated", "aborted", "failed")

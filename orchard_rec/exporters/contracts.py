@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import routing
 from orchard_rec.exporters.images import pil_images
 from orchard_rec.reconstruct import Sample, numeric_reward
 
@@ -135,6 +136,8 @@ def to_slime_dict(
     if s.teacher is not None:
         d["teacher_log_probs"] = list(s.teacher.log_probs)
         d["teacher_valid_mask"] = list(s.teacher.valid_mask)
+    if s.routed_experts is not None:  # R3: [token][layer][k] over tokens[:-1], as slime's rollout sets it
+        d["rollout_routed_experts"] = routing.unpack(s.routed_experts).to_lists()
     if s.policy_versions is not None:  # slime appends one version per generate call; spans per token
         d["weight_versions"] = s.weight_versions()
         meta["policy_versions"] = [[v, a, b] for v, a, b in s.policy_versions]

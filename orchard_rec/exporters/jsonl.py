@@ -6,7 +6,9 @@ response_length, over ``tokens[-response_length:]``), ``rollout_log_probs`` (sam
 decisions, turn spans as ``[call_id, start, end]`` in response coordinates), and
 ``token_weights`` when the credit policy set them, and ``policy_versions`` when versions were
 recorded: ``[[version, start, end], ...]`` spans over the generated positions in response
-coordinates (``unknown`` where an update could not be placed; observations have none).
+coordinates (``unknown`` where an update could not be placed; observations have none), and
+``routed_experts`` (MoE routing replay): ``{"dtype", "shape": [len(tokens) - 1, layers, top-k],
+"data": base64 of the little-endian ids}``.
 
 Images: a sample that shows images has ``images``, its image references in order
 (``digest`` = SHA-256 of the bytes, ``mime``, ``width``, ``height``; ``url`` for a remote image),

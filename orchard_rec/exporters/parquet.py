@@ -21,6 +21,7 @@ Schema (zstd, row groups of 512 samples):
 | teacher_topk_ids / teacher_topk_logprobs | list<list<...>>, null | the teacher's top-k per response token |
 | teacher | string, null | the teacher's model name |
 | policy_versions | list<string>, null | the policy version that sampled each response token (null on observations; ``unknown`` where an update could not be placed); null when no version was recorded |
+| routed_experts | binary, null | MoE routing replay (``--routed-experts``): ``.npy`` bytes, shape (len(tokens) - 1, layers, top-k), uint8/uint16 (``np.load(io.BytesIO(b))``) |
 | images | list<struct<bytes, path>> | only when the export has images: the sample's images in order, a ``datasets`` ``List(Image())`` feature (``columnar``); ``load_dataset`` gives PIL images |
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from orchard_rec import routing
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
 from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
@@ -56,6 +58,7 @@ SCHEMA = pa.schema(
         ("metadata_json", pa.string()),
         *TEACHER_FIELDS,
         ("policy_versions", pa.list_(pa.string())),
+        ("routed_experts", pa.binary()),
     ]
 )
 
@@ -77,6 +80,9 @@ def _row(s: Sample) -> dict[str, Any]:
         "metadata_json": orjson.dumps(d["metadata"]).decode(),
         **teacher_columns(s),
         "policy_versions": s.versions_per_token(),
+        "routed_experts": None
+        if s.routed_experts is None
+        else routing.to_npy(routing.unpack(s.routed_experts)),
     }
 
 

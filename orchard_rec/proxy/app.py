@@ -292,6 +292,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         call.identify(request.headers)
         if dialect.is_generation and app[POLICY].tracking:
             cap.metadata["policy"] = app[POLICY].sent(request.headers, trusted(cfg, _presented_key(request)))
+        if dialect.is_generation and cfg.routed_experts:
+            cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
         raw = await _read_body(request)
         body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
         if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:

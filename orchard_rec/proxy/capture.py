@@ -8,6 +8,7 @@ its writer thread, never on the event loop.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 from array import array
@@ -16,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from orchard_rec import policy
+from orchard_rec import policy, routing
 from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
@@ -171,6 +172,11 @@ class Capture:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         completion_t = None if completion is None else tuple(completion)
         metadata, versions = _versions(self.metadata, completion_t)
+        routed = None
+        if metadata.get("routed_experts") is True:
+            metadata = {k: v for k, v in metadata.items() if k != "routed_experts"}
+            sent = self.upstream_request if self.upstream_request is not None else self.request
+            routed = _routing(upstream_obj, events, sent)
         model = None
         if isinstance(self.request, dict) and isinstance(self.request.get("model"), str):
             model = self.request["model"][:256]
@@ -205,7 +211,28 @@ class Capture:
             bytes_out=self.bytes_out,
             metadata=metadata,
             policy_versions=versions,
+            routed_experts=routed,
         )
+
+
+def _routing(answer: Any, events: list[Any] | None, upstream_request: Any) -> bytes | None:
+    """The packed ``routed_experts`` of choice 0 (a stream's: the last event that carries it);
+    None when the server sent none or something that is not vLLM's ``.npy`` (never a crash)."""
+    found = None
+    for obj in [answer, *(e[1] for e in events or () if isinstance(e, list) and len(e) == 2)]:
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        c0 = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        if c0 is not None and isinstance(c0.get("routed_experts"), str):
+            found = c0["routed_experts"]
+    if found is None:
+        return None
+    start = (
+        upstream_request.get("routed_experts_prompt_start") if isinstance(upstream_request, dict) else None
+    )
+    try:
+        return routing.pack(routing.from_npy_b64(found, start if isinstance(start, int) else 0))
+    except (ValueError, KeyError, SyntaxError, TypeError, struct.error):
+        return None
 
 
 def _versions(

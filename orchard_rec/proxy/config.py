@@ -75,6 +75,9 @@ class ProxyConfig(BaseModel):
     cache_salt: Literal["off", "policy"] = "off"
     """``policy``: inject ``cache_salt`` = the current policy version into chat and completions
     requests (no KV computed by older weights is reused after an update); not shown to the client."""
+    routed_experts: bool = False
+    """MoE routing replay: record the ``routed_experts`` the server answers (vLLM
+    ``--enable-return-routed-experts``) compactly (``orchard_rec.routing``), token and tito mode."""
     ui: bool = False
     """Mount the read-only trajectory viewer (``orchard_rec.ui``) at ``/ui``; behind the admin key
     when keys are configured."""

@@ -46,6 +46,8 @@ class Generation:
     versions: tuple[policy.Span, ...] | None = None
     """Which weights sampled the completion: spans over ``completion_ids`` (``orchard_rec.policy``),
     None when the proxy knew no version."""
+    routed_experts: bytes | None = None
+    """MoE routing over prompt + completion less the last token (``orchard_rec.routing.pack``)."""
 
     def __post_init__(self) -> None:
         logprobs = self.completion_logprobs
@@ -85,6 +87,7 @@ def generation_of(call: CallRecord, tokenizer: Any = None, *, aborted: str = "dr
         auxiliary=str((call.metadata or {}).get("auxiliary") or "") or None,
         images=tuple(images_of(call.dialect, call.request)),
         versions=_versions(call, len(call.completion_ids)),
+        routed_experts=call.routed_experts if source is TokenSource.SERVER else None,
     )
 
 

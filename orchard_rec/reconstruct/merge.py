@@ -46,6 +46,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from orchard_rec import routing
 from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.generation import Generation, generations_of
@@ -192,7 +193,12 @@ def reconstruct(
         if target is not None:
             target.append_observation(prompt[len(target.tokens) :])
             target.append_generation(
-                g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions
+                g.completion_ids,
+                g.completion_logprobs,
+                g.call_id,
+                g.finish_reason,
+                g.versions,
+                g.routed_experts,
             )
             target.sources.add(g.source)
             target.images = list(g.images)
@@ -206,6 +212,7 @@ def reconstruct(
                     g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions
                 )
                 b.metadata.setdefault("realigned", []).append(g.call_id)
+                b.routed_seen = b.routed_seen or g.routed_experts is not None  # not what the server ran
                 b.sources.add(g.source)
                 b.images = list(g.images)
                 continue
@@ -222,7 +229,9 @@ def reconstruct(
         if g.auxiliary is not None:
             nb.metadata["auxiliary"] = True
             nb.metadata["auxiliary_kind"] = g.auxiliary
-        nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions)
+        nb.append_generation(
+            g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions, g.routed_experts
+        )
         nb.sources.add(g.source)
         nb.images = list(g.images)
         builders.append(nb)
@@ -241,6 +250,10 @@ def reconstruct(
         s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
         if b.missing_logprobs:
             s.metadata["missing_logprobs"] = True
+        if s.routed_experts is not None and routing.covers(s.routed_experts) != len(s.tokens) - 1:
+            s.routed_experts = None  # the rows do not start at the sample's first token
+        if b.routed_seen and s.routed_experts is None:  # realigned, or its last call had none
+            s.metadata["routed_experts_missing"] = True
         if image_token is not None and (s.images or image_token in s.tokens):
             spans = image_runs(s.tokens, image_token)
             s.metadata["image_spans"] = spans

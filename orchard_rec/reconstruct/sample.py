@@ -14,12 +14,13 @@ no file we write needs orchard-rec to be read back.
 
 from __future__ import annotations
 
+import base64
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchard_rec import policy
+from orchard_rec import policy, routing
 from orchard_rec.protocol.images import ImageRef
 
 __all__ = [
@@ -157,6 +158,13 @@ class Sample:
     coordinates over the generated positions only (observations have none); ``"unknown"`` where
     a generation had no version or an update could not be placed. None: no version was known."""
 
+    routed_experts: bytes | None = None
+    """MoE routing replay: the experts the server routed each of ``tokens[:-1]`` to
+    (``orchard_rec.routing.pack``), from the sample's last call when its prompt + completion are
+    exactly the sample's tokens (extension, split, fork); None otherwise, with
+    ``metadata.routed_experts_missing`` when a call of the sample had routing (a realigned sample:
+    its tokens are not what the server ran)."""
+
     def versions_per_token(self) -> list[str | None] | None:
         """One entry per response token: its version, None on observations (not sampled)."""
         if self.policy_versions is None:
@@ -224,6 +232,13 @@ class Sample:
             d.update(self.teacher.to_dict())
         if self.policy_versions is not None:
             d["policy_versions"] = policy.to_json(self.policy_versions)
+        if self.routed_experts is not None:
+            r = routing.unpack(self.routed_experts)
+            d["routed_experts"] = {
+                "dtype": r.dtype,
+                "shape": [r.rows, r.layers, r.topk],
+                "data": base64.b64encode(r.data).decode(),
+            }
         return d
 
     @classmethod
@@ -246,7 +261,16 @@ class Sample:
             teacher=TeacherData.from_dict(d),
             images=[ImageRef.from_dict(i) for i in d.get("images") or ()],
             policy_versions=_spans(d.get("policy_versions")),
+            routed_experts=_routing(d.get("routed_experts")),
         )
+
+
+def _routing(value: Any) -> bytes | None:
+    if not isinstance(value, dict):
+        return None
+    rows, layers, topk = value["shape"]
+    width = {"uint8": 1, "uint16": 2, "uint32": 4}[value["dtype"]]
+    return routing.pack(routing.Routing(rows, layers, topk, width, base64.b64decode(value["data"])))
 
 
 def _spans(value: Any) -> list[policy.Span] | None:
@@ -267,6 +291,8 @@ class SampleBuilder:
         "missing_logprobs",
         "prompt_ends",
         "prompt_length",
+        "routed",
+        "routed_seen",
         "session_id",
         "sources",
         "tokens",
@@ -295,6 +321,9 @@ class SampleBuilder:
         self.versions: list[policy.Span] = []
         """Version spans over the generated positions, in response coordinates."""
         self.versions_known = False
+        self.routed: bytes | None = None
+        """The last generation's routing, when it covers the sample's tokens exactly."""
+        self.routed_seen = False
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -308,7 +337,10 @@ class SampleBuilder:
         call_id: str,
         finish_reason: str | None = None,
         versions: Sequence[policy.Span] | None = None,
+        routed: bytes | None = None,
     ) -> None:
+        """``routed``: the call's routing, given only when its prompt + ``ids`` are exactly this
+        sample's tokens afterwards (the merge knows: not after a realignment)."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"call {call_id}: {len(logprobs)} logprobs for {len(ids)} generated tokens")
         start = len(self.tokens) - self.prompt_length
@@ -321,6 +353,8 @@ class SampleBuilder:
         else:
             self.log_probs.extend(map(float, logprobs))
         self.turns.append(Turn(call_id, start, start + len(ids), finish_reason))
+        self.routed = routed
+        self.routed_seen = self.routed_seen or routed is not None
         if versions is None:
             own = [(policy.UNKNOWN, 0, len(ids))] if ids else []
         else:
@@ -357,4 +391,5 @@ class SampleBuilder:
             metadata=dict(self.metadata),
             images=list(self.images),
             policy_versions=list(self.versions) if self.versions_known else None,
+            routed_experts=self.routed,
         )

@@ -132,6 +132,8 @@ class Call(Base):
     policy_versions: Mapped[Json]
     """Which weights sampled the completion: ``[[version, start, end], ...]`` over
     ``completion_ids`` (``orchard_rec.policy``); None when the proxy knew no version."""
+    routed_experts: Mapped[Bytes]
+    """MoE routing (``--routed-experts``): ``orchard_rec.routing.pack``, uint8/uint16 zstd."""
 
 
 class Blob(Base):

@@ -344,7 +344,7 @@ class Store:
             table = Call.__table__
             cols = list(table.columns)
             if not _has_column(db.connection(), "calls", "policy_versions"):  # a 0007 database
-                cols = [c for c in cols if c.name != "policy_versions"]
+                cols = [c for c in cols if c.name not in ("policy_versions", "routed_experts")]
             sqlite = self.dialect == "sqlite"
             marks = ["?" if sqlite else ("%s::json" if isinstance(c.type, JSON) else "%s") for c in cols]
             names = ", ".join(self.engine.dialect.identifier_preparer.quote(c.name) for c in cols)
@@ -701,6 +701,7 @@ def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, An
         "bytes_out": r.bytes_out,
         "metadata": dict(r.metadata) if r.metadata else None,
         "policy_versions": policy.to_json(r.policy_versions),
+        "routed_experts": r.routed_experts,
         **stored,
     }
 
@@ -725,6 +726,7 @@ _LIGHT_COLUMNS = (
     "finish_reason",
     "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
     "policy_versions",
+    "routed_experts",
 )
 
 
@@ -753,6 +755,7 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
         seq=c.seq,
         metadata=c.metadata or {},
         policy_versions=policy.from_json(c.policy_versions),
+        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
     )
 
 
@@ -787,4 +790,5 @@ def _record(c: Call, reader: Reader) -> CallRecord:
         seq=c.seq,
         metadata=c.call_metadata or {},
         policy_versions=policy.from_json(c.policy_versions),
+        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
     )
