@@ -50,12 +50,21 @@ def moe_upstream(upstream):  # type: ignore[no-untyped-def]
     @web.middleware
     async def add_routing(request: web.Request, handler):  # type: ignore[no-untyped-def]
         resp = await handler(request)
-        if request.path != "/inference/v1/generate" or resp.status != 200:
+        if (
+            resp.status != 200
+            or not isinstance(resp, web.Response)
+            or resp.content_type != "application/json"
+        ):
             return resp
         body = orjson.loads(resp.body)
-        sent = orjson.loads(await request.read())
         c = body["choices"][0]
-        c["routed_experts"] = _b64(_experts(list(sent["token_ids"]) + list(c["token_ids"])))
+        if request.path == "/inference/v1/generate":
+            prompt = orjson.loads(await request.read())["token_ids"]
+        elif request.path == "/v1/chat/completions":  # token mode asked for the ids
+            prompt = body["prompt_token_ids"]
+        else:
+            return resp
+        c["routed_experts"] = _b64(_experts(list(prompt) + list(c["token_ids"])))
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     app = upstream.fake.app()
@@ -130,3 +139,16 @@ def test_a_realigned_sample_says_its_routing_is_missing() -> None:
     samples = reconstruct_session([a, drift], on_mismatch="split")
     assert samples[1].routed_experts is None  # its routing covers 5 tokens, the sample has 7
     assert samples[1].metadata["routed_experts_missing"] is True
+
+
+def test_token_mode_records_the_routing_of_a_chat_answer(moe_upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(moe_upstream, sqlite_url, mode="token", routed_experts=True)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    r = _http(f"{proxy.url}/s/tok/v1/chat/completions", json.dumps(body).encode())
+    assert (
+        r.status_code == 200 and r.json()["choices"][0]["routed_experts"]
+    )  # the server's own field, relayed
+    proxy.flush()
+    [c] = proxy.store().calls("tok")
+    ids = list(c.prompt_ids or ()) + list(c.completion_ids or ())
+    assert routing.unpack(c.routed_experts or b"").to_lists() == _experts(ids).tolist()
