@@ -475,6 +475,7 @@ class DemoUpstream:
             "prompt_tokens": len(ids_in),
             "completion_tokens": len(ids),
             "cached_tokens": 0,
+            "weight_version": self.weight_version,  # SGLang labels every answer (slime reads it)
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]

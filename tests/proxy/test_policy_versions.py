@@ -183,3 +183,12 @@ def test_the_header_moves_the_version_only_for_a_trusted_caller(upstream, proxy_
     assert (
         _http(f"{proxy.url}/v1/orchard/policy", headers=adm).json()["version"] == "v1"
     )  # a client's word is not the trainer's
+
+
+def test_tito_with_sglang_records_its_weight_version(upstream, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = proxy_factory(upstream.url, sqlite_url, mode="tito", tokenizer="demo", upstream_kind="sglang")
+    upstream.fake.weight_version = "12"
+    assert _chat(proxy.url, "hello").status_code == 200
+    proxy.flush()
+    [c] = proxy.store().calls("run-1")
+    assert c.policy_versions == (("12", 0, len(c.completion_ids or ())),)
