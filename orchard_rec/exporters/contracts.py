@@ -136,12 +136,26 @@ def to_slime_dict(
     if s.teacher is not None:
         d["teacher_log_probs"] = list(s.teacher.log_probs)
         d["teacher_valid_mask"] = list(s.teacher.valid_mask)
-    if s.routed_experts is not None:  # R3: [token][layer][k] over tokens[:-1], as slime's rollout sets it
-        d["rollout_routed_experts"] = routing.unpack(s.routed_experts).to_lists()
+    if s.routed_experts is not None:  # R3: over tokens[:-1], as slime's rollout sets it
+        d["rollout_routed_experts"] = _slime_routing(s.routed_experts)
     if s.policy_versions is not None:  # slime appends one version per generate call; spans per token
         d["weight_versions"] = s.weight_versions()
         meta["policy_versions"] = [[v, a, b] for v, a, b in s.policy_versions]
     return d
+
+
+def _slime_routing(blob: bytes) -> Any:
+    """slime's ``rollout_routed_experts``: an int32 array (len(tokens) - 1, num_layers, topk), as
+    its rollout decodes vLLM's answer (slime/rollout/*: ``np.load(...).astype(np.int32)``, then
+    ``reshape(len(sample.tokens) - 1, args.num_layers, args.moe_router_topk)``); nested lists
+    where numpy is missing."""
+    r = routing.unpack(blob)
+    try:
+        import numpy as np
+    except ImportError:
+        return r.to_lists()
+    dtype = {1: "<u1", 2: "<u2", 4: "<u4"}[r.width]
+    return np.frombuffer(r.data, dtype=dtype).astype(np.int32).reshape(r.rows, r.layers, r.topk)
 
 
 def slime_runs(samples: Iterable[Sample]) -> Iterator[tuple[Sample, int]]:
