@@ -632,6 +632,7 @@ async def healthz(request: web.Request) -> web.Response:
         "durability": rec.durability,
         "db_writer": rec.writer_state,
         "caches": cache_stats(request.app),
+        "policy": request.app[POLICY].state(),
     }
     if rec.last_error:
         body["error"] = rec.last_error

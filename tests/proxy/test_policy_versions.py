@@ -61,6 +61,7 @@ def test_calls_carry_the_version_the_trainer_set(upstream, proxy_factory, sqlite
     assert _chat(proxy.url, "hello").status_code == 200
     r = _chat(proxy.url, "by header", headers={"X-Orchard-Policy-Version": "v2"})
     assert r.status_code == 200
+    assert _http(f"{proxy.url}/healthz").json()["policy"]["version"] == "v2"
     assert _http(f"{proxy.url}/v1/orchard/policy").json() == {
         "version": "v2",
         "source": "header",
