@@ -26,7 +26,7 @@ gets one built once (``Rejected.of(431)``, ``UpstreamStatus.of(503)``), a subcla
 family it belongs to. ``tests/test_errors.py`` checks this drawing against the classes.
 
 Internals raise builtins; the request edges raise these, and one middleware renders them in
-the caller's dialect (``orchard_rec.protocol.error_body``): OpenAI ``{"error": {...}}`` or
+the caller's dialect (``orchard_rec.dialects.error_body``): OpenAI ``{"error": {...}}`` or
 Anthropic ``{"type": "error", "error": {...}}``. The CLI prints ``message`` and exits with
 ``exit_code``.
 """

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from orchard_rec import errors
+from orchard_rec.dialects import error_body, get
 from orchard_rec.errors import (
     BadRequest,
     ExportError,
@@ -18,7 +19,6 @@ from orchard_rec.errors import (
     UpstreamStatus,
     UsageError,
 )
-from orchard_rec.protocol import error_body
 
 _LINE = re.compile(r"^(?P<indent>[ │├└─]*)(?P<name>[A-Z]\w+) \((?P<status>\d+)\)")
 
@@ -91,10 +91,10 @@ def test_user_errors_share_the_base_with_exit_codes() -> None:
 
 def test_error_bodies_in_each_dialect() -> None:
     e = errors.TooManyRequests("busy")
-    assert orjson.loads(error_body(e, False)) == {
+    assert orjson.loads(error_body(e, get("chat"))) == {
         "error": {"message": "busy", "type": "rate_limit_error", "param": None, "code": "proxy_at_capacity"}
     }
-    assert orjson.loads(error_body(e, True)) == {
+    assert orjson.loads(error_body(e, get("messages"))) == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "busy"},
     }

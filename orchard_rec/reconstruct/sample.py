@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchard_rec.protocol.images import ImageRef
+from orchard_rec.dialects.images import ImageRef
 
 __all__ = [
     "ImageRef",

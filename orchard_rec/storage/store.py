@@ -37,8 +37,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.errors import env_megabytes
-from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
 from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
