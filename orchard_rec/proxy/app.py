@@ -329,6 +329,9 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     client_wire = dialects.get(cap.dialect)
     assert client_wire is not None
     chat = dialects.to_chat(cap.dialect, body)
+    model = client_wire.model_of(cap.path, body)
+    if chat.get("model") is None and model is not None:  # a dialect that names its model in the URL
+        chat = {**chat, "model": model}
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
     plan = await asyncio.to_thread(tito.plan, key, messages, tools)
@@ -385,7 +388,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         tools=bool(tools) and chat.get("tool_choice") != "none",
     )
     finish = "tool_calls" if answer.get("tool_calls") else finish
-    chat_obj = chat_completion(body.get("model"), answer, finish, len(seen), len(ids))
+    chat_obj = chat_completion(model, answer, finish, len(seen), len(ids))
     # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
     # the template's closing tokens come with the next turn's (``Tito.covered``)
     branch_index = await asyncio.to_thread(

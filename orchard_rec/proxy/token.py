@@ -269,6 +269,8 @@ def plan_for(
     if not d.chat_view:
         return None
     chat = tochat.translator.to_chat(d, body, session, size)
+    if chat.get("model") is None:  # a dialect that names its model in the URL
+        chat["model"] = d.model_of(path, body)
     chat["return_token_ids"] = True
     chat["logprobs"] = True
     if d.is_stream(path, body):
