@@ -24,6 +24,7 @@ BUILTIN: tuple[str, ...] = (
     "orchard_rec.dialects.completions:DIALECT",
     "orchard_rec.dialects.responses:DIALECT",
     "orchard_rec.dialects.anthropic:DIALECT",
+    "orchard_rec.dialects.gemini:DIALECT",
 )
 """The dialects orchard-rec ships, by import path."""
 
