@@ -41,8 +41,23 @@ __all__ = [
 
 def dialect_of(method: str, path: str) -> Dialect:
     """The dialect whose route ``method path`` (from the root, query string ignored) is, found in
-    the registry (``dialects.route``); ``models`` for ``GET /v1/models``; anything else is ``other``."""
+    the registry (``dialects.route``); ``models`` for ``GET /v1/models``; anything else is ``other``.
+    Decided once per route (a bounded table: a hostile client cannot grow it without limit)."""
     path = path.partition("?")[0].rstrip("/")
+    key = (method, path)
+    known = _ROUTED.get(key)
+    if known is not None:
+        return known
+    d = _route(method, path)
+    if len(_ROUTED) < 4096:
+        _ROUTED[key] = d
+    return d
+
+
+_ROUTED: dict[tuple[str, str], Dialect] = {}
+
+
+def _route(method: str, path: str) -> Dialect:
     found = dialects.route(method, path)
     if found is not None and found[1].start() == 0:
         return found[0].name
@@ -85,14 +100,21 @@ def refuse_websocket(path: str, headers: Mapping[str, str]) -> tuple[int, bytes]
 class Call:
     """One call being recorded: fed what arrives, answers what to send. Holds the ``Capture``."""
 
-    __slots__ = ("cap", "client", "plan", "relay")
+    __slots__ = ("_client", "_headers", "cap", "plan", "relay")
 
     def __init__(self, dialect: Dialect, method: str, path: str, headers: Mapping[str, str]) -> None:
         self.cap = Capture(dialect, method, path, None)
         self.plan: Plan | None = None
         self.relay: StreamRelay | None = None
-        self.client = dialects.caller(path, headers, dialect)
-        """The dialect whose shape errors are answered in."""
+        self._headers = headers
+        self._client: dialects.WireDialect | None = None
+
+    @property
+    def client(self) -> dialects.WireDialect:
+        """The dialect whose shape errors are answered in (decided when an error needs it)."""
+        if self._client is None:
+            self._client = dialects.caller(self.cap.path, self._headers, self.cap.dialect)
+        return self._client
 
     # -- the request -------------------------------------------------------------------------------
 
