@@ -73,9 +73,11 @@ def test_an_upstream_status_keeps_its_family() -> None:
     five = UpstreamStatus.of(503)
     assert five is UpstreamStatus.of(503) and five.status == 503
     assert issubclass(five, UpstreamError) and not issubclass(five, Rejected)
-    assert five("x").openai_type == "upstream_error"
+    assert orjson.loads(error_body(five("x"), get("chat")))["error"]["type"] == "upstream_error"
     four = UpstreamStatus.of(400)
-    assert four.status == 400 and four("x").openai_type == "invalid_request_error"
+    assert four.status == 400
+    assert orjson.loads(error_body(four("x"), get("chat")))["error"]["type"] == "invalid_request_error"
+    assert orjson.loads(error_body(four("x"), get("messages")))["error"]["type"] == "invalid_request_error"
     with pytest.raises(ValueError):
         UpstreamStatus.of(200)
 

@@ -47,6 +47,7 @@ __all__ = [
     "assistant_message",
     "chat_to_messages",
     "error_body",
+    "error_kind",
     "error_object",
     "extract_tokens",
     "is_anthropic",
@@ -108,7 +109,7 @@ def error_object(kind: str, message: str) -> dict[str, Any]:
 
 def error_body(exc: OrchardError) -> bytes:
     """The JSON error body an Anthropic client expects."""
-    return orjson.dumps(error_object(exc.anthropic_type, exc.message))
+    return orjson.dumps(error_object(error_kind(exc.status), exc.message))
 
 
 def stream_error_event(err: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -602,10 +603,16 @@ _ERROR_KINDS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+def error_kind(status: int) -> str:
+    """Anthropic's word for an error of that HTTP status (``error.type``)."""
+    return _ERROR_KINDS.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 def upstream_error(status: int, data: bytes) -> bytes:
@@ -617,7 +624,7 @@ def upstream_error(status: int, data: bytes) -> bytes:
     obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
     err = obj["error"] if isinstance(obj.get("error"), dict) else {}
     msg = err.get("message") or obj.get("message")
-    kind = _ERROR_KINDS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    kind = error_kind(status)
     text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
     return orjson.dumps(error_object(kind, text))
 

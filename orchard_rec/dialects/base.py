@@ -23,7 +23,7 @@ import orjson
 
 from orchard_rec.dialects.images import ImageRef
 from orchard_rec.dialects.sse import encode
-from orchard_rec.errors import BadRequest, OrchardError
+from orchard_rec.errors import BadRequest, OrchardError, UpstreamError
 from orchard_rec.records import Dialect
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "checked_to_chat",
     "event_type_in",
     "head_until_user",
+    "openai_type",
     "openapi_post",
     "untranslatable",
 ]
@@ -214,7 +215,14 @@ class WireDialect:
     def error_body(self, exc: OrchardError) -> bytes:
         """The JSON error body a client of this dialect expects (OpenAI's shape here)."""
         return orjson.dumps(
-            {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+            {
+                "error": {
+                    "message": exc.message,
+                    "type": openai_type(exc),
+                    "param": exc.param,
+                    "code": exc.code,
+                }
+            }
         )
 
     def upstream_error(self, status: int, data: bytes) -> bytes:
@@ -240,6 +248,18 @@ class WireDialect:
         msg = self.assistant_message(response)
         calls = (msg or {}).get("tool_calls") or []
         return [str(tc.get("id")) for tc in calls if isinstance(tc, dict)]
+
+
+def openai_type(exc: OrchardError) -> str:
+    """The OpenAI dialects' word for an error (``error.type``), from its status and family."""
+    s = exc.status
+    if s in (401, 403):
+        return "authentication_error"
+    if s == 429:
+        return "rate_limit_error"
+    if s < 500:
+        return "invalid_request_error"
+    return "upstream_error" if isinstance(exc, UpstreamError) else "server_error"
 
 
 def checked_to_chat(d: WireDialect, body: dict[str, Any]) -> dict[str, Any]:

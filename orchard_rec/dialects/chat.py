@@ -13,7 +13,15 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from orchard_rec.dialects.base import MESSAGE_SCHEMA, TOOL_SCHEMA, Route, Tokens, WireDialect, openapi_post
+from orchard_rec.dialects.base import (
+    MESSAGE_SCHEMA,
+    TOOL_SCHEMA,
+    Route,
+    Tokens,
+    WireDialect,
+    openai_type,
+    openapi_post,
+)
 from orchard_rec.dialects.images import ImageRef, chat_images
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.records import Dialect
@@ -49,7 +57,7 @@ class ChatRequest(BaseModel):
 
 
 def error_object(exc: OrchardError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+    return {"error": {"message": exc.message, "type": openai_type(exc), "param": exc.param, "code": exc.code}}
 
 
 def error_body(exc: OrchardError) -> bytes:
