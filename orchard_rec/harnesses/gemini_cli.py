@@ -37,9 +37,6 @@ __all__ = ["GEMINI_CLI"]
 
 
 class _GeminiCli(Harness):
-    def base_url(self, proxy: str, session: str | None) -> str:
-        return proxy.rstrip("/") + (f"/s/{session}" if session else "")  # the SDK adds /v1beta/...
-
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
         return (
             f"export GOOGLE_GEMINI_BASE_URL={self.base_url(proxy, session)}\n"
@@ -83,6 +80,7 @@ GEMINI_CLI = _GeminiCli(
     cache_bin="gemini-cli/node_modules/.bin/gemini",
     npm=("@google/gemini-cli@0.61.0",),
     dialect="gemini",
+    base_path="",  # the SDK adds /v1beta/models/...
     version="0.61.0",
     user_agents=("geminicli",),
     session_headers=(),
