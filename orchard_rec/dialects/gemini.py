@@ -77,6 +77,13 @@ def error_object(status: int, message: str) -> dict[str, Any]:
     return {"error": {"code": status, "message": message, "status": _STATUS.get(status, "UNKNOWN")}}
 
 
+def _contents(body: dict[str, Any]) -> list[Any]:
+    """The request's ``contents`` when it is a list (anything else reads as none: never trusted
+    before ``validate``, as ``opening`` runs on bodies not yet checked)."""
+    c = body.get("contents")
+    return c if isinstance(c, list) else []
+
+
 def validate(body: dict[str, Any]) -> None:
     """The checks the real API makes before generating (a 400 in its words, never a proxy error)."""
     contents = body.get("contents")
@@ -133,7 +140,7 @@ def _media_part(p: dict[str, Any]) -> dict[str, Any] | None:
         if mime.startswith("text/"):
             try:
                 return {"type": "text", "text": base64.b64decode(data).decode("utf-8", "replace")}
-            except (binascii.Error, ValueError):
+            except (binascii.Error, ValueError, TypeError):
                 return None
         return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
     file = p.get("fileData")
@@ -270,7 +277,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A ``generateContent`` request as a chat completions request (the model is the URL's:
     ``WireDialect.model_of``; the stream is the URL's: ``is_stream``)."""
     messages = system_to_chat(body)
-    for c in body.get("contents") or ():
+    for c in _contents(body):
         messages += content_to_chat(c)
     return chat_request(body, messages)
 
@@ -391,6 +398,12 @@ def _candidate(obj: Any) -> dict[str, Any]:
     return c
 
 
+def _parts_of(holder: Any) -> list[Any]:
+    """``holder["parts"]`` when ``holder`` is a dict holding a list there, else [] (any JSON is read)."""
+    parts = holder.get("parts") if isinstance(holder, dict) else None
+    return parts if isinstance(parts, list) else []
+
+
 def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
     """The response a non-stream call would have returned: the events' parts joined (adjacent
     text of the same kind merged), the last finish reason, usage and ids."""
@@ -403,7 +416,7 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
         if out is None:
             out = {"candidates": [cand]}
         c = _candidate(data)
-        for p in (c.get("content") or {}).get("parts") or ():
+        for p in _parts_of(c.get("content")):
             if not isinstance(p, dict):
                 continue
             last = parts[-1] if parts else None
@@ -431,21 +444,20 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
     """The assistant turn a response represents, as a chat message."""
     if not isinstance(response, dict) or not isinstance(response.get("candidates"), list):
         return None
-    content = _candidate(response).get("content")
-    return content_to_chat({"role": "model", "parts": (content or {}).get("parts") or []})[0]
+    return content_to_chat({"role": "model", "parts": _parts_of(_candidate(response).get("content"))})[0]
 
 
 def _images(request: dict[str, Any]) -> list[ImageRef]:
     out: list[ImageRef] = []
-    for c in request.get("contents") or ():
-        for p in (c.get("parts") or ()) if isinstance(c, dict) else ():
+    for c in _contents(request):
+        for p in _parts_of(c):
             if not isinstance(p, dict):
                 continue
             inline = p.get("inlineData")
             if isinstance(inline, dict) and str(inline.get("mimeType") or "").startswith("image/"):
                 try:
                     data = base64.b64decode(inline.get("data") or "", validate=False)
-                except (binascii.Error, ValueError):
+                except (binascii.Error, ValueError, TypeError):
                     continue
                 out.append(image_ref(data, inline["mimeType"]))
             file = p.get("fileData")
@@ -569,7 +581,7 @@ class _Gemini(WireDialect):
         return _images(request) if isinstance(request, dict) else []
 
     def opening(self, body: dict[str, Any]) -> list[Any] | None:
-        for c in body.get("contents") or ():
+        for c in _contents(body):
             if isinstance(c, dict) and c.get("role", "user") == "user":
                 return [_parts_text(body.get("systemInstruction")), c.get("parts")]
         return None

@@ -9,6 +9,8 @@ import base64
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchard_rec import dialects
 from orchard_rec.dialects import gemini
@@ -17,6 +19,36 @@ from orchard_rec.errors import BadRequest, TooManyRequests
 from orchard_rec.records import Dialect
 
 G = dialects.get("gemini")
+_KEYS = (
+    "contents",
+    "parts",
+    "role",
+    "text",
+    "thought",
+    "functionCall",
+    "functionResponse",
+    "name",
+    "args",
+    "id",
+    "response",
+    "inlineData",
+    "fileData",
+    "mimeType",
+    "data",
+    "fileUri",
+    "systemInstruction",
+    "tools",
+    "functionDeclarations",
+    "parameters",
+    "toolConfig",
+    "functionCallingConfig",
+    "mode",
+    "generationConfig",
+    "candidates",
+    "content",
+    "finishReason",
+    "usageMetadata",
+)
 PNG = base64.b64encode(
     b"\x89PNG\r\n\x1a\n" + b"\0" * 4 + b"IHDR" + (3).to_bytes(4, "big") + (2).to_bytes(4, "big")
 ).decode()
@@ -284,3 +316,30 @@ def test_the_opening_and_the_incremental_translation() -> None:
 
 def test_assistant_message_of_something_else_is_none() -> None:
     assert gemini.assistant_message({"error": {}}) is None
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(body=st.dictionaries(st.sampled_from(_KEYS), _json, max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_any_json_is_read_without_a_crash(body: dict) -> None:  # type: ignore[type-arg]
+    """Reading a recorded request or answer never raises (the writer thread and the viewer read
+    what clients and upstreams sent); translating one raises only the dialect's 400."""
+    assert G is not None
+    G.opening(body)
+    G.images(body)
+    G.model_of("/v1beta/models/m:generateContent", body)
+    G.extract_tokens(body)
+    G.assistant_message(body)
+    G.finish_of(body)
+    G.assemble([(None, body), (None, {"candidates": [body]})])
+    G.is_terminal(None, orjson.dumps(body).decode())
+    try:
+        dialects.to_chat("gemini", body)
+    except BadRequest:
+        pass

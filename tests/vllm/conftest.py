@@ -36,9 +36,9 @@ import orjson
 import pytest
 from aiohttp import web
 from factories import free_port
-from orchard_rec.dialects.assemble import assemble
 
 from orchard_rec.demo.tokenizer import save_tokenizer
+from orchard_rec.dialects import assemble
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import Dialect
 

@@ -17,9 +17,8 @@ import anthropic
 import openai
 import orjson
 import pytest
-from orchard_rec.dialects.assemble import assemble
-from orchard_rec.dialects.translate import template_message
 
+from orchard_rec.dialects import assemble, template_message
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome, Dialect
 
