@@ -39,6 +39,8 @@ __all__ = ["GEMINI_CLI"]
 class _GeminiCli(Harness):
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
         return (
+            "# ~/.gemini/settings.json (0.61.0 refuses the auth type a base URL alone picks):\n"
+            '#   {"security": {"auth": {"selectedType": "gemini-api-key"}}}\n'
             f"export GOOGLE_GEMINI_BASE_URL={self.base_url(proxy, session)}\n"
             "export GEMINI_API_KEY=orchard-gemini-key\n"
             f'gemini -m {model} --approval-mode yolo -p "..."\n'

@@ -89,3 +89,4 @@ def test_gemini_cli_runs_through_serve_in_token_mode_as_one_exact_sample(
 def test_gemini_cli_config_snippet() -> None:
     snippet = GEMINI_CLI.config_snippet("http://127.0.0.1:8100", "s1", "m")
     assert "GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8100/s/s1\n" in snippet and "-m m" in snippet
+    assert '"selectedType": "gemini-api-key"' in snippet
