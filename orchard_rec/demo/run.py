@@ -91,7 +91,8 @@ def run_demo(workdir: Path, *, mode: str = "token", vlm: bool = False) -> DemoRe
     get("jsonl").write(samples, jsonl)
     try:
         trainer_export = workdir / "rollout_0.pt"
-        get("slime").write(samples, trainer_export)  # needs torch (the train extra)
+        slime = get("slime", processor="demo") if vlm else get("slime")  # needs torch (the train extra)
+        slime.write(samples, trainer_export)
     except ExportError:
         trainer_export = workdir / "samples.parquet"
         get("parquet").write(samples, trainer_export)

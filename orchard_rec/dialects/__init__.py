@@ -53,6 +53,8 @@ __all__ = [
     "secret_headers",
     "template_message",
     "to_chat",
+    "upstream_address",
+    "without_secrets",
 ]
 
 _NONE5: tuple[None, None, None, None, None] = (None, None, None, None, None)
@@ -117,6 +119,25 @@ def redact_query(path: str) -> str:
         k, eq, _ = p.partition("=")
         parts.append(f"{k}=REDACTED" if eq and k in secret else p)
     return base + "?" + "&".join(parts)
+
+
+def without_secrets(path: str) -> str:
+    """``path`` less its credential query parameters (a recorded path's ``key=REDACTED`` too)."""
+    base, sep, query = path.partition("?")
+    secret = _secret_params()
+    if not sep or not secret:
+        return path
+    kept = [p for p in query.split("&") if p.partition("=")[0] not in secret]
+    return base + ("?" + "&".join(kept) if kept else "")
+
+
+def upstream_address(base: str, path: str) -> str:
+    """Where a client's ``path`` (from the root, with its query) goes on an upstream whose base is
+    ``base``: under the base for ``/v1/...`` (``http://host/v1`` or a gateway's ``.../openai/v1``),
+    under its root otherwise (``/v1beta/models/...``)."""
+    if path.startswith("/v1/"):
+        return base + path[3:]
+    return (base[:-3] if base.endswith("/v1") else base) + path
 
 
 def assemble(dialect: Dialect | str, events: list[tuple[str | None, Any]]) -> Any:

@@ -14,8 +14,10 @@ samples, compaction, sub-agents); every sample of a session gets the same one (t
 of the session's first sample). Images: ``multimodal_inputs = {"images": [PIL.Image, ...]}``
 (RGB, in prompt order), as Orchard's GUI generator (``examples/orchard_gui/generate_browser.py``)
 and slime's own VLM rollout build it; ``multimodal_train_inputs`` (``pixel_values``,
-``image_grid_thw``) is the model processor's output, which orchard-rec does not run: it stays
-None, for the trainer to compute with its processor. slime's ``Sample.to_dict`` is
+``image_grid_thw``) is the model processor's output over those images, which the ``slime``
+exporter adds (the fork's ``--load-debug-rollout-data`` path computes nothing: without it the
+images are never shown to the model). ``slime_contract_errors`` checks rows against what the
+fork's loader requires. slime's ``Sample.to_dict`` is
 ``self.__dict__`` with ``status`` as its value and the two info objects as dicts;
 ``Sample.from_dict`` takes exactly those keys. ``to_slime_dict`` builds that dict from an
 orchard sample, every other field at slime's default, no key slime does not know
@@ -38,14 +40,14 @@ for the ``verl`` export and ``trainers.verl`` alike.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from orchard_rec.exporters.images import pil_images
-from orchard_rec.reconstruct import Sample, numeric_reward
+from orchard_rec.reconstruct import Sample, TeacherData, Turn, numeric_reward
 
 __all__ = [
     "AGENT_LOOP_FIELDS",
@@ -53,8 +55,10 @@ __all__ = [
     "SLIME_STATUSES",
     "SlimeSample",
     "agent_loop_fields",
+    "slime_contract_errors",
     "slime_runs",
     "slime_sample_class",
+    "split_turns",
     "to_slime_dict",
 ]
 
@@ -104,14 +108,28 @@ SLIME_FIELDS = tuple(_slime_defaults())
 
 
 def to_slime_dict(
-    s: Sample, *, prompt: Any = "", response: str = "", group_id: int | None = None
+    s: Sample,
+    *,
+    prompt: Any = "",
+    response: str = "",
+    group_id: int | None = None,
+    teacher_fill: bool = False,
 ) -> dict[str, Any]:
-    """The dict slime's ``Sample.from_dict`` takes, for one orchard sample (``group_id``: its run's id)."""
+    """The dict slime's ``Sample.from_dict`` takes, for one orchard sample (``group_id``: its run's id).
+
+    ``metadata``: the session outcome's metadata (``exit_status``, gold fields: what the fork's
+    recipes read from ``sample.metadata``) under the sample's own keys. ``group_index``: the
+    sample's group, else its run (vanilla slime groups by it; the fork by ``group_id``).
+    ``teacher_fill``: a sample without teacher data gets zero log-probs under an all-zero
+    ``teacher_valid_mask``, as the fork's SWE post-processing fills a sample the teacher missed
+    (``examples/orchard_swe/swe_opd_reward.py`` ``post_process_rewards``)."""
     d = _slime_defaults()
     meta = s.to_dict()["metadata"]
+    if s.outcome is not None and s.outcome.metadata:
+        meta = {**orjson.loads(orjson.dumps(dict(s.outcome.metadata), default=str)), **meta}
     status = str(s.status)
     d.update(
-        group_index=s.group_index,
+        group_index=s.group_index if s.group_index is not None else group_id,
         index=s.index,
         prompt=prompt,
         tokens=list(s.tokens),
@@ -135,16 +153,21 @@ def to_slime_dict(
     if s.teacher is not None:
         d["teacher_log_probs"] = list(s.teacher.log_probs)
         d["teacher_valid_mask"] = list(s.teacher.valid_mask)
+    elif teacher_fill:
+        d["teacher_log_probs"] = [0.0] * s.response_length
+        d["teacher_valid_mask"] = [0] * s.response_length
     return d
 
 
 def slime_runs(samples: Iterable[Sample]) -> Iterator[tuple[Sample, int]]:
     """Each sample with its run's ``group_id`` (the index of its session's first sample), in order.
 
-    A session whose first sample shows images is held until its last sample: when reconstruction
-    split it per turn after dropped screenshots (``metadata.images_dropped``), its samples get
-    Orchard-GUI's turn-level metadata, ``turn_index`` (0, 1, ... within the session),
-    ``is_last_turn`` and ``num_turns_in_trajectory``.
+    A session whose first sample shows images is laid out as Orchard's GUI generator writes a
+    trajectory (``examples/orchard_gui/generate_browser.py``): held until its last sample, then
+    one sample per turn (a merged sample is split at its turns; an observation between two turns
+    becomes the next turn's prompt), each with ``metadata.turn_index`` = the turn's step in the
+    session, ``is_last_turn``, ``num_turns_in_trajectory`` = the session's turn samples (for
+    ``--turn-level-loss-equal-turn-weight``) and the trajectory's final status.
     """
     session: str | None = None
     run = 0
@@ -165,13 +188,103 @@ def slime_runs(samples: Iterable[Sample]) -> Iterator[tuple[Sample, int]]:
 
 
 def _turns(held: list[Sample], run: int) -> Iterator[tuple[Sample, int]]:
-    if any(s.metadata.get("images_dropped") for s in held):
-        for k, s in enumerate(held):
-            s.metadata["turn_index"] = k
-            s.metadata["is_last_turn"] = k == len(held) - 1
-            s.metadata["num_turns_in_trajectory"] = len(held)
-    for s in held:
+    turns = [t for s in held for t in split_turns(s)]
+    for k, s in enumerate(turns):
+        steps = s.metadata.get("turn_steps") or [k]
+        s.metadata["turn_index"] = steps[0]
+        s.metadata["is_last_turn"] = k == len(turns) - 1
+        s.metadata["num_turns_in_trajectory"] = len(turns)
+        s.status = turns[-1].status
+    for s in turns:
         yield s, run
+
+
+def split_turns(s: Sample) -> list[Sample]:
+    """One sample per generation turn of ``s``: the tokens up to the turn's end, the turn as the
+    response, and the images shown before it. Unsplit when its images cannot be placed (no
+    ``metadata.image_spans`` matching them)."""
+    spans = s.metadata.get("image_spans")
+    if len(s.turns) <= 1 or (s.images and (spans is None or len(spans) != len(s.images))):
+        return [s]
+    steps = s.metadata.get("turn_steps") or list(range(len(s.turns)))
+    out = []
+    for k, t in enumerate(s.turns):
+        start = s.prompt_length + t.start
+        n_img = sum(1 for _a, b in spans or () if b <= start)
+        meta = {**s.metadata, "call_ids": [t.call_id], "turn_steps": [steps[k]]}
+        if spans is not None:
+            meta["image_spans"] = [list(x) for x in spans[:n_img]]
+        teacher = s.teacher
+        if teacher is not None:
+            teacher = TeacherData(
+                teacher.log_probs[t.start : t.end],
+                teacher.valid_mask[t.start : t.end],
+                teacher.name,
+                None if teacher.topk_ids is None else teacher.topk_ids[t.start : t.end],
+                None if teacher.topk_logprobs is None else teacher.topk_logprobs[t.start : t.end],
+            )
+        out.append(
+            replace(
+                s,
+                tokens=s.tokens[: s.prompt_length + t.end],
+                response_length=t.end - t.start,
+                loss_mask=s.loss_mask[t.start : t.end],
+                rollout_log_probs=s.rollout_log_probs[t.start : t.end],
+                turns=[Turn(t.call_id, 0, t.end - t.start, t.finish_reason)],
+                token_weights=None if s.token_weights is None else s.token_weights[t.start : t.end],
+                teacher=teacher,
+                images=s.images[:n_img],
+                metadata=meta,
+            )
+        )
+    return out
+
+
+def slime_contract_errors(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What Orchard's fork would fail on when it loads these ``Sample.to_dict`` rows as one rollout
+    (``--load-debug-rollout-data``), read from MSR-Orchard/slime at 331efaa:
+
+    - ``slime/utils/types.py`` ``Sample.from_dict``: ``status`` one of ``Status``'s values.
+    - ``slime/ray/rollout.py`` ``_convert_samples_to_train_data``: ``len(loss_mask) ==
+      response_length``; ``rollout_log_probs``, ``train_metadata`` and ``teacher_log_probs``
+      are taken for the whole rollout when the first sample has them (``samples[0].X is not
+      None``), so all samples or none; ``multimodal_train_inputs`` is taken when any sample has
+      it, and the actor moves each value to the device (``v.to(device)``): tensors.
+    - the fork's OPD training reads ``rollout_data["teacher_log_probs"]`` per sample as a tensor
+      with ``teacher_valid_mask`` of the same length (``swe_opd_reward.post_process_rewards``).
+    - images without ``multimodal_train_inputs`` are never shown to the model (the forward adds
+      only ``multimodal_train_inputs``): a sample with images must carry them.
+    """
+    errors: list[str] = []
+    if not rows:
+        return errors
+    for k, d in enumerate(rows):
+        where = f"sample {k}"
+        if d.get("status") not in SLIME_STATUSES:
+            errors.append(f"{where}: status {d.get('status')!r} is not a Sample.Status value")
+        if d.get("loss_mask") is not None and len(d["loss_mask"]) != d["response_length"]:
+            errors.append(
+                f"{where}: loss mask length {len(d['loss_mask'])} != response length {d['response_length']}"
+            )
+        images = (d.get("multimodal_inputs") or {}).get("images")
+        mti = d.get("multimodal_train_inputs")
+        if images and not mti:
+            errors.append(f"{where}: images without multimodal_train_inputs (the model never sees them)")
+        for key, v in (mti or {}).items():
+            if not hasattr(v, "to"):
+                errors.append(f"{where}: multimodal_train_inputs[{key!r}] is not a tensor")
+        t = d.get("teacher_log_probs")
+        if t is not None and (d.get("teacher_valid_mask") is None or len(t) != len(d["teacher_valid_mask"])):
+            errors.append(f"{where}: teacher_log_probs without a teacher_valid_mask of its length")
+        if t is not None and len(t) != d["response_length"]:
+            errors.append(f"{where}: {len(t)} teacher log-probs for a response of {d['response_length']}")
+    for key in ("rollout_log_probs", "train_metadata", "teacher_log_probs"):
+        have = [d.get(key) is not None for d in rows]
+        if any(have) and not all(have):
+            errors.append(
+                f"{key}: set on {sum(have)} of {len(have)} samples (the fork takes it for all or none, by the first)"
+            )
+    return errors
 
 
 @dataclass

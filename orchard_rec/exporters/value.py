@@ -19,6 +19,7 @@ Schema (zstd parquet, ``datasets.load_dataset("parquet", data_files=...)`` reads
 | reward | float64, null | the session's numeric reward |
 | reward_json | string, null | the reward as JSON (named rewards) |
 | status | string | completed, truncated, aborted, failed |
+| value | float64, null | the stored value after this turn's step (the outcome's ``step_values``, e.g. ``orchard-rec reward``'s running process reward), when stored |
 
 Images are not carried (a prefix's image runs stay in ``prefix_ids``; a warning says so):
 export ``parquet`` alongside for the pixels.
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.columnar import signed
 from orchard_rec.exporters.images import warn_images_dropped
 from orchard_rec.reconstruct import Sample, numeric_reward
 
@@ -52,6 +54,7 @@ SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("reward_json", pa.string()),
         ("status", pa.string()),
+        ("value", pa.float64()),
     ]
 )
 
@@ -60,6 +63,8 @@ def value_rows(s: Sample) -> list[dict[str, Any]]:
     """The rows of one sample, in turn order."""
     base = s.prompt_length
     reward_json = None if s.reward is None else orjson.dumps(s.reward).decode()
+    values = s.outcome.step_values if s.outcome is not None else None
+    steps = s.metadata.get("turn_steps") or list(range(len(s.turns)))
     rows = []
     for k, turn in enumerate(s.turns):
         rows.append(
@@ -74,6 +79,7 @@ def value_rows(s: Sample) -> list[dict[str, Any]]:
                 "reward": numeric_reward(s.reward),
                 "reward_json": reward_json,
                 "status": str(s.status),
+                "value": float(values[steps[k]]) if values is not None and steps[k] < len(values) else None,
             }
         )
     return rows
@@ -89,7 +95,8 @@ class ValueExporter:
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
         stats = ExportStats(files=[Path(out)])
         with atomic_output(Path(out)) as f:
-            writer = pq.ParquetWriter(f, SCHEMA, compression="zstd")
+            schema = signed(SCHEMA)
+            writer = pq.ParquetWriter(f, schema, compression="zstd")
             rows: list[dict[str, Any]] = []
             held = 0
             warned: list[bool] = []
@@ -101,10 +108,10 @@ class ValueExporter:
                         rows.append(row)
                         held += len(row["prefix_ids"])
                         if held >= self.batch_tokens:
-                            writer.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
+                            writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                             rows, held = [], 0
                 if rows or stats.samples == 0:
-                    writer.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
+                    writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             finally:
                 writer.close()
         return stats

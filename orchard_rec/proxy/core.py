@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchard_rec import dialects
+from orchard_rec.dialects import upstream_address
 from orchard_rec.errors import OrchardError, UpgradeRequired
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import validate_session_id
@@ -70,15 +71,6 @@ def renders(dialect: Dialect) -> bool:
     """Whether token-in/token-out mode renders this dialect's calls itself (it has a chat view)."""
     d = dialects.get(dialect)
     return d is not None and d.chat_view
-
-
-def upstream_address(base: str, path: str) -> str:
-    """Where a client's ``path`` (from the root, with its query) goes on an upstream whose base is
-    ``base``: under the base for ``/v1/...`` (``http://host/v1`` or a gateway's ``.../openai/v1``),
-    under its root otherwise (``/v1beta/models/...``)."""
-    if path.startswith("/v1/"):
-        return base + path[3:]
-    return (base[:-3] if base.endswith("/v1") else base) + path
 
 
 WEBSOCKET_REFUSAL = "WebSocket transport is not supported while recording; use HTTP POST with stream=true"

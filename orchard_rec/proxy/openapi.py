@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchard_rec import dialects
+from orchard_rec.records import SESSION_ID_PATTERN, SESSION_ID_RULE
 
 __all__ = ["openapi_spec"]
 
@@ -18,7 +19,7 @@ _SID = {
     "name": "session_id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}$"},
+    "schema": {"type": "string", "pattern": f"^{SESSION_ID_PATTERN}$", "description": SESSION_ID_RULE},
 }
 
 
@@ -31,14 +32,28 @@ def openapi_spec() -> dict[str, Any]:
     outcome = _body(
         {
             "reward": {
-                "oneOf": [{"type": "number"}, {"type": "object", "additionalProperties": {"type": "number"}}]
+                "oneOf": [
+                    {"type": "number"},
+                    {"type": "object", "additionalProperties": {"type": "number"}},
+                    {"type": "null"},
+                ]
             },
-            "status": {"type": "string", "enum": ["completed", "truncated", "aborted", "failed"]},
-            "step_values": {"type": "array", "items": {"type": "number"}},
-            "metadata": {"type": "object"},
+            "status": {
+                "type": ["string", "null"],
+                "enum": ["completed", "truncated", "aborted", "failed", None],
+            },
+            "step_values": {"type": ["array", "null"], "items": {"type": "number"}},
+            "metadata": {
+                "type": ["object", "null"],
+                "description": "keys merge into the stored ones; a null value removes its key",
+            },
             "create": {"type": "boolean"},
         },
         [],
+    )
+    outcome["description"] = (
+        "Fields given merge into the stored outcome; null clears a field. A body that names"
+        " nothing to change is a 400. Numbers must be finite."
     )
     paths: dict[str, Any] = {
         "/healthz": {
@@ -56,7 +71,7 @@ def openapi_spec() -> dict[str, Any]:
                 "parameters": [_SID],
                 "requestBody": outcome,
                 "responses": {
-                    "200": {"description": "recorded"},
+                    "200": {"description": "recorded; the merged outcome in `outcome`"},
                     "400": {"description": "invalid"},
                     "404": {"description": "no such session (and create was not true)"},
                 },

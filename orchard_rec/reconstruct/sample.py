@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchard_rec.dialects.images import ImageRef
+from orchard_rec.records import Outcome
 
 __all__ = [
     "ImageRef",
@@ -151,6 +152,9 @@ class Sample:
     images: list[ImageRef] = field(default_factory=list)
     """The images the sample's tokens show, in order (the last merged call's prompt images): one
     per image run of the prompt/observations (``metadata.image_spans`` when the image token is known)."""
+    outcome: Outcome | None = None
+    """The session's outcome as reconstruction was given it (its metadata: ``exit_status``, gold
+    fields, ...; its ``step_values``); never part of the jsonl row."""
 
     @property
     def sample_key(self) -> str:

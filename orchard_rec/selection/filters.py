@@ -8,8 +8,15 @@ and Orchard's ``examples/orchard_swe/swe_filters.py``):
   ``torch.std``; a group of one never varies).
 - ``no-aborted``: drop a group with any aborted attempt.
 - ``no-truncated``: drop a group with any truncated attempt.
-- ``pass-rate``: drop a group with any aborted attempt or no positive one; otherwise keep
-  it with probability ``min(1, 1 - pass_rate)`` (seeded, so an export is repeatable).
+- ``has-positive``: drop a group with no positive reward (reason
+  ``no_positive_reward_max_R``); after ``no-aborted`` and ``nonzero-std`` it is the fork's
+  ``check_no_aborted_nonzero_std_and_pos_reward``, the Orchard-SWE recipe's filter.
+- ``pass-rate``: Orchard's ``keep_group_by_pass_rate``, over the group flattened to its
+  samples (an attempt split into per-turn samples counts each): drop it if any sample is
+  aborted or none is positive; otherwise keep it with probability ``min(1, 1 - pass_rate)``,
+  pass_rate = positive samples / samples. The draw is seeded (``--seed``, default 0), so an
+  export is repeatable; the fork draws from Python's global ``random`` (seeding it with the
+  same number gives the same draws).
 - ``positive-only``: keeps every group, but marks each non-positive attempt
   ``metadata["remove_sample"] = True`` (it stays for the group baseline; exporters zero
   its loss mask and slime gets ``remove_sample``).
@@ -68,13 +75,30 @@ def no_truncated(group: Sequence[Any], rng: random.Random) -> Verdict:
     return Verdict(not bad, "truncated" if bad else None)
 
 
+def has_positive(group: Sequence[Any], rng: random.Random) -> Verdict:
+    rewards = [numeric_reward(a.reward) for a in group]
+    values = [r if r is not None else 0.0 for r in rewards]
+    keep = any(r is not None and r > 0 for r in rewards)
+    return Verdict(keep, None if keep else f"no_positive_reward_max_{round(max(values, default=0.0), 1)}")
+
+
+def _flat(group: Sequence[Any]) -> list[Any]:
+    """The group's samples: an attempt that carries ``samples`` counts each of them."""
+    out: list[Any] = []
+    for a in group:
+        samples = getattr(a, "samples", None)
+        out.extend(samples if samples else [a])
+    return out
+
+
 def pass_rate(group: Sequence[Any], rng: random.Random) -> Verdict:
-    if any(_status(a) == "aborted" for a in group):
+    flat = _flat(group)
+    if any(_status(a) == "aborted" for a in flat):
         return Verdict(False, "aborted")
-    n_pos = sum(1 for a in group if is_positive(a))
+    n_pos = sum(1 for a in flat if is_positive(a))
     if n_pos == 0:
         return Verdict(False, "no_positive")
-    rate = n_pos / len(group)
+    rate = n_pos / len(flat)
     keep = rng.random() < min(1.0, 1.0 - rate)
     return Verdict(keep, None if keep else f"pass_rate_drop_{round(rate, 3)}")
 
@@ -90,6 +114,7 @@ FILTERS: dict[str, GroupFilter] = {
     "nonzero-std": nonzero_std,
     "no-aborted": no_aborted,
     "no-truncated": no_truncated,
+    "has-positive": has_positive,
     "pass-rate": pass_rate,
     "positive-only": positive_only,
 }

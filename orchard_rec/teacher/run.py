@@ -15,7 +15,7 @@ import hashlib
 import logging
 import struct
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
@@ -67,9 +67,12 @@ def in_shard(sample_key: str, shard: tuple[int, int] | None) -> bool:
 @dataclass
 class TeacherConfig:
     url: str
+    """The server's root; a trailing ``/v1`` (the form ``serve --upstream`` takes) is dropped,
+    since the routes (``/v1/completions``, ``/generate``) are added to the root."""
     kind: str = "vllm"
     top_k: int = 0
     max_len: int | None = None
+    """Longest sequence sent; None: asked of the server (``/get_server_info``, ``/v1/models``)."""
     truncation: str = "prefix"
     concurrency: int = 8
     retries: int = 2
@@ -81,6 +84,9 @@ class TeacherConfig:
     response is mapped by text (``teacher.align``) and unaligned positions are invalid."""
     name: str | None = None
     """The teacher's recorded name/version (default: the model name the server reports)."""
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/").removesuffix("/v1")
 
 
 class TeacherSink(Protocol):
@@ -120,6 +126,29 @@ async def _model_of(session: aiohttp.ClientSession, cfg: TeacherConfig) -> str |
             return str(data.get("model_path") or data.get("served_model_name"))
     except Exception:
         return None
+
+
+async def _max_len_of(session: aiohttp.ClientSession, cfg: TeacherConfig) -> int | None:
+    """The longest input the teacher accepts, as Orchard's ``on_policy_distillation.py``
+    (``_fetch_teacher_max_len``) discovers it: SGLang's ``/get_server_info``
+    ``max_req_input_len``, else ``/v1/models``' ``max_model_len``; minus one (SGLang rejects
+    an input of exactly ``max_req_input_len``; vLLM needs room for the one token it generates).
+    None when neither answers."""
+    base = cfg.url.rstrip("/")
+    for path, read in (
+        ("/get_server_info", lambda d: d.get("max_req_input_len")),
+        ("/v1/models", lambda d: d["data"][0].get("max_model_len")),
+    ):
+        try:
+            async with session.get(base + path) as r:
+                if r.status != 200:
+                    continue
+                found = read(await r.json(content_type=None))
+        except Exception:
+            continue
+        if isinstance(found, int) and not isinstance(found, bool) and found > 2:
+            return found - 1
+    return None
 
 
 async def _score_one(
@@ -166,6 +195,10 @@ async def score_all(
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         model = cfg.model or await _model_of(session, cfg)
+        if cfg.max_len is None:  # as the fork: the server says how long an input may be
+            found = await _max_len_of(session, cfg)
+            if found is not None:
+                cfg = replace(cfg, max_len=found)
         teacher = cfg.name or model or cfg.url
         pending: set[asyncio.Task[None]] = set()
 
@@ -181,7 +214,8 @@ async def score_all(
                     summary.failed += 1
                     if len(summary.errors) < 20:
                         summary.errors.append(f"{ref.session_id}/{ref.sample_key}: {exc}")
-                    log.warning("teacher failed on %s/%s: %s", ref.session_id, ref.sample_key, exc)
+                    # the summary carries the first errors; the caller reports them once
+                    log.debug("teacher failed on %s/%s: %s", ref.session_id, ref.sample_key, exc)
                 else:
                     summary.scored += 1
                 summary.tokens += ref.response_length

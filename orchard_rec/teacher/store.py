@@ -66,6 +66,13 @@ class TeacherStore:
     def has_table(self) -> bool:
         return inspect(self.engine).has_table(TeacherLogprobs.__tablename__)
 
+    def has_rows(self) -> bool:
+        """Whether any teacher log-probs are stored (an export that may train with them)."""
+        if not self.has_table():
+            return False
+        with OrmSession(self.engine) as db:
+            return db.scalars(select(TeacherLogprobs.session_id).limit(1)).first() is not None
+
     def lookup(self, sample: Any) -> TeacherData | None:
         """The stored teacher data of a reconstructed sample, when it was scored on these exact ids."""
         from orchard_rec.teacher.run import content_hash

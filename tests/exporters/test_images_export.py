@@ -175,7 +175,8 @@ def _expected(s: Any) -> list[Image.Image]:
 
 
 def _export(fmt: str, out: Path, samples: list[Any] | None = None) -> Any:
-    return get(fmt).write(iter(samples if samples is not None else _samples()), out)
+    options = {"processor": "demo"} if fmt == "slime" else {}
+    return get(fmt, **options).write(iter(samples if samples is not None else _samples()), out)
 
 
 def _reference(tmp: Path) -> list[Any]:
@@ -264,28 +265,43 @@ def test_slime_multimodal_inputs_and_runs_as_orchard_gui_builds_them(tmp_path) -
     data = torch.load(tmp_path / "r.pt", weights_only=False)  # slime/ray/rollout.py
     assert b"orchard_rec" not in (tmp_path / "r.pt").read_bytes()
     samples = data["samples"]
-    assert len(samples) == len(ref)
+    # one sample per turn, as Orchard's GUI generator writes them: the merged turns 0+1 are split
+    turns = [(r, k) for r in ref for k in range(len(r.turns))]
+    assert len(samples) == len(turns)
     gui = []
-    for d, r in zip(samples, ref):
+    for d, (r, k) in zip(samples, turns):
         assert set(d) == set(SLIME_FIELDS)
         s = SlimeSample.from_dict(d)
-        assert s.tokens == r.tokens and s.loss_mask == r.loss_mask
-        want = _expected(r)
-        if not want:
-            assert s.multimodal_inputs is None
+        t = r.turns[k]
+        assert s.tokens == r.tokens[: r.prompt_length + t.end]
+        assert s.loss_mask == r.loss_mask[t.start : t.end]
+        if not r.images:
+            assert s.multimodal_inputs is None and s.multimodal_train_inputs is None
             continue
         gui.append(s)
+        want = _expected(r)[: len(s.metadata["image_spans"])]
         got = s.multimodal_inputs["images"]
         assert all(isinstance(im, Image.Image) for im in got)
         assert len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want))
-        assert s.multimodal_train_inputs is None  # the trainer's processor computes pixel_values
-    # one run: every per-turn sample shares the run's id; Orchard's turn-level metadata
+        # the processor's output for exactly those images: one grid per image, t*h*w/4 = its run of pads
+        grid = s.multimodal_train_inputs["image_grid_thw"].tolist()
+        assert [t * h * w // 4 for t, h, w in grid] == [e - b for b, e in s.metadata["image_spans"]]
+        assert s.tokens.count(PAD) == sum(t * h * w // 4 for t, h, w in grid)
+    # one run: every per-turn sample shares the run's id; Orchard's turn-level metadata on each
     assert len({s.group_id for s in gui}) == 1 and gui[0].group_id == gui[0].index
-    assert [s.metadata["turn_index"] for s in gui] == [0, 1, 2]
-    assert [s.metadata["is_last_turn"] for s in gui] == [False, False, True]
-    assert {s.metadata["num_turns_in_trajectory"] for s in gui} == {3}
+    assert {s.group_index for s in gui} == {gui[0].group_id}  # vanilla slime's grouping key, set too
+    assert [s.metadata["turn_index"] for s in gui] == [0, 1, 2, 3]  # the step numbers
+    assert [s.metadata["is_last_turn"] for s in gui] == [False, False, False, True]
+    assert {s.metadata["num_turns_in_trajectory"] for s in gui} == {4}
     text = [SlimeSample.from_dict(d) for d in samples if d["session_id"] == "a-text"]
     assert text[0].group_id == text[0].index and "turn_index" not in text[0].metadata
+
+
+def test_slime_images_need_the_processor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchard_rec.errors import ExportError
+
+    with pytest.raises(ExportError, match="--processor"):
+        get("slime").write(iter(_samples()), tmp_path / "r.pt")
 
 
 def _verl_image(image: Any) -> Image.Image:
@@ -411,9 +427,15 @@ def test_exports_from_the_database_carry_the_recorded_screenshots(db_url, tmp_pa
             with Image.open(tmp_path / entry["path"]) as im:
                 got.append(im.convert("RGB"))
         assert all(_same(a, b) for a, b in zip(got, (_pixels(im.data) for im in s.images)))
-    export(url, "slime", tmp_path / "db.pt", image_token=PAD)
+    export(url, "slime", tmp_path / "db.pt", image_token=PAD, format_options={"processor": "demo"})
     gui = [d for d in torch.load(tmp_path / "db.pt", weights_only=False)["samples"] if d["multimodal_inputs"]]
-    assert [d["metadata"]["turn_index"] for d in gui] == [0, 1, 2] and len({d["group_id"] for d in gui}) == 1
+    assert [d["metadata"]["turn_index"] for d in gui] == [0, 1, 2, 3] and len(
+        {d["group_id"] for d in gui}
+    ) == 1
+    assert all(
+        d["multimodal_train_inputs"]["image_grid_thw"].shape[0] == len(d["multimodal_inputs"]["images"])
+        for d in gui
+    )
 
 
 @pytest.mark.slow  # importing transformers takes ~15 s on a loaded machine

@@ -45,3 +45,16 @@ def test_value_rows_are_the_turn_prefixes_of_the_jsonl_samples(recorded_db: str,
     for s in ref:  # each turn's own ids are generated ones: the jsonl mask is 1 on them
         for t in s.turns:
             assert all(s.loss_mask[i] == 1 for i in range(t.start, t.end))
+
+
+def test_value_rows_carry_the_stored_step_values() -> None:
+    """Issue 41: a stored per-step value (``Outcome.step_values``) goes with its turn's row."""
+    from orchard_rec.exporters.value import value_rows
+    from orchard_rec.reconstruct import Sample, Turn
+    from orchard_rec.records import Outcome
+
+    s = Sample("s", [1, 2, 3, 4, 5], 3, [1, 0, 1], [0.0] * 3, [Turn("a", 0, 1), Turn("b", 2, 3)])
+    s.metadata["turn_steps"] = [1, 2]  # a split sample: its turns are the session's steps 1 and 2
+    assert [r["value"] for r in value_rows(s)] == [None, None]
+    s.outcome = Outcome(step_values=(0.5, 1.5, -2.0))
+    assert [r["value"] for r in value_rows(s)] == [1.5, -2.0]

@@ -19,12 +19,18 @@ def score(dialect: str, actions: list[Any] = ACTIONS, gold: dict[str, Any] = GOL
     return SweProcessReward(**kw).score(steps, gold, n_turns=len(actions) + 1)
 
 
+# Codex's apply_patch answers "Success." with no exit code: as in the fork, error_rate counts only
+# steps whose exit code is known, 1 of 5 there (Claude Code flags errors: every answered step counts).
+ERROR_RATE = {"messages": 1 / 7, "responses": 1 / 5, "chat": 1 / 7}
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_every_term_and_total_match_the_hand_computation(dialect: str) -> None:
     r = score(dialect)
-    for k, v in EXPECTED.items():
+    expected = {**EXPECTED, "error_rate": ERROR_RATE[dialect]}
+    for k, v in expected.items():
         assert math.isclose(r.components[k], v), (k, r.components[k], v)
-    assert math.isclose(r.total, EXPECTED_TOTAL)
+    assert math.isclose(r.total, EXPECTED_TOTAL + 10 * 0.03 * (1 / 7 - ERROR_RATE[dialect]))
     assert math.isclose(sum(r.step_values), r.total)
     assert math.isclose(r.turn_values[-1], r.total)
     assert len(r.turn_values) == len(ACTIONS) + 1
@@ -34,7 +40,7 @@ def test_every_term_and_total_match_the_hand_computation(dialect: str) -> None:
 
 
 def test_same_trajectory_same_reward_across_harnesses() -> None:
-    totals = {d: score(d).total for d in DIALECTS}
+    totals = {d: score(d, weights={"error_rate": 0.0}).total for d in DIALECTS}
     assert len({round(t, 9) for t in totals.values()}) == 1, totals
 
 
@@ -54,29 +60,62 @@ def test_weights_are_overridable() -> None:
     assert isinstance(get("swe"), SweProcessReward)
 
 
+SUBMITTED = "diff --git a/src/calc.py b/src/calc.py\n--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1 +1 @@\n"
+
+
 @pytest.mark.parametrize(
     "bad",
     [
-        ("edit", ("tests/test_calc.py", "assert add(1, 1) == 2", "pass"), "ok", 0),
-        ("edit", ("tests/conftest.py", "", "x = 1"), "ok", 0),
-        ("edit", ("src/calc.py", "def add", "@pytest.mark.skip\ndef add"), "ok", 0),
-        ("edit", ("src/calc.py", "assert x", "assert True"), "ok", 0),
         ("shell", "rm -rf build/", "", 0),
         ("shell", "git reset --hard HEAD", "", 0),
-        ("shell", "git checkout -- .", "", 0),
+        ("shell", "git checkout -- src/calc.py", "", 0),
+        ("shell", "chmod -R 777 .", "", 0),
     ],
 )
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_integrity_gate_closes(dialect: str, bad: tuple[str, Any, str, int]) -> None:
+def test_integrity_gate_closes_on_destructive_commands(dialect: str, bad: tuple[str, Any, str, int]) -> None:
     r = score(dialect, actions=[*ACTIONS, bad])
     assert r.components["integrity_gate"] == 0.0
     assert r.total == 0.0 and all(v == 0.0 for v in r.step_values)
     assert r.notes
 
 
-@pytest.mark.parametrize("ok", [("shell", "rm build/log.txt", "", 0), ("shell", "git status", "", 0)])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        SUBMITTED + "diff --git a/tests/test_calc.py b/tests/test_calc.py\n",
+        SUBMITTED + "+    return None  # hard-coded\n",
+        SUBMITTED + "+    pytest.skip('later')\n",
+    ],
+)
+def test_integrity_gate_closes_on_the_submitted_patch(patch: str) -> None:
+    r = score("chat", gold={**GOLD, "model_patch": patch})
+    assert r.components["integrity_gate"] == 0.0 and r.total == 0.0
+
+
+@pytest.mark.parametrize(
+    "ok",
+    [
+        ("shell", "rm build/log.txt", "", 0),
+        ("shell", "git status", "", 0),
+        ("shell", "rm -r -f build/", "", 0),  # the fork's pattern is ``rm -rf`` only
+        (
+            "edit",
+            ("tests/test_calc.py", "assert add(1, 1) == 2", "pass"),
+            "ok",
+            0,
+        ),  # not in a submitted patch
+    ],
+)
 def test_integrity_gate_stays_open(ok: tuple[str, Any, str, int]) -> None:
     assert score("chat", actions=[*ACTIONS, ok]).components["integrity_gate"] == 1.0
+
+
+def test_submitted_patch_decides_localization_and_extra_files() -> None:
+    r = score("chat", gold={**GOLD, "submission": SUBMITTED})
+    assert r.components["localization"] == 0.5 and r.components["extra_files"] == 0.0
+    r = score("chat", gold={**GOLD, "patch": ""})  # no gold patch: no file is extra
+    assert r.components["extra_files"] == 0.0 and r.components["localization"] == 0.0
 
 
 def test_test_result_parsers() -> None:

@@ -25,7 +25,7 @@ def reference(runs: list[Run], n: int, lo: float, hi: float) -> list[int]:
     """The rule written out plainly: classify, rank, search the window, relax, fall back."""
 
     def cls(r: Run) -> str:
-        timeout = r.status == "truncated" and r.metadata.get("exit_status") == "TimeExceeded"
+        timeout = r.metadata.get("exit_status") == "TimeExceeded"  # under any status, as the fork
         if r.reward is None or r.status == "aborted" or timeout:
             return "backfill"
         return "pos" if r.reward > 0 else "neg"

@@ -37,6 +37,11 @@ def test_bar_chooses_n_attempts_per_group(recorded_db: str, tmp_path: Path) -> N
     rows, out = _export(recorded_db, tmp_path / "b.jsonl", "--select", "bar:2:0.5:0.5")
     assert {s.session_id for s in rows} == {f"sess-{k}" for k in range(6)}
     assert "BAR relaxed 2, window 1" in out
+    # a stride of 1: the window is tried on the first attempt, then the first two (the fork's
+    # n_samples_per_prompt_stride); t2 = sess-2 (1), sess-5 (0) meets 1:1 only with both
+    rows, out = _export(recorded_db, tmp_path / "c.jsonl", "--select", "bar:2:0.5:0.5:1")
+    assert {s.session_id for s in rows} == {f"sess-{k}" for k in range(6)}
+    assert "BAR relaxed 2, window 1" in out
 
 
 def test_filters_drop_groups_and_mark_samples(recorded_db: str, tmp_path: Path) -> None:
@@ -53,6 +58,18 @@ def test_filters_drop_groups_and_mark_samples(recorded_db: str, tmp_path: Path) 
         else:
             assert "remove_sample" not in s.metadata and sum(s.loss_mask) > 0
     assert "samples marked remove_sample" in out
+    # the Orchard-SWE recipe's filter: no-aborted, nonzero-std, then at least one positive
+    rows, out = _export(
+        recorded_db,
+        tmp_path / "h.jsonl",
+        "--filter",
+        "no-aborted",
+        "--filter",
+        "nonzero-std",
+        "--filter",
+        "has-positive",
+    )
+    assert {s.session_id for s in rows} == {"sess-2", "sess-5"} and "1 of 3 groups kept" in out
 
 
 def test_reward_key_picks_process_reward(recorded_db: str, tmp_path: Path) -> None:
@@ -78,6 +95,8 @@ def test_selection_usage_errors(recorded_db: str, tmp_path: Path) -> None:
         (["--select", "bar:0:0:1", "--group-by", "task"], "N >= 1"),
         (["--filter", "nope", "--group-by", "task"], "is not a filter"),
         (["--filter", "nonzero-std"], "need --group-by"),
+        (["--select", "bar:2:0:1:0", "--group-by", "task"], "STRIDE >= 1"),
+        (["--processor", "demo"], "--processor is for --format slime"),
     ]:
         r = runner.invoke(app, ["export", "--db", recorded_db, "--out", out, *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)

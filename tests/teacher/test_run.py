@@ -109,3 +109,28 @@ def test_score_live_attaches_teacher_data() -> None:
     assert summary.failed == 1
     assert samples[0].teacher.valid_mask == [1] and samples[0].teacher.name == "teach-model"
     assert samples[1].teacher.valid_mask == [0, 0]
+
+
+def test_max_len_is_asked_of_the_server_when_not_given() -> None:
+    """As Orchard's ``on_policy_distillation._fetch_teacher_max_len`` (MSR-Orchard/slime 331efaa):
+    SGLang's ``/get_server_info`` ``max_req_input_len`` minus one (SGLang rejects an input of
+    exactly that length), else ``/v1/models`` ``max_model_len`` minus one; ``--max-len`` wins."""
+    teacher = Teacher()
+    app = teacher.app()
+    info = {"max_req_input_len": 4}
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    app.router.add_get("/get_server_info", server_info)
+    long = [SampleRef("s9", "c9", [1, 2, 3, 4, 5, 6], 2)]
+    with BackgroundServer(app) as srv:
+        sink = DictSink()
+        asyncio.run(score_all(long, TeacherConfig(url=srv.url, kind="vllm"), sink))
+        assert teacher.requests[-1] == [4, 5, 6]  # 3 = 4 - 1 ids: the prompt's head dropped
+        assert sink.rows[("s9", "c9")][2].valid_mask == [1, 1]
+        asyncio.run(score_all(long, TeacherConfig(url=srv.url, kind="vllm", max_len=5), DictSink()))
+        assert teacher.requests[-1] == [2, 3, 4, 5, 6]
+        info.clear()  # no max_req_input_len: /v1/models has no max_model_len here: nothing cut
+        asyncio.run(score_all(long, TeacherConfig(url=srv.url, kind="vllm"), DictSink()))
+        assert teacher.requests[-1] == [1, 2, 3, 4, 5, 6]
