@@ -26,8 +26,9 @@ gets one built once (``Rejected.of(431)``, ``UpstreamStatus.of(503)``), a subcla
 family it belongs to. ``tests/test_errors.py`` checks this drawing against the classes.
 
 Internals raise builtins; the request edges raise these, and one middleware renders them in
-the caller's dialect (``orchard_rec.protocol.error_body``): OpenAI ``{"error": {...}}`` or
-Anthropic ``{"type": "error", "error": {...}}``. The CLI prints ``message`` and exits with
+the caller's dialect (``orchard_rec.dialects.error_body``): each dialect names an error its own way
+from the class's family and status (OpenAI ``{"error": {"type": ...}}``, Anthropic
+``{"type": "error", ...}``, Gemini ``{"error": {"status": ...}}``); no vendor word lives here. The CLI prints ``message`` and exits with
 ``exit_code``.
 """
 
@@ -68,8 +69,6 @@ class OrchardError(Exception):
 
     status: ClassVar[int] = 500
     exit_code: ClassVar[int] = 1
-    openai_type: ClassVar[str] = "server_error"
-    anthropic_type: ClassVar[str] = "api_error"
     code: ClassVar[str | None] = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
@@ -83,8 +82,6 @@ class UsageError(OrchardError):
 
     status = 400
     exit_code = 2
-    openai_type = "invalid_request_error"
-    anthropic_type = "invalid_request_error"
 
 
 def env_megabytes(name: str, default: float) -> int:
@@ -117,8 +114,6 @@ class Rejected(OrchardError):
     """4xx: the proxy refuses the caller's request."""
 
     status = 400
-    openai_type = "invalid_request_error"
-    anthropic_type = "invalid_request_error"
     _built: ClassVar[dict[int, type[Rejected]]] = {}
 
     @classmethod
@@ -140,21 +135,16 @@ class BadRequest(Rejected):
 
 class Unauthorized(Rejected):
     status = 401
-    openai_type = "authentication_error"
-    anthropic_type = "authentication_error"
     code = "invalid_api_key"
 
 
 class Forbidden(Rejected):
     status = 403
-    openai_type = "authentication_error"
-    anthropic_type = "permission_error"
     code = "invalid_api_key"
 
 
 class NotFound(Rejected):
     status = 404
-    anthropic_type = "not_found_error"
     code = "not_found"
 
 
@@ -164,13 +154,11 @@ class SessionNotFound(NotFound):
 
 class MethodNotAllowed(Rejected):
     status = 405
-    anthropic_type = "not_found_error"
     code = "not_found"
 
 
 class PayloadTooLarge(Rejected):
     status = 413
-    anthropic_type = "request_too_large"
     code = "request_too_large"
 
 
@@ -184,8 +172,6 @@ class UpgradeRequired(Rejected):
 
 class TooManyRequests(Rejected):
     status = 429
-    openai_type = "rate_limit_error"
-    anthropic_type = "rate_limit_error"
     code = "proxy_at_capacity"
 
 
@@ -197,8 +183,6 @@ class UpstreamError(OrchardError):
     """The upstream failed us: unreachable, too slow, unintelligible, or an error status of its own."""
 
     status = 502
-    openai_type = "upstream_error"
-    anthropic_type = "api_error"
     code = "upstream_unavailable"
 
 
@@ -225,14 +209,12 @@ class UpstreamStatus(UpstreamError):
 
     @classmethod
     def of(cls, status: int) -> type[UpstreamStatus]:
-        """A subclass answering ``status`` (built once per status). A 4xx stays the caller's fault
-        (``invalid_request_error``), a 5xx the upstream's."""
+        """A subclass answering ``status`` (built once per status). A 4xx stays the caller's fault in
+        every dialect's words (its ``error_body`` reads the status), a 5xx the upstream's."""
         if not 400 <= status < 600:
             raise ValueError(f"{status} is not an error status")
         if status not in UpstreamStatus._built:
             attrs: dict[str, Any] = {"status": status}
-            if status < 500:
-                attrs.update(openai_type="invalid_request_error", anthropic_type="invalid_request_error")
             UpstreamStatus._built[status] = type(f"UpstreamStatus{status}", (UpstreamStatus,), attrs)
         return UpstreamStatus._built[status]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchard_rec import dialects
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.rewards import RewardResult, RuleSet
 from orchard_rec.steps import Step, parse_steps
@@ -17,7 +18,8 @@ from orchard_rec.storage.store import Store
 
 __all__ = ["MODEL_DIALECTS", "score_session", "session_steps", "with_process_reward"]
 
-MODEL_DIALECTS = ("chat", "responses", "messages")
+MODEL_DIALECTS = tuple(d.name.value for d in dialects.known() if d.chat_view)
+"""The dialects whose calls hold a conversation (a chat view: chat, Responses, Messages ...), from the registry."""
 
 
 def _dialect(c: CallRecord) -> str:

@@ -11,7 +11,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "SESSION_ID_MAX",
@@ -27,25 +27,63 @@ __all__ = [
 ]
 
 
-class Dialect(str, enum.Enum):
-    """Which wire API a call spoke (the client's side of it)."""
+class Dialect(str):
+    """Which wire API a call spoke (the client's side of it): a dialect's registered name.
 
-    CHAT = "chat"
+    An open set: each wire dialect names itself in ``orchard_rec.dialects`` (its registry), so a
+    new one needs no line here. Values are interned (``Dialect("chat") is Dialect.CHAT``) and are
+    plain strings on the wire and in storage. ``models`` and ``other`` are the two non-generation
+    routes the proxy records without a dialect module."""
+
+    __slots__ = ()
+    _interned: ClassVar[dict[str, Dialect]] = {}
+
+    CHAT: ClassVar[Dialect]
     """OpenAI Chat Completions, ``POST /v1/chat/completions``."""
-    COMPLETIONS = "completions"
+    COMPLETIONS: ClassVar[Dialect]
     """OpenAI (legacy) Completions, ``POST /v1/completions``."""
-    RESPONSES = "responses"
+    RESPONSES: ClassVar[Dialect]
     """OpenAI Responses, ``POST /v1/responses``."""
-    MESSAGES = "messages"
+    MESSAGES: ClassVar[Dialect]
     """Anthropic Messages, ``POST /v1/messages``."""
-    MODELS = "models"
+    MODELS: ClassVar[Dialect]
     """``GET /v1/models``."""
-    OTHER = "other"
+    OTHER: ClassVar[Dialect]
     """Any other ``/v1/*`` path, passed through."""
+
+    def __new__(cls, value: str) -> Dialect:
+        known = cls._interned.get(value)
+        if known is not None:
+            return known
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a dialect name (lower-case letters, digits, '-', '_'; <= 16)")
+        d = cls._interned[value] = super().__new__(cls, value)
+        return d
+
+    def __repr__(self) -> str:
+        return f"Dialect({str(self)!r})"
+
+    def __reduce__(self) -> tuple[type[Dialect], tuple[str]]:
+        return Dialect, (str(self),)
+
+    @property
+    def value(self) -> str:
+        """The name as a plain string (what storage and the wire hold)."""
+        return str.__str__(self)
 
     @property
     def is_generation(self) -> bool:
-        return self in (Dialect.CHAT, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.MESSAGES)
+        """A model call (any dialect but the ``models`` and ``other`` routes)."""
+        return self is not Dialect.MODELS and self is not Dialect.OTHER
+
+
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,15}")
+Dialect.CHAT = Dialect("chat")
+Dialect.COMPLETIONS = Dialect("completions")
+Dialect.RESPONSES = Dialect("responses")
+Dialect.MESSAGES = Dialect("messages")
+Dialect.MODELS = Dialect("models")
+Dialect.OTHER = Dialect("other")
 
 
 class CallOutcome(str, enum.Enum):

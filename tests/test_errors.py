@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from orchard_rec import errors
+from orchard_rec.dialects import error_body, get
 from orchard_rec.errors import (
     BadRequest,
     ExportError,
@@ -18,7 +19,6 @@ from orchard_rec.errors import (
     UpstreamStatus,
     UsageError,
 )
-from orchard_rec.protocol import error_body
 
 _LINE = re.compile(r"^(?P<indent>[ │├└─]*)(?P<name>[A-Z]\w+) \((?P<status>\d+)\)")
 
@@ -73,9 +73,11 @@ def test_an_upstream_status_keeps_its_family() -> None:
     five = UpstreamStatus.of(503)
     assert five is UpstreamStatus.of(503) and five.status == 503
     assert issubclass(five, UpstreamError) and not issubclass(five, Rejected)
-    assert five("x").openai_type == "upstream_error"
+    assert orjson.loads(error_body(five("x"), get("chat")))["error"]["type"] == "upstream_error"
     four = UpstreamStatus.of(400)
-    assert four.status == 400 and four("x").openai_type == "invalid_request_error"
+    assert four.status == 400
+    assert orjson.loads(error_body(four("x"), get("chat")))["error"]["type"] == "invalid_request_error"
+    assert orjson.loads(error_body(four("x"), get("messages")))["error"]["type"] == "invalid_request_error"
     with pytest.raises(ValueError):
         UpstreamStatus.of(200)
 
@@ -91,10 +93,10 @@ def test_user_errors_share_the_base_with_exit_codes() -> None:
 
 def test_error_bodies_in_each_dialect() -> None:
     e = errors.TooManyRequests("busy")
-    assert orjson.loads(error_body(e, False)) == {
+    assert orjson.loads(error_body(e, get("chat"))) == {
         "error": {"message": "busy", "type": "rate_limit_error", "param": None, "code": "proxy_at_capacity"}
     }
-    assert orjson.loads(error_body(e, True)) == {
+    assert orjson.loads(error_body(e, get("messages"))) == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "busy"},
     }

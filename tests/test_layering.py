@@ -9,6 +9,11 @@
 - ``intercept/`` imports no private (underscore) name of another orchard_rec package.
 - The module import graph of ``orchard_rec`` (module-level imports, as they run at import
   time: ``if TYPE_CHECKING:`` blocks excluded) has no cycle.
+- What each package's docstring promises it never imports ("Never ``proxy``, ``storage`` ...",
+  "nothing of the proxy ..."), it does not import: the promise is read from the docstring, so a
+  package that states a rule is held to it. ``dialects/`` in particular imports nothing of
+  ``proxy``, ``storage`` or ``ui``, and ``reconstruct/`` no I/O library (sockets, processes, HTTP,
+  databases) either.
 
 The checks read the files with ``ast``; nothing is imported but the module under test in
 its own subprocess.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -266,3 +272,61 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- 5. what each package's docstring promises ----------------------------------------------------------------
+
+_PROMISE_WORDS = {
+    "proxy": "orchard_rec.proxy",
+    "storage": "orchard_rec.storage",
+    "reconstruct": "orchard_rec.reconstruct",
+    "reconstruction": "orchard_rec.reconstruct",
+    "exporters": "orchard_rec.exporters",
+    "intercept": "orchard_rec.intercept",
+    "trainers": "orchard_rec.trainers",
+    "ui": "orchard_rec.ui",
+    "demo": "orchard_rec.demo",
+    "pipeline": "orchard_rec.pipeline",
+    "aiohttp": "aiohttp",
+    "sqlalchemy": "sqlalchemy",
+    "rich": "rich",
+}
+_NEVER = re.compile(r"(?:\bNever|\bnever|\bnothing of)\b(?! imported| writes)([^.;]*)")
+
+
+def promised(package: str) -> set[str]:
+    """The modules ``package``'s docstring says it never imports (its "Never ..." clauses)."""
+    doc = ast.get_docstring(_parse(package)) or ""
+    out = set()
+    for clause in _NEVER.findall(doc):
+        for word in re.findall(r"[A-Za-z_]+", clause):
+            target = _PROMISE_WORDS.get(word.lower())
+            if target is not None and not _under(package, target):
+                out.add(target)
+    return out
+
+
+PACKAGES = sorted(n for n in MODULES if _is_package(n) and n.count(".") == 1)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_keeps_what_its_docstring_promises(package: str) -> None:
+    assert _violations(package, tuple(sorted(promised(package)))) == []
+
+
+def test_the_promises_read_are_the_ones_the_docstrings_state() -> None:
+    assert {"orchard_rec.proxy", "orchard_rec.storage", "orchard_rec.ui"} <= promised("orchard_rec.dialects")
+    assert {"orchard_rec.proxy", "orchard_rec.storage", "aiohttp", "sqlalchemy"} <= promised(
+        "orchard_rec.reconstruct"
+    )
+    assert promised("orchard_rec.harnesses") >= {"orchard_rec.proxy", "orchard_rec.storage"}
+    assert "orchard_rec.proxy" in promised("orchard_rec.ui")
+    assert promised("orchard_rec.storage") == set()  # "Never imported on ..." is not a rule about imports
+
+
+IO = ("socket", "subprocess", "sqlite3", "http", "urllib.request", "asyncio", "requests", "httpx", "aiohttp")
+
+
+def test_reconstruct_is_pure() -> None:
+    """Records in, samples out: no module of the core imports a socket, process, HTTP or database library."""
+    assert _violations("orchard_rec.reconstruct", IO) == []

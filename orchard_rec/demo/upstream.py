@@ -5,7 +5,8 @@ Speaks vLLM's OpenAI server wire format, including its extensions: ``return_toke
 on the first chunk and per-chunk ``token_ids`` deltas), per-token ``logprobs``,
 Hermes-style tool calls parsed into ``tool_calls`` with ``chatcmpl-tool-`` ids, and
 ``reasoning_content`` from ``<think>`` blocks. ``/v1/responses`` and ``/v1/messages``
-are answered from the generation by ``demo.wire``: code of its own, never the proxy's
+(and Gemini's ``/v1beta/models/{model}:generateContent``, by ``demo.gemini``) are answered from
+the generation by ``demo.wire``: code of its own, never the proxy's
 translations (a translation bug must show in the tests, not be mirrored here). The generated ids
 include the end-of-turn token, as vLLM's do.
 
@@ -34,6 +35,7 @@ import orjson
 from aiohttp import web
 
 from orchard_rec.demo.chatml import parse_chatml
+from orchard_rec.demo.gemini import gemini_events, gemini_input, gemini_object
 from orchard_rec.demo.model import Generation, ScriptedModel, Section
 from orchard_rec.demo.scoring import sglang_input_logprobs, vllm_prompt_logprobs
 from orchard_rec.demo.tokenizer import IMAGE_PAD
@@ -54,6 +56,17 @@ MODEL_NAME = "orchard-demo"
 
 def _err(status: int, message: str) -> web.Response:
     body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _gemini_err(status: int, message: str) -> web.Response:
+    body = {
+        "error": {
+            "code": status,
+            "message": message,
+            "status": "INVALID_ARGUMENT" if status == 400 else "NOT_FOUND",
+        }
+    }
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
@@ -617,6 +630,27 @@ class DemoUpstream:
         events = message_events(body, gen, self.model_name, self._pieces)
         return await self._stream(request, (_sse(d, name) for name, d in events), done=False)
 
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        """Google's ``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (``demo.gemini``)."""
+        model, _, verb = request.match_info["call"].partition(":")
+        if verb not in ("generateContent", "streamGenerateContent"):
+            return _gemini_err(404, f"method {verb!r} is not served here")
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body.get("contents"), list) or not body["contents"]:
+            return _gemini_err(400, "* GenerateContentRequest.contents: contents is not specified")
+        if not all(isinstance(c, dict) and c.get("parts") for c in body["contents"]):
+            return _gemini_err(
+                400, "* GenerateContentRequest.contents.parts: contents.parts must not be empty."
+            )
+        messages, tools, max_tokens = gemini_input(body)
+        gen = self._see(self.model.generate(messages, tools or None, max_tokens=max_tokens), messages)
+        if verb == "generateContent":
+            return self._json(gemini_object(gen, model))
+        frames = (b"data: " + orjson.dumps(e) + b"\r\n\r\n" for e in gemini_events(gen, model, self._pieces))
+        return await self._stream(request, frames, done=False)
+
     async def models(self, request: web.Request) -> web.Response:
         obj = {
             "object": "list",
@@ -691,6 +725,10 @@ class DemoUpstream:
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1beta/models/{call}", self.gemini)
+        app.router.add_post(
+            "/v1/models/{call}", self.gemini
+        )  # the API's stable version (newer SDKs' default)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/inference/v1/generate", self.inference_generate)
         app.router.add_get("/health", _health)  # vLLM's liveness route: 200, empty

@@ -1,6 +1,6 @@
 """The demo server's own reading of Responses and Messages requests, and writing of their answers.
 
-Deliberately written apart from ``orchard_rec.protocol`` (the proxy's translations): the tests
+Deliberately written apart from ``orchard_rec.dialects`` (the proxy's translations): the tests
 drive the proxy against this server, so a translation bug in the proxy must not be mirrored
 here, where it would be invisible. Answers are built straight from a ``Generation`` (its
 sections: reasoning, content, tool calls), the way vLLM's own ``/v1/responses`` and

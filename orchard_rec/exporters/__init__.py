@@ -6,7 +6,7 @@ those other packages register under the entry-point group ``orchard_rec.exporter
 Owns: the exporter interface and registry (``base``), the trainers' data contracts in one
 place (``contracts``: slime's ``Sample`` fields, verl's ``AgentLoopOutput``), one module per
 format family, the chat view of a sample (``conversation``) and database → file
-(``pipeline``). May import: ``reconstruct``, ``records``, ``errors``, ``protocol``, and (in
+(``pipeline``). May import: ``reconstruct``, ``records``, ``errors``, ``dialects``, and (in
 ``pipeline`` only) ``orchard_rec.pipeline`` and ``storage``. Never ``proxy``, ``intercept``
 or ``trainers`` (``tests/test_layering.py``). Each format imports only what it needs: the
 jsonl-based ones (``jsonl``, ``openrlhf``, ``slime-sft``) need neither pyarrow nor torch;

@@ -1,7 +1,7 @@
 """A sample's conversation as chat messages, for the text-based (SFT) formats.
 
 ``conversation_of`` is the chat view of a recorded call: its request's messages (any dialect,
-translated by ``orchard_rec.protocol``) followed by the answer. ``turn_flagged_messages``
+translated by ``orchard_rec.dialects``) followed by the answer. ``turn_flagged_messages``
 flags each assistant message with whether the credit policy trains on that turn. Pure: no
 storage (``exporters.pipeline.attach_messages`` fetches the call).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchard_rec.protocol.translate import assistant_message, chat_request_of
+from orchard_rec.dialects import assistant_message, chat_request_of
 from orchard_rec.reconstruct import Sample
 from orchard_rec.records import CallRecord
 

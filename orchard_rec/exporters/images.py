@@ -26,9 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.errors import ExportError
 from orchard_rec.exporters.base import current_output_set
-from orchard_rec.protocol.images import ImageRef
 from orchard_rec.reconstruct import Sample
 
 __all__ = ["ImageSidecar", "hf_image_cells", "pil_images", "sidecar_folder", "warn_images_dropped"]

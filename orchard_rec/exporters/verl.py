@@ -31,13 +31,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchard_rec.dialects.content import template_text
 from orchard_rec.errors import ExportError
 from orchard_rec.exporters.base import ExportStats, atomic_output, output_set
 from orchard_rec.exporters.columnar import signed, with_images, write_parquet
 from orchard_rec.exporters.contracts import agent_loop_fields
 from orchard_rec.exporters.conversation import turn_flagged_messages
 from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
-from orchard_rec.protocol.content import template_text
 from orchard_rec.reconstruct import Sample, numeric_reward
 
 __all__ = [

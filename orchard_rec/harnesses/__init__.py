@@ -13,6 +13,7 @@ proxy, storage or reconstruction (they import this package, not the other way ro
 from orchard_rec.harnesses.base import Harness, Launch, RunResult, SideConversation, post_outcome, run_harness
 from orchard_rec.harnesses.claude_code import CLAUDE_CODE
 from orchard_rec.harnesses.codex import CODEX
+from orchard_rec.harnesses.gemini_cli import GEMINI_CLI
 from orchard_rec.harnesses.hermes import HERMES
 from orchard_rec.harnesses.identify import identify, is_probe, side_conversation
 from orchard_rec.harnesses.install import install, installed
@@ -22,7 +23,7 @@ from orchard_rec.harnesses.opencode import OPENCODE
 from orchard_rec.harnesses.pi import PI
 from orchard_rec.harnesses.zeroclaw import ZEROCLAW
 
-HARNESSES = (CLAUDE_CODE, CODEX, OPENCODE, KIMI, PI, OPENCLAW, HERMES, ZEROCLAW)
+HARNESSES = (CLAUDE_CODE, CODEX, OPENCODE, KIMI, PI, OPENCLAW, HERMES, ZEROCLAW, GEMINI_CLI)
 BY_NAME = {h.name: h for h in HARNESSES}
 
 
@@ -37,6 +38,7 @@ __all__ = [
     "BY_NAME",
     "CLAUDE_CODE",
     "CODEX",
+    "GEMINI_CLI",
     "HARNESSES",
     "HERMES",
     "KIMI",

@@ -167,6 +167,9 @@ class Harness:
     """Its executable under the install cache (``default_cache()``), as ``harness install`` lays it out."""
     history: str = ""
     """How it resends history, and the policy that keeps a run one exact sample (docs, ``harness config``)."""
+    base_path: str = "/v1"
+    """What its base URL has after the proxy's root: ``/v1`` for OpenAI-style clients; empty for
+    SDKs that add their API's version themselves (Anthropic's ``/v1/messages``, Gemini's ``/v1beta/...``)."""
 
     # -- recognition --------------------------------------------------------------------------
 
@@ -221,8 +224,8 @@ class Harness:
     # -- hooks ------------------------------------------------------------------------------
 
     def base_url(self, proxy: str, session: str | None) -> str:
-        root = proxy.rstrip("/") + (f"/s/{session}" if session else "")
-        return root if self.dialect == "messages" else root + "/v1"
+        """What the harness is given as its base URL: the proxy (under ``/s/{session}``) plus ``base_path``."""
+        return proxy.rstrip("/") + (f"/s/{session}" if session else "") + self.base_path
 
     def config_snippet(self, proxy: str, session: str | None = None, model: str = "MODEL") -> str:
         raise NotImplementedError

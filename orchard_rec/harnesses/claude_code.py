@@ -85,6 +85,7 @@ CLAUDE_CODE = _ClaudeCode(
     cache_bin="claude/node_modules/.bin/claude",
     npm=("@anthropic-ai/claude-code@2.1.332",),
     dialect="messages",
+    base_path="",  # the SDK adds /v1/messages
     version="2.1.332",
     user_agents=("claude-cli",),
     header_marks=(("x-claude-code-session-id", ""),),

@@ -7,7 +7,7 @@ feeds it headers and bytes and holds no policy of its own), other traffic is tun
 
 Owns: ``addon`` (mitmproxy hooks driving the core), ``config``, ``run`` (mitmproxy as a library),
 ``runtime`` (the runtime venv). May import the public names of ``orchard_rec.proxy`` (core,
-capture, recorder, identity, server), ``protocol``, ``errors``, ``records``, ``storage``; never a
+capture, recorder, identity, server), ``dialects``, ``errors``, ``records``, ``storage``; never a
 private (underscored) name of another package.
 
 mitmproxy is an optional extra (``pip install 'orchard-rec[mitm]'``, Python >= 3.12 for

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.proxy.app import default_spool
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.core import Call, dialect_of, refuse_websocket
+from orchard_rec.proxy.core import Call, refuse_websocket, upstream_address
 from orchard_rec.proxy.identity import SESSION_HEADER
 from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.server import tune_interpreter
@@ -48,28 +49,28 @@ __all__ = ["InterceptAddon", "llm_route"]
 log = logging.getLogger("orchard_rec.intercept")
 
 _KEY = "orchard"
-_RECORDED = frozenset(
-    {Dialect.CHAT, Dialect.COMPLETIONS, Dialect.RESPONSES, Dialect.MESSAGES, Dialect.MODELS}
-)
 
 
 def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tuple[Dialect, str, str] | None:
-    """``(dialect, prefix, tail)`` when ``method host path`` is an LLM API call we record, else None.
+    """``(dialect, prefix, route)`` when ``method host path`` is an LLM API call we record, else None.
 
-    ``path`` is split at its ``/v1/`` segment: ``/v1/chat/completions?x=1`` gives prefix
-    ``""`` and tail ``chat/completions?x=1`` (gateways that mount the API under a prefix,
-    like ``/openai/v1/...``, keep their prefix).
+    The dialect is the registry's whose route ends ``path`` (``dialects.route``; ``GET .../v1/models``
+    too); ``route`` is the path from that route's start, with the query string, and ``prefix`` what
+    comes before it: ``/v1/chat/completions?x=1`` gives prefix ``""`` and route
+    ``/v1/chat/completions?x=1`` (gateways that mount the API under a prefix, like
+    ``/openai/v1/...``, keep their prefix).
     """
     if host.lower() not in hosts:
         return None
-    i = path.find("/v1/")
-    if i < 0:
-        return None
-    tail = path[i + 4 :]
-    dialect = dialect_of(method, tail.split("?", 1)[0])
-    if dialect not in _RECORDED:
-        return None
-    return dialect, path[:i], tail
+    bare = path.partition("?")[0]
+    found = dialects.route(method, bare)
+    if found is not None:
+        start = found[1].start()
+        return found[0].name, path[:start], path[start:]
+    if method == "GET" and bare.endswith("/v1/models"):
+        start = len(bare) - len("/v1/models")
+        return Dialect.MODELS, path[:start], path[start:]
+    return None
 
 
 class _Flow:
@@ -135,13 +136,10 @@ class InterceptAddon:
                 # the real host is not to be contacted: its other routes go to the local server too
                 # (a quick 404 there instead of a connection timeout to an unreachable API)
                 i = req.path.find("/v1/")
-                if i >= 0:
-                    self._reroute(req, req.path[i + 4 :])
-                else:
-                    self._reroute(req, req.path.lstrip("/"), root=True)
+                self._reroute(req, req.path[i:] if i >= 0 else req.path)
             return
-        dialect, _prefix, tail = route
-        call = Call(dialect, req.method, "/v1/" + tail, req.headers)
+        dialect, _prefix, path = route
+        call = Call(dialect, req.method, dialects.redact_query(path), req.headers)
         cap = call.cap
         cap.metadata = {"intercept": {"host": req.pretty_host}}
         self.recorder.begin()
@@ -156,10 +154,10 @@ class InterceptAddon:
             call.read(req.get_content(strict=False) or b"", req.headers.get("content-type"), mode)
             req.headers["accept-encoding"] = "identity"  # we must read what we record
             if self._override is not None:
-                path, content = call.upstream_target(*_split_query(tail))
+                target, content = call.upstream_target(*_split_query(path))
                 if content is not None:
                     req.content = content
-                self._reroute(req, path)
+                self._reroute(req, target)
                 cap.metadata["intercept"]["upstream"] = self.config.upstream_override
         except OrchardError as exc:
             from mitmproxy import http
@@ -167,15 +165,15 @@ class InterceptAddon:
             status, body = call.reject(exc)
             flow.response = http.Response.make(status, body, {"content-type": "application/json"})
 
-    def _reroute(self, req: Any, tail: str, *, root: bool = False) -> None:
-        """Point ``req`` at the override server: ``tail`` under its base path (``/v1``), or under
-        its root for paths outside the API (``root``)."""
+    def _reroute(self, req: Any, path: str) -> None:
+        """Point ``req`` at the override server: ``path`` (from the root) where ``core.upstream_address``
+        places it (``/v1/...`` under its base path, anything else under its root)."""
         o = self._override
         assert o is not None
         req.scheme = o.scheme
         req.host = o.hostname or "127.0.0.1"
         req.port = o.port or (443 if o.scheme == "https" else 80)
-        req.path = ("" if root else o.path.rstrip("/")) + "/" + tail
+        req.path = upstream_address(o.path.rstrip("/"), path) or "/"
         req.headers["host"] = o.netloc
 
     # -- response -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ a call's raw material, written as what is new relative to its session's earlier 
 ``build_app(ProxyConfig(...))`` gives the aiohttp application; ``run_forever`` and
 ``BackgroundServer`` run it. Handlers hand finished calls to the ``Recorder`` and never wait on SQL.
 
-May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``, ``storage``,
+May import: ``orchard_rec.dialects`` (every wire shape), ``errors``, ``records``, ``storage``,
 ``tokenizer``, ``harnesses`` (who is calling, and probes, from the plug-ins' own data), ``ui``
 (mounted with ``--ui``), ``policy`` and ``rlwire`` (policy versions, the servers' RL wire). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
 """

@@ -35,6 +35,8 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from orchard_rec import dialects
+from orchard_rec.dialects.sse import DONE_FRAME, encode
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
@@ -53,14 +55,10 @@ from orchard_rec.errors import (
     UsageError,
 )
 from orchard_rec.harnesses import is_probe
-from orchard_rec.protocol import error_body, is_anthropic
-from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
-from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
-from orchard_rec.protocol.sse import DONE_FRAME, encode
 from orchard_rec.proxy import idcut, partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.core import Call, StreamRelay, dialect_of
+from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
@@ -68,8 +66,6 @@ from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.proxy.tito import (
     TitoSessions,
     chat_completion,
-    chat_of,
-    client_error,
     parse_generation,
     server_prompt,
     synth_chunks,
@@ -118,11 +114,11 @@ _HOP = frozenset(
         POLICY_HEADER,
     }
 )
-_CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
+_CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"}) | dialects.secret_headers()
+"""The client's credential headers (a dialect's own among them, ``WireDialect.secret_headers``)."""
 _RESP_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
 )
-_TOKEN_RENDERED = frozenset({Dialect.CHAT, Dialect.RESPONSES, Dialect.MESSAGES})
 
 
 def default_spool(db_url: str) -> Path:
@@ -166,7 +162,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
     return web.Response(
         status=exc.status,
-        body=error_body(exc, is_anthropic(request.path, request.headers)),
+        body=dialects.error_body(exc, dialects.caller(request.path, request.headers)),
         content_type="application/json",
     )
 
@@ -185,15 +181,15 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequest(f"request body could not be read (content-encoding {enc!r}): {exc}") from exc
 
 
-def _upstream_headers(request: web.Request) -> dict[str, str]:
+def _upstream_headers(request: web.Request, dialect: Dialect | None = None) -> dict[str, str]:
     cfg = request.app[CONFIG]
     drop = _HOP | _CLIENT_AUTH if (cfg.api_keys or cfg.upstream_key) else _HOP
     out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
     if cfg.upstream_key:  # the proxy's own credential; a client's key never reaches the upstream
         out["Authorization"] = f"Bearer {cfg.upstream_key}"
-        if "anthropic-version" in request.headers:
-            out["x-api-key"] = cfg.upstream_key
+        wire = dialects.caller(request.path, request.headers, dialect)
+        out.update(wire.auth_headers(cfg.upstream_key, request.headers))
     return out
 
 
@@ -251,18 +247,25 @@ async def probe_handler(request: web.Request) -> web.StreamResponse:
     """GETs outside ``/v1`` (``/api/tags``, ``/props``, ``/version`` ...): relayed when a harness
     plug-in declares them as probes, else 404 as before."""
     path = "/" + request.match_info.get("tail", "").lstrip("/")
+    if dialect_of(request.method, path).is_generation:  # a dialect routed outside /v1 (``/v1beta/...``)
+        return await _proxy(request, path)
     if not is_probe(request.method, path, request.headers):
         raise NotFound(f"no route for {request.method} {request.path}")
     return await _relay_probe(request, path)
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
-    app = request.app
     tail = request.match_info["tail"]
     if request.method == "GET" and is_probe("GET", "/v1/" + tail, request.headers):
         return await _relay_probe(request, "/v1/" + tail)
-    dialect = dialect_of(request.method, tail)
-    path = "/v1/" + tail + (("?" + request.query_string) if request.query_string else "")
+    return await _proxy(request, "/v1/" + tail)
+
+
+async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
+    """One recorded call to ``route`` (the client's path after any ``/s/{id}``, no query string)."""
+    app = request.app
+    dialect = dialect_of(request.method, route)
+    path = dialects.redact_query(route + (("?" + request.query_string) if request.query_string else ""))
     call = Call(dialect, request.method, path, request.headers)
     cap = call.cap
     recorder = app[RECORDER]
@@ -298,9 +301,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
         raw = await _read_body(request)
         body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
-        if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:
+        if cfg.mode == "tito" and renders(dialect):
             return await _relay_tito(request, cap, body)
-        return await _relay(request, call, raw)
+        return await _relay(request, call, raw, route)
     except OrchardError as exc:
         status, err = call.reject(exc)
         return web.Response(status=status, body=err, content_type="application/json")
@@ -332,7 +335,12 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     app = request.app
     cfg = app[CONFIG]
     tito = app[TITO]
-    chat = chat_of(cap.dialect, body)
+    client_wire = dialects.get(cap.dialect)
+    assert client_wire is not None
+    chat = dialects.to_chat(cap.dialect, body)
+    model = client_wire.model_of(cap.path, body)
+    if chat.get("model") is None and model is not None:  # a dialect that names its model in the URL
+        chat = {**chat, "model": model}
     if (salt := app[POLICY].salt(cfg)) is not None and "cache_salt" not in chat:
         chat = {**chat, "cache_salt": salt}
     messages, tools = chat["messages"], chat.get("tools")
@@ -363,7 +371,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cap.status_code = status
     if status >= 400:  # relayed as the server said it, in the client's dialect
         cap.fail(CallOutcome.UPSTREAM_ERROR, f"upstream token endpoint answered {status}")
-        err = client_error(cap.dialect, status, data)
+        err = client_wire.upstream_error(status, data)  # the server's own body, in the client's dialect
         cap.bytes_out = len(err)
         return web.Response(status=status, body=err, content_type="application/json")
     # vLLM echoes the prompt's ids (``return_token_ids``): 150k of them late in a session, ~3 ms to
@@ -395,7 +403,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         tools=bool(tools) and chat.get("tool_choice") != "none",
     )
     finish = "tool_calls" if answer.get("tool_calls") else finish
-    chat_obj = chat_completion(body.get("model"), answer, finish, len(seen), len(ids))
+    chat_obj = chat_completion(model, answer, finish, len(seen), len(ids))
     # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
     # the template's closing tokens come with the next turn's (``Tito.covered``)
     branch_index = await asyncio.to_thread(
@@ -418,23 +426,11 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     if gen.parts:
         cap.metadata["tito"]["parts"] = gen.parts
     cap.tokens = (seen, ids, lps, finish)
-    if cap.dialect is Dialect.RESPONSES:
-        client_obj: Any = chat_to_responses(chat_obj, body)
-    elif cap.dialect is Dialect.MESSAGES:
-        client_obj = chat_to_messages(chat_obj, body)
-    else:
-        client_obj = chat_obj
-    if body.get("stream"):
+    if client_wire.is_stream(cap.path, body):
         cap.stream = True
         frames = bytearray()
         events: list[list[Any]] = []
-        translator: Any = (
-            ResponsesStream(body)
-            if cap.dialect is Dialect.RESPONSES
-            else MessagesStream(body)
-            if cap.dialect is Dialect.MESSAGES
-            else None
-        )
+        translator = client_wire.chat_stream(body, cap.path)
         opts = body.get("stream_options")
         usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         for chunk in synth_chunks(chat_obj, usage=usage, translated=translator is not None):
@@ -444,16 +440,17 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             else:
                 for name, d in translator.feed(chunk):
                     events.append([name, d])
-                    frames += encode(name, d)
+                    frames += client_wire.encode_event(name, d)
         if translator is None:
             frames += DONE_FRAME
         else:
             for name, d in translator.finish():
                 events.append([name, d])
-                frames += encode(name, d)
+                frames += client_wire.encode_event(name, d)
         cap.client_events = events
         payload, ctype = bytes(frames), "text/event-stream"
     else:
+        client_obj = client_wire.from_chat(chat_obj, body, cap.path)
         cap.client_response = client_obj
         payload, ctype = orjson.dumps(client_obj), "application/json"
     resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
@@ -472,19 +469,19 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     return resp
 
 
-async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResponse:
+async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> web.StreamResponse:
     app = request.app
     cfg = app[CONFIG]
     cap = call.cap
-    path, data = call.upstream_target(request.match_info["tail"], request.query_string)
+    path, data = call.upstream_target(route, request.query_string)
     if data is None:
         data = raw
     with _upstream_errors(cap, cfg.upstream):
         async with app[UPSTREAM].request(
             request.method,
-            cfg.upstream + "/" + path,
+            upstream_address(cfg.upstream, path),
             data=data if data else None,
-            headers=_upstream_headers(request),
+            headers=_upstream_headers(request, cap.dialect),
         ) as up:
             relay = call.response(up.status, up.content_type)
             if relay is not None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from orchard_rec import policy, routing
-from orchard_rec.protocol import assemble, extract_tokens
-from orchard_rec.protocol.sse import parse_sse
+from orchard_rec import dialects, policy, routing
+from orchard_rec.dialects import assemble, extract_tokens
+from orchard_rec.dialects.sse import parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 from orchard_rec.storage import layout
@@ -164,8 +164,8 @@ class Capture:
                 response = assemble(self.dialect, [(n, d) for n, d in self.client_events])
             elif self.client_response is not None:
                 response = self.client_response
-            if isinstance(response, dict):
-                finish = response.get("stop_reason") or response.get("status") or finish
+            wire = dialects.get(self.dialect)
+            finish = (wire.finish_of(response) if wire is not None else None) or finish
         prompt, completion = _ints(prompt_ids, known), _ints(completion_ids, known)
         _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
@@ -177,9 +177,8 @@ class Capture:
             metadata = {k: v for k, v in metadata.items() if k != "routed_experts"}
             sent = self.upstream_request if self.upstream_request is not None else self.request
             routed = _routing(upstream_obj, events, sent)
-        model = None
-        if isinstance(self.request, dict) and isinstance(self.request.get("model"), str):
-            model = self.request["model"][:256]
+        wire = dialects.get(self.dialect)
+        model = wire.model_of(self.path, self.request) if wire is not None else None
         return CallRecord(
             call_id=self.call_id,
             session_id=self.session_id,

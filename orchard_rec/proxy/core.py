@@ -8,7 +8,7 @@ answer (body or event stream, rewritten or not), when a stream has ended, and th
 in the caller's dialect. The front doors feed it headers, bytes and statuses and write what it
 returns; it never awaits and never touches a socket, so it is tested with bytes in, bytes out.
 
-End of stream is read from parsed events of the bytes the client receives (``protocol.StreamEnd``),
+End of stream is read from parsed events of the bytes the client receives (``dialects.StreamEnd``),
 never from a substring of them: a model that writes ``[DONE]`` or ``message_stop`` in its reply
 does not end its own record.
 """
@@ -19,7 +19,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from orchard_rec import protocol
+from orchard_rec import dialects
+from orchard_rec.dialects import upstream_address
 from orchard_rec.errors import OrchardError, UpgradeRequired
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import validate_session_id
@@ -28,30 +29,48 @@ from orchard_rec.proxy.token import Plan, StreamFilter, plan_for
 from orchard_rec.records import CallOutcome, Dialect
 
 __all__ = [
-    "ROUTES",
     "WEBSOCKET_REFUSAL",
     "Call",
     "StreamRelay",
     "dialect_of",
     "is_websocket",
     "refuse_websocket",
+    "renders",
+    "upstream_address",
 ]
 
-ROUTES = {
-    ("POST", "chat/completions"): Dialect.CHAT,
-    ("POST", "completions"): Dialect.COMPLETIONS,
-    ("POST", "responses"): Dialect.RESPONSES,
-    ("POST", "messages"): Dialect.MESSAGES,
-    ("GET", "models"): Dialect.MODELS,
-}
-"""``(method, path after /v1/)`` -> the dialect it speaks; anything else is ``other``."""
 
-TOKEN_DIALECTS = frozenset({Dialect.CHAT, Dialect.RESPONSES, Dialect.MESSAGES})
-"""The dialects token-in/token-out mode renders itself."""
+def dialect_of(method: str, path: str) -> Dialect:
+    """The dialect whose route ``method path`` (from the root, query string ignored) is, found in
+    the registry (``dialects.route``); ``models`` for ``GET /v1/models``; anything else is ``other``.
+    Decided once per route (a bounded table: a hostile client cannot grow it without limit)."""
+    path = path.partition("?")[0].rstrip("/")
+    key = (method, path)
+    known = _ROUTED.get(key)
+    if known is not None:
+        return known
+    d = _route(method, path)
+    if len(_ROUTED) < 4096:
+        _ROUTED[key] = d
+    return d
 
 
-def dialect_of(method: str, tail: str) -> Dialect:
-    return ROUTES.get((method, tail.strip("/")), Dialect.OTHER)
+_ROUTED: dict[tuple[str, str], Dialect] = {}
+
+
+def _route(method: str, path: str) -> Dialect:
+    found = dialects.route(method, path)
+    if found is not None and found[1].start() == 0:
+        return found[0].name
+    if method == "GET" and path == "/v1/models":
+        return Dialect.MODELS
+    return Dialect.OTHER
+
+
+def renders(dialect: Dialect) -> bool:
+    """Whether token-in/token-out mode renders this dialect's calls itself (it has a chat view)."""
+    d = dialects.get(dialect)
+    return d is not None and d.chat_view
 
 
 WEBSOCKET_REFUSAL = "WebSocket transport is not supported while recording; use HTTP POST with stream=true"
@@ -67,20 +86,27 @@ def refuse_websocket(path: str, headers: Mapping[str, str]) -> tuple[int, bytes]
     if not is_websocket(headers):
         return None
     exc = UpgradeRequired(WEBSOCKET_REFUSAL)
-    return exc.status, protocol.error_body(exc, protocol.is_anthropic(path, headers))
+    return exc.status, dialects.error_body(exc, dialects.caller(path, headers))
 
 
 class Call:
     """One call being recorded: fed what arrives, answers what to send. Holds the ``Capture``."""
 
-    __slots__ = ("anthropic", "cap", "plan", "relay")
+    __slots__ = ("_client", "_headers", "cap", "plan", "relay")
 
     def __init__(self, dialect: Dialect, method: str, path: str, headers: Mapping[str, str]) -> None:
         self.cap = Capture(dialect, method, path, None)
         self.plan: Plan | None = None
         self.relay: StreamRelay | None = None
-        self.anthropic = dialect is Dialect.MESSAGES or protocol.is_anthropic(path, headers)
-        """Errors are answered in Anthropic's shape."""
+        self._headers = headers
+        self._client: dialects.WireDialect | None = None
+
+    @property
+    def client(self) -> dialects.WireDialect:
+        """The dialect whose shape errors are answered in (decided when an error needs it)."""
+        if self._client is None:
+            self._client = dialects.caller(self.cap.path, self._headers, self.cap.dialect)
+        return self._client
 
     # -- the request -------------------------------------------------------------------------------
 
@@ -101,18 +127,19 @@ class Call:
         ``cache_salt`` = ``salt`` when given)."""
         cap = self.cap
         body = take_body(cap, raw, content_type)
-        self.plan = plan = plan_for(mode, cap.dialect, body, cap.session_id, cap.bytes_in, salt)
+        self.plan = plan = plan_for(mode, cap.dialect, body, cap.session_id, cap.bytes_in, cap.path, salt)
         if plan is not None:
             cap.upstream_request = plan.body
             cap.upstream_dialect = plan.upstream
         return body
 
-    def upstream_target(self, tail: str, query: str) -> tuple[str, bytes | None]:
-        """The path under the upstream's base (``tail`` plus ``query``) and the body to send,
-        ``None`` to send the client's own bytes untouched."""
+    def upstream_target(self, path: str, query: str) -> tuple[str, bytes | None]:
+        """The path to call upstream (the client's ``path`` from the root, plus ``query``; ``upstream_address``
+        places it under the upstream's base) and the body to send, ``None`` to send the client's own
+        bytes untouched."""
         plan = self.plan
         if plan is None:
-            return tail + ("?" + query if query else ""), None
+            return path + ("?" + query if query else ""), None
         path = plan.upstream_path + ("?" + query if query and not plan.translated else "")
         return path, plan.upstream_bytes(self.cap.request_raw)
 
@@ -125,7 +152,7 @@ class Call:
         return exc.status, self.error_body(exc)
 
     def error_body(self, exc: OrchardError) -> bytes:
-        return protocol.error_body(exc, self.anthropic)
+        return dialects.error_body(exc, self.client)
 
     # -- the answer --------------------------------------------------------------------------------
 
@@ -177,7 +204,7 @@ class StreamRelay:
         self.filter: StreamFilter | None = plan.stream_filter() if plan is not None else None
         if plan is not None and plan.translated and self.filter is not None:
             cap.client_events = self.filter.client_events
-        self._end = protocol.StreamEnd(cap.dialect)
+        self._end = dialects.StreamEnd(cap.dialect)
         self.sent = 0
         """Bytes handed to the client so far."""
 

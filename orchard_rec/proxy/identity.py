@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from orchard_rec import protocol
+from orchard_rec import dialects
 from orchard_rec.errors import BadRequest
 from orchard_rec.records import SESSION_ID_RULE, session_id_problem
 
@@ -39,7 +39,8 @@ _KEEP: dict[str, str | None] = {}
 
 def _kept(name: str) -> str | None:
     low = name.lower()
-    keep = None if low in _DROP or _SECRET_RE.search(low) else low
+    secret = _SECRET_RE.search(low) or low in dialects.secret_headers()  # a dialect's own credential header
+    keep = None if low in _DROP or secret else low
     if len(_KEEP) < 4096:  # bounded: hostile clients cannot grow it without limit
         _KEEP[name] = keep
     return keep
@@ -75,7 +76,7 @@ def derive_session(
     if harness_session:
         digest = hashlib.sha256(f"{harness}:{harness_session}".encode()).hexdigest()[:24]
         return f"h-{harness or 'x'}-{digest}"[:128]
-    opening = protocol.opening(dialect, body)
+    opening = dialects.opening(dialect, body)
     if opening is None:
         return None
     return "c-" + hashlib.sha256(orjson.dumps(opening)).hexdigest()[:32]

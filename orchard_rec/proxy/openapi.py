@@ -1,6 +1,7 @@
 """The proxy's own OpenAPI description (``GET /openapi.json``).
 
-It describes the routes the proxy answers and the request fields it reads or validates;
+It describes the routes the proxy answers (each dialect's from the registry, ``WireDialect.openapi``)
+and the request fields it reads or validates;
 bodies are open objects (``additionalProperties``), as the proxy forwards what it does
 not know. The fuzz suite runs schemathesis against it.
 """
@@ -9,27 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchard_rec import dialects
 from orchard_rec.records import SESSION_ID_PATTERN, SESSION_ID_RULE
 
 __all__ = ["openapi_spec"]
-
-_MESSAGE = {"type": "object", "properties": {"role": {"type": "string"}, "content": {}}, "required": ["role"]}
-_TOOL = {"type": "object", "additionalProperties": True}
-
-
-def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    schema = {"type": "object", "properties": props, "required": required, "additionalProperties": True}
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-def _errors(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "200": {"description": "the upstream's answer, relayed (JSON or server-sent events)"}
-    }
-    for c in codes:
-        out[str(c)] = {"description": "an error in the dialect's own shape"}
-    return out
-
 
 _SID = {
     "name": "session_id",
@@ -39,47 +23,12 @@ _SID = {
 }
 
 
+def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    schema = {"type": "object", "properties": props, "required": required, "additionalProperties": True}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 def openapi_spec() -> dict[str, Any]:
-    chat = _body(
-        {
-            "model": {"type": "string"},
-            "messages": {"type": "array", "items": _MESSAGE},
-            "stream": {"type": "boolean"},
-            "tools": {"type": "array", "items": _TOOL},
-            "max_tokens": {"type": "integer", "minimum": 1},
-        },
-        ["model", "messages"],
-    )
-    completions = _body(
-        {
-            "model": {"type": "string"},
-            "prompt": {"type": "string"},
-            "stream": {"type": "boolean"},
-            "max_tokens": {"type": "integer", "minimum": 1},
-        },
-        ["model", "prompt"],
-    )
-    responses = _body(
-        {
-            "model": {"type": "string"},
-            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
-            "instructions": {"type": "string"},
-            "stream": {"type": "boolean"},
-            "tools": {"type": "array", "items": _TOOL},
-        },
-        ["model", "input"],
-    )
-    messages = _body(
-        {
-            "model": {"type": "string"},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "messages": {"type": "array", "items": _MESSAGE},
-            "system": {},
-            "stream": {"type": "boolean"},
-            "tools": {"type": "array", "items": _TOOL},
-        },
-        ["model", "max_tokens", "messages"],
-    )
     outcome = _body(
         {
             "reward": {
@@ -147,39 +96,24 @@ def openapi_spec() -> dict[str, Any]:
     }
     for prefix, params in (("", []), ("/s/{session_id}", [_SID])):
         tag = "session_" if prefix else ""
-        paths[f"{prefix}/v1/chat/completions"] = {
-            "post": {
-                "operationId": f"{tag}chat",
-                "parameters": params,
-                "requestBody": chat,
-                "responses": _errors(400, 413, 415, 502),
-            }
-        }
-        paths[f"{prefix}/v1/completions"] = {
-            "post": {
-                "operationId": f"{tag}completions",
-                "parameters": params,
-                "requestBody": completions,
-                "responses": _errors(400, 413, 415, 502),
-            }
-        }
-        paths[f"{prefix}/v1/responses"] = {
-            "post": {
-                "operationId": f"{tag}responses",
-                "parameters": params,
-                "requestBody": responses,
-                "responses": _errors(400, 413, 415, 502),
-            }
-        }
-        paths[f"{prefix}/v1/messages"] = {
-            "post": {
-                "operationId": f"{tag}messages",
-                "parameters": params,
-                "requestBody": messages,
-                "responses": _errors(400, 413, 415, 502),
-            }
-        }
+        for d in dialects.known():  # every dialect's routes, as the registry lists them
+            for path, item in d.openapi().items():
+                paths[prefix + path] = {
+                    method: {
+                        **op,
+                        "operationId": tag + op["operationId"],
+                        "parameters": [*params, *op.get("parameters", ())],
+                    }
+                    for method, op in item.items()
+                }
         paths[f"{prefix}/v1/models"] = {
-            "get": {"operationId": f"{tag}models", "parameters": params, "responses": _errors(502)}
+            "get": {
+                "operationId": f"{tag}models",
+                "parameters": params,
+                "responses": {
+                    "200": {"description": "the upstream's answer, relayed"},
+                    "502": {"description": "an error in the dialect's own shape"},
+                },
+            }
         }
     return {"openapi": "3.0.3", "info": {"title": "orchard-rec proxy", "version": "0.1.0"}, "paths": paths}

@@ -48,13 +48,14 @@ from typing import Any, NamedTuple, cast
 
 import orjson
 
+from orchard_rec import dialects
 from orchard_rec.errors import cache_stats, env_megabytes
 from orchard_rec.proxy.recent import Recent
 
 __all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
 
-CONVERSATION_KEYS = ("messages", "input")
-"""Top-level keys whose array value is a conversation (chat / Messages, Responses)."""
+CONVERSATION_KEYS = dialects.conversation_keys()
+"""Top-level keys whose array value is a conversation (every dialect's ``conversation_keys``, registry order)."""
 
 _WS = re.compile(r"[ \t\n\r]*")
 _ws = cast(Callable[[str, int], "re.Match[str]"], _WS.match)
@@ -161,7 +162,7 @@ def _own(obj: dict[str, Any]) -> dict[str, Any]:
 
 def scan_offsets(raw: bytes) -> tuple[str, int, list[int], int] | None:
     """Where a JSON object's conversation array is: ``(key, offset after its '[', end offset of
-    each element, offset of its ']')`` (``messages`` first, else ``input``); None when it has none
+    each element, offset of its ']')`` (the first of ``CONVERSATION_KEYS`` it has); None when it has none
     (or the key twice: the last one wins, so the first's offsets would lie), or ``raw`` is not an
     object. ``raw`` must be valid JSON (orjson parsed it)."""
     try:
@@ -196,9 +197,10 @@ def _top_level(s: str) -> tuple[str, int, list[int], int] | None:
         if s[i] == "}":
             break
         i = ws(s, i + 1).end()  # past ','
-    if "messages" in found:
-        return found["messages"]
-    return found.get("input")
+    for k in CONVERSATION_KEYS:  # the first dialect's key wins (``messages`` before ``input``)
+        if k in found:
+            return found[k]
+    return None
 
 
 def _elements(s: str, i: int) -> tuple[list[int], int]:

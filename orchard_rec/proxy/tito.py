@@ -54,11 +54,9 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from orchard_rec import rlwire
+from orchard_rec.dialects import template_message
+from orchard_rec.dialects.images import decode_data_url, image_token_id
 from orchard_rec.errors import BadRequest, UpstreamProtocolError, cache_stats, env_megabytes
-from orchard_rec.protocol import template_message, to_chat
-from orchard_rec.protocol.images import decode_data_url
-from orchard_rec.reconstruct.vision import image_token_id
-from orchard_rec.records import Dialect
 from orchard_rec.storage.delta import Ids
 
 __all__ = [
@@ -68,8 +66,6 @@ __all__ = [
     "Recorded",
     "TitoSessions",
     "chat_images",
-    "chat_of",
-    "client_error",
     "collapse_images",
     "parse_generation",
     "synth_chunks",
@@ -674,17 +670,6 @@ def _probe_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, An
     return [(agent, tools), (agent, None), (agent[1:], tools), (chat, None), (chat[1:], None)]
 
 
-def chat_of(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
-    """The chat-completions view of a client request (messages, tools, max tokens)."""
-    if dialect is Dialect.CHAT:
-        if not isinstance(body.get("messages"), list) or not all(
-            isinstance(m, dict) for m in body["messages"]
-        ):
-            raise BadRequest("messages: a list of message objects is required", param="messages")
-        return body
-    return to_chat(dialect, body)
-
-
 def _part_url(p: dict[str, Any]) -> str | None:
     u = p.get("image_url")
     url = u.get("url") if isinstance(u, dict) else u
@@ -1039,28 +1024,3 @@ def server_prompt(obj: Any, sent: Sequence[int]) -> Sequence[int]:
     if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
         return list(ids)
     return sent
-
-
-def client_error(dialect: Dialect, status: int, data: bytes) -> bytes:
-    """The upstream's error as the client's dialect has it: the server's own body for the
-    OpenAI dialects (``type``, ``param``, ``code`` kept), Anthropic's error shape for Messages."""
-    if dialect is not Dialect.MESSAGES:
-        return data
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        parsed = None
-    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
-    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
-    msg = err.get("message") or obj.get("message")
-    kind = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        413: "request_too_large",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": text}})

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
-from orchard_rec.proxy.tito import Recorded, chat_of, parse_generation
-from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.proxy.tito import Recorded, parse_generation
+from orchard_rec.records import CallOutcome, CallRecord
 from orchard_rec.storage.store import Store
 
 __all__ = ["StoreHistory"]
@@ -54,14 +55,15 @@ class StoreHistory:
 
     def _recorded(self, branch: int, c: CallRecord) -> Recorded | None:
         try:
-            chat = chat_of(c.dialect, c.request)
+            chat = dialects.to_chat(c.dialect, c.request)
         except (OrchardError, KeyError, TypeError, ValueError):
             return None
         completion = list(c.completion_ids or ())
         answer = parse_generation(
             self.tok.decode(completion, skip_special_tokens=False), getattr(self.tok, "eos_token", None)
         )
-        ids = _tool_call_ids(c.dialect, c.response)
+        wire = dialects.get(c.dialect)
+        ids = wire.tool_call_ids(c.response) if wire is not None else []
         calls = answer.get("tool_calls") or []
         if len(ids) == len(calls):
             for tc, i in zip(calls, ids):
@@ -69,22 +71,3 @@ class StoreHistory:
         return Recorded(
             branch, list(c.prompt_ids or ()), completion, chat["messages"], answer, chat.get("tools")
         )
-
-
-def _tool_call_ids(dialect: Dialect, response: Any) -> list[str]:
-    """The tool-call ids the client received, in order."""
-    if not isinstance(response, dict):
-        return []
-    if dialect is Dialect.CHAT:
-        try:
-            calls = response["choices"][0]["message"].get("tool_calls") or []
-            return [str(tc["id"]) for tc in calls]
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return []
-    if dialect is Dialect.RESPONSES:
-        items = response.get("output") or []
-        return [str(i["call_id"]) for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
-    if dialect is Dialect.MESSAGES:
-        blocks = response.get("content") or []
-        return [str(b["id"]) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
-    return []

@@ -2,11 +2,13 @@
 
 A ``Plan`` says what one call sends upstream and how the answer is turned back into
 what the client asked for:
-- chat and completions stay native; ``return_token_ids`` and ``logprobs`` are injected
-  unless the client asked for them itself, and exactly the injected fields are removed
-  again from the body or from every streamed chunk;
-- Responses and Anthropic Messages are translated to chat completions (the dialect
-  token-aware servers answer with ids) and the answer translated back, object or events.
+- a dialect the upstream speaks natively (``token_native``: chat, completions) stays native;
+  ``return_token_ids`` and ``logprobs`` are injected unless the client asked for them itself
+  (``WireDialect.token_request``), and exactly the injected fields are removed again from the
+  body or from every streamed chunk;
+- any other dialect with a chat view (Responses, Messages ...) is translated to chat completions
+  (the dialect token-aware servers answer with ids) and the answer translated back, object or
+  events, by the client's dialect (``from_chat``, ``chat_stream``).
 
 The record keeps the upstream's own answer (with the ids) and, for translated calls,
 the events the client received.
@@ -15,14 +17,14 @@ the events the client received.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from orchard_rec.protocol import anthropic, responses
-from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
-from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
-from orchard_rec.protocol.sse import DONE_FRAME, SSEParser, encode
+from orchard_rec import dialects
+from orchard_rec.dialects import ChatStream, WireDialect
+from orchard_rec.dialects.sse import DONE_FRAME, SSEParser
 from orchard_rec.proxy import idcut, tochat
 from orchard_rec.records import Dialect
 
@@ -42,8 +44,13 @@ class Plan:
         client_body: dict[str, Any],
         inject_ids: bool,
         inject_logprobs: bool,
+        path: str = "",
     ) -> None:
         self.client = client
+        self.wire: WireDialect | None = dialects.get(client)
+        """The client's dialect (its translations, its error shape)."""
+        self.path = path
+        """The client's path (a dialect may name the stream or the model in it)."""
         self.upstream = upstream
         self.body = body
         """The body sent upstream."""
@@ -77,7 +84,8 @@ class Plan:
 
     @property
     def upstream_path(self) -> str:
-        return {Dialect.CHAT: "chat/completions", Dialect.COMPLETIONS: "completions"}[self.upstream]
+        """Where the upstream dialect is called (from the root: ``core.upstream_url`` places it)."""
+        return _UPSTREAM_PATHS[self.upstream]
 
     # -- non-stream ---------------------------------------------------------------------------
 
@@ -104,11 +112,9 @@ class Plan:
         if not isinstance(obj, dict):
             return data, None
         if status >= 400:
-            if self.client is Dialect.MESSAGES:
-                err: dict[str, Any] = obj["error"] if isinstance(obj.get("error"), dict) else {}
-                msg = err.get("message") or obj.get("message") or data.decode("utf-8", "replace")
-                out = anthropic.error_object("invalid_request_error" if status < 500 else "api_error", msg)
-                return orjson.dumps(out), out
+            if self.translated and self.wire is not None:  # in the client's dialect
+                out = self.wire.upstream_error(status, data)
+                return out, (orjson.loads(out) if out is not data else None)
             return data, None
         translated = self._translated(obj)
         if translated is not None:
@@ -118,13 +124,10 @@ class Plan:
         return data, None
 
     def _translated(self, obj: dict[str, Any]) -> tuple[bytes, Any] | None:
-        """The chat answer in a Responses / Messages client's dialect (None for a chat client)."""
-        if self.client is Dialect.RESPONSES:
-            out = chat_to_responses(obj, self.client_body)
-        elif self.client is Dialect.MESSAGES:
-            out = chat_to_messages(obj, self.client_body)
-        else:
+        """The chat answer in a translated client's dialect (None when the client speaks the upstream's)."""
+        if not self.translated or self.wire is None:
             return None
+        out = self.wire.from_chat(obj, self.client_body, self.path)
         return orjson.dumps(out), out
 
     def _strip(self, obj: dict[str, Any]) -> bool:
@@ -161,17 +164,17 @@ class StreamFilter:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.parser = SSEParser()
-        self.translator: ResponsesStream | MessagesStream | None = None
-        if plan.client is Dialect.RESPONSES:
-            self.translator = ResponsesStream(plan.client_body)
-        elif plan.client is Dialect.MESSAGES:
-            self.translator = MessagesStream(plan.client_body)
+        self.translator: ChatStream | None = None
+        if plan.translated and plan.wire is not None:
+            self.translator = plan.wire.chat_stream(plan.client_body, plan.path)
         self.finished = False
         self.client_events: list[list[Any]] | None = [] if self.translator is not None else None
         """The events the client received (translated calls only)."""
 
-    def _emit(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
+    def _emit(self, events: Sequence[tuple[str | None, dict[str, Any]]]) -> bytes:
         out = bytearray()
+        assert self.plan.wire is not None
+        encode = self.plan.wire.encode_event
         for name, data in events:
             self.client_events.append([name, data])  # type: ignore[union-attr]
             out += encode(name, data)
@@ -227,9 +230,7 @@ class StreamFilter:
         assert self.translator is not None
         if "error" in obj and "choices" not in obj:
             err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-            if isinstance(self.translator, ResponsesStream):
-                return self._emit([responses.stream_error_event(err, self.translator.seq)])
-            return self._emit([anthropic.stream_error_event(err)])
+            return self._emit(self.translator.error(err))
         return self._emit(self.translator.feed(obj))
 
     def _finish_translation(self) -> bytes:
@@ -245,8 +246,12 @@ class StreamFilter:
 
     @property
     def final(self) -> Any:
-        """The object a non-stream call would have returned to the client (Responses only; None otherwise)."""
+        """The object a non-stream call would have returned to the client, when its translator keeps one."""
         return getattr(self.translator, "final", None)
+
+
+_UPSTREAM_PATHS = {Dialect.CHAT: "/v1/chat/completions", Dialect.COMPLETIONS: "/v1/completions"}
+"""The token-aware upstream's routes (vLLM's and SGLang's OpenAI server)."""
 
 
 def plan_for(
@@ -255,12 +260,14 @@ def plan_for(
     body: Any,
     session: str | None = None,
     size: int = 0,
+    path: str = "",
     salt: str | None = None,
 ) -> Plan | None:
     """The token-mode plan for a call, or None to relay it natively. ``session`` (and the body's
-    ``size`` in bytes): translations reuse the session's previous one (``proxy.tochat``).
-    ``salt``: a ``cache_salt`` to send (``--cache-salt policy``) unless the client set its own."""
-    plan = _plan(mode, dialect, body, session, size)
+    ``size`` in bytes): translations reuse the session's previous one (``proxy.tochat``);
+    ``path``: the client's (a dialect may name the stream in it). ``salt``: a ``cache_salt`` to
+    send (``--cache-salt policy``) unless the client set its own."""
+    plan = _plan(mode, dialect, body, session, size, path)
     if plan is not None and salt is not None and "cache_salt" not in body:
         plan.body = {**plan.body, "cache_salt": salt}  # a translation's dict may be cached: a copy
         if plan.suffix is not None:
@@ -268,29 +275,24 @@ def plan_for(
     return plan
 
 
-def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int) -> Plan | None:
+def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int, path: str) -> Plan | None:
     if mode != "token" or not isinstance(body, dict):
         return None
-    if dialect is Dialect.CHAT:
-        up = dict(body)
-        inject_ids = not body.get("return_token_ids")
-        inject_lp = not body.get("logprobs")
-        up["return_token_ids"] = True
-        up["logprobs"] = True
-        return Plan(dialect, Dialect.CHAT, up, body, inject_ids, inject_lp)
-    if dialect is Dialect.COMPLETIONS:
-        up = dict(body)
-        inject_ids = not body.get("return_token_ids")
-        inject_lp = body.get("logprobs") is None or body.get("logprobs") is False
-        up["return_token_ids"] = True
-        if inject_lp:
-            up["logprobs"] = 0
-        return Plan(dialect, Dialect.COMPLETIONS, up, body, inject_ids, inject_lp)
-    if dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
-        chat = tochat.translator.to_chat(dialect, body, session, size)
-        chat["return_token_ids"] = True
-        chat["logprobs"] = True
-        if chat.get("stream"):
-            chat["stream_options"] = {"include_usage": True}
-        return Plan(dialect, Dialect.CHAT, chat, body, True, True)
-    return None
+    d = dialects.get(dialect)
+    if d is None:
+        return None
+    if d.token_native:
+        up, inject_ids, inject_lp = d.token_request(body)
+        return Plan(dialect, dialect, up, body, inject_ids, inject_lp, path)
+    if not d.chat_view:
+        return None
+    chat = tochat.translator.to_chat(d, body, session, size)
+    if chat.get("model") is None:  # a dialect that names its model in the URL
+        chat["model"] = d.model_of(path, body)
+    chat["return_token_ids"] = True
+    chat["logprobs"] = True
+    if d.is_stream(path, body):
+        chat["stream"] = True
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    return Plan(dialect, Dialect.CHAT, chat, body, True, True, path)

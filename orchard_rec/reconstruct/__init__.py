@@ -6,7 +6,7 @@ policies, retokenization of calls recorded without ids, and the status / split-r
 token-source enums. Records in, samples out: no sessions, sockets or files.
 
 May import: the standard library, ``orchard_rec.records``, ``orchard_rec.errors`` and
-``orchard_rec.protocol`` (dialect knowledge, for retokenization). Never ``proxy``,
+``orchard_rec.dialects`` (dialect knowledge, for retokenization). Never ``proxy``,
 ``storage``, ``intercept``, ``exporters``, ``trainers``, aiohttp, SQLAlchemy or rich
 (``tests/test_layering.py``). Reading from a database is ``orchard_rec.pipeline``;
 terminal rendering is ``orchard_rec.render``.

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchard_rec import policy
-from orchard_rec.protocol.images import ImageRef, images_of
+from orchard_rec.dialects import images_of
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import TokenSource
 from orchard_rec.records import CallOutcome, CallRecord

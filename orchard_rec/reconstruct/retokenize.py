@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchard_rec.protocol.translate import assistant_message, chat_request_of, template_message
+from orchard_rec.dialects import assistant_message, chat_request_of, template_message
 from orchard_rec.records import CallRecord, Dialect
 
 __all__ = ["retokenize"]

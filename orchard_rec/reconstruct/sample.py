@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchard_rec import policy, routing
-from orchard_rec.protocol.images import ImageRef
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.records import Outcome
 
 __all__ = [

@@ -4,19 +4,18 @@ A VLM server expands each image placeholder of the rendered prompt into a run of
 tokens (Qwen2-VL: ``<|vision_start|>`` then t·h·w/4 ``<|image_pad|>`` then ``<|vision_end|>``),
 and returns those expanded ids. The runs are prompt/observation tokens, so reconstruction
 masks them 0 like every other observation; ``image_runs`` finds them, given the image token's
-id (``image_token_id`` reads it from a tokenizer), so a sample can say which positions belong to
+id (``image_token_id`` reads it from a tokenizer; it lives with the image refs, ``dialects.images``,
+where the proxy's tito reads it too), so a sample can say which positions belong to
 which of its images (``metadata.image_spans``, one ``[start, end)`` per image, in order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from orchard_rec.dialects.images import IMAGE_TOKENS, image_token_id
 
 __all__ = ["IMAGE_TOKENS", "image_runs", "image_token_id"]
-
-IMAGE_TOKENS = ("<|image_pad|>", "<image>", "<|image|>", "<image_soft_token>", "<|IMAGE|>")
-"""Image placeholder tokens of common VLM families (Qwen2/2.5/3-VL first)."""
 
 
 def image_runs(tokens: Sequence[int], image_token: int) -> list[list[int]]:
@@ -33,21 +32,3 @@ def image_runs(tokens: Sequence[int], image_token: int) -> list[list[int]]:
     if start >= 0:
         runs.append([start, len(tokens)])
     return runs
-
-
-def image_token_id(tokenizer: Any) -> int | None:
-    """The id of the tokenizer's image placeholder token, or None when it has none."""
-    if tokenizer is None:
-        return None
-    explicit = getattr(tokenizer, "image_token_id", None)
-    if isinstance(explicit, int):
-        return explicit
-    vocab: dict[str, int] = {}
-    try:
-        vocab = dict(tokenizer.get_vocab())
-    except (AttributeError, TypeError):
-        return None
-    for name in IMAGE_TOKENS:
-        if name in vocab:
-            return int(vocab[name])
-    return None

@@ -6,14 +6,15 @@ response)`` reads the last call of a session (its request holds the whole histor
 its response the final answer) in the call's own dialect: Chat Completions
 (``tool_calls`` + ``tool`` messages), Responses (``function_call`` /
 ``custom_tool_call`` items and their outputs, Codex) and Anthropic Messages
-(``tool_use`` / ``tool_result`` blocks, Claude Code). What a tool *means* (a shell
+(``tool_use`` / ``tool_result`` blocks, Claude Code), and any other dialect through its chat
+view from the dialect registry. What a tool *means* (a shell
 command, a read, an edit of which files) comes from per-harness vocabularies in
 ``tools.py``; exit codes from the result conventions each harness uses (Codex's
 ``Process exited with code N``, hermes' ``{"exit_code": N}``, mini-swe-agent's
 ``<returncode>N</returncode>``, Claude Code's ``is_error``, Kimi's ``<system>`` line).
 
-Owns: the ``Step`` record and the parsers. May import: the standard library and orjson;
-never proxy, storage or exporters.
+Owns: the ``Step`` record and the parsers. May import: the standard library, orjson and
+``orchard_rec.dialects`` (a dialect's chat view); never proxy, storage or exporters.
 """
 
 from orchard_rec.steps.parse import Step, parse_steps, steps_of_messages

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import dialects
 from orchard_rec.steps.tools import classify
 
 __all__ = ["Step", "exit_code_of", "parse_steps", "steps_of_messages"]
@@ -206,8 +207,9 @@ def steps_of_messages(messages: list[dict[str, Any]]) -> list[Step]:
 
 
 def parse_steps(dialect: str, request: Any, response: Any = None) -> list[Step]:
-    """Steps of a conversation from a call in its own dialect (``chat``, ``completions``,
-    ``responses``, ``messages``): the request's history, then the answer's tool calls."""
+    """Steps of a conversation from a call in its own dialect: the request's history, then the
+    answer's tool calls. Responses and Messages are read natively (a tool result's ``is_error``),
+    any other dialect through its chat view (``dialects.chat_request_of``)."""
     b = _Builder()
     req = request if isinstance(request, dict) else {}
     resp = response if isinstance(response, dict) else {}
@@ -219,9 +221,11 @@ def parse_steps(dialect: str, request: Any, response: Any = None) -> list[Step]:
         _messages(b, req.get("messages") or [])
         if resp.get("content") is not None:
             _messages(b, [{"role": "assistant", "content": resp.get("content")}])
-    elif dialect == "chat":
-        _chat(b, req.get("messages") or [])
-        choices = resp.get("choices") or []
-        if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
-            _chat(b, [{**choices[0]["message"], "role": "assistant"}])
+    else:  # any other dialect through its chat view (the registry's): chat itself, Gemini ...
+        view = dialects.chat_request_of(dialect, req) if req else None
+        if view is not None:
+            _chat(b, view.get("messages") or [])
+            answer = dialects.assistant_message(dialect, resp) if resp else None
+            if answer is not None and (answer.get("content") or answer.get("tool_calls")):
+                _chat(b, [answer])
     return b.steps

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from sqlalchemy import bindparam, select
 
+from orchard_rec.dialects.images import ImageRef, image_ref
 from orchard_rec.errors import cache_stats
-from orchard_rec.protocol.images import ImageRef, image_ref
 from orchard_rec.records import CallRecord
 from orchard_rec.storage import layout
 from orchard_rec.storage.models import Blob, Call, Image

@@ -46,6 +46,8 @@ from typing import Any
 import orjson
 import zstandard
 
+from orchard_rec import dialects
+
 __all__ = [
     "IMAGE_MIN",
     "Split",
@@ -75,8 +77,8 @@ __all__ = [
 ]
 
 DIGEST = 16
-ARRAY_KEYS = frozenset({"messages", "input"})
-"""Top-level keys whose array elements are stored one blob each (the conversation)."""
+ARRAY_KEYS = frozenset(dialects.conversation_keys())
+"""Top-level keys whose array elements are stored one blob each (every dialect's conversation keys)."""
 BLOB_MIN = 256
 """Other top-level values at least this long (characters) are stored as one blob."""
 DELTA_MIN = 256
@@ -744,19 +746,11 @@ def upstream_of(
 
 
 def injected(dialect: str, request: Any, upstream: Any) -> tuple[bool, bool]:
-    """Which of (ids, logprobs) token mode added to what a chat / completions client asked for
-    (as ``proxy.token.plan_for`` decides); nothing for other dialects (translated calls record
+    """Which of (ids, logprobs) token mode added to what a native client asked for (the dialect's
+    ``injected``, as ``proxy.token.plan_for`` decided); nothing for translated calls (they record
     what the client received already)."""
-    if not isinstance(upstream, dict) or not isinstance(request, dict):
-        return False, False
-    ids = upstream.get("return_token_ids") is True and not request.get("return_token_ids")
-    if dialect == "chat":
-        return ids, upstream.get("logprobs") is True and not request.get("logprobs")
-    if dialect == "completions":
-        asked = request.get("logprobs")
-        up = upstream.get("logprobs")
-        return ids, (asked is None or asked is False) and up == 0 and up is not False
-    return False, False
+    wire = dialects.get(dialect)
+    return wire.injected(request, upstream) if wire is not None else (False, False)
 
 
 def _strip(obj: Any, ids: bool, lp: bool) -> Any:

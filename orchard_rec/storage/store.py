@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
 from orchard_rec import policy
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.errors import env_megabytes
-from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import (
     SESSION_ID_RULE,
     CallOutcome,

@@ -24,7 +24,8 @@ from urllib.parse import quote
 
 import orjson
 
-from orchard_rec.records import CallRecord, Dialect
+from orchard_rec import dialects
+from orchard_rec.records import CallRecord
 
 __all__ = ["Resend", "curl_of", "mask", "resend", "stream_events"]
 
@@ -84,10 +85,10 @@ def curl_of(c: CallRecord, url_base: str) -> str:
             continue
         shown = "***" if _secret_name(name) else value
         lines.append(f"  -H {shlex.quote(f'{name}: {shown}')}")
-    if c.dialect is Dialect.MESSAGES:
-        lines.append('  -H "x-api-key: $ANTHROPIC_API_KEY"')
-    else:
-        lines.append('  -H "Authorization: Bearer $OPENAI_API_KEY"')
+    wire = dialects.get(c.dialect)  # the dialect's own credential header, if it has one
+    own = wire.auth_headers("$API_KEY", c.headers or {}) if wire is not None else {}
+    for name, value in own.items() or [("Authorization", "Bearer $API_KEY")]:
+        lines.append(f'  -H "{name}: {value}"')
     if c.request is not None:
         body = orjson.dumps(mask(c.request)).decode()
         lines.append(f"  --data-binary {shlex.quote(body)}")
@@ -123,13 +124,13 @@ async def resend(c: CallRecord, target: Resend, timeout: float = 300.0) -> dict[
     body = _replay_body(c)
     if body is None:
         return {"error": "this call has no JSON request body to send again"}
-    tail = c.path.split("/v1/", 1)[1] if "/v1/" in c.path else c.path.lstrip("/")
-    url = f"{target.upstream.rstrip('/')}/{tail}"
+    url = dialects.upstream_address(target.upstream.rstrip("/"), dialects.without_secrets(c.path))
     headers = {"content-type": "application/json"}
     if target.key:
         headers["authorization"] = f"Bearer {target.key}"
-        if c.dialect is Dialect.MESSAGES:
-            headers["x-api-key"] = target.key
+        wire = dialects.get(c.dialect)
+        if wire is not None:  # the dialect's own credential header (Anthropic's x-api-key ...)
+            headers.update(wire.auth_headers(target.key, c.headers or {}))
     for name in ("anthropic-version", "anthropic-beta"):
         if name in (c.headers or {}):
             headers[name] = c.headers[name]

@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import dialects
+
 __all__ = ["conversation", "response_turn"]
 
 Block = dict[str, Any]
@@ -194,6 +196,9 @@ def conversation(request: Any, dialect: str) -> list[Turn]:
         elif isinstance(inp, list):
             turns.extend(_merge_adjacent([_responses_item(i) for i in inp]))
         return turns
+    view = dialects.chat_request_of(dialect, request)  # any other dialect: its chat view (the registry's)
+    if view is not None:
+        request = view
     if isinstance(request.get("messages"), list):
         return [_chat_message(m) for m in request["messages"] if isinstance(m, dict)]
     if "prompt" in request:
@@ -224,4 +229,9 @@ def response_turn(response: Any, dialect: str) -> Turn | None:
             return turn
         if isinstance(c.get("text"), str):
             return {"role": "assistant", "blocks": [{"kind": "text", "text": c["text"]}]}
+    msg = dialects.assistant_message(dialect, response)  # any other dialect, as a chat message
+    if msg is not None and (msg.get("content") or msg.get("tool_calls") or msg.get("reasoning_content")):
+        turn = _chat_message(msg)
+        turn["role"] = "assistant"
+        return turn
     return None

@@ -201,8 +201,8 @@ def test_a_part_that_may_not_be_replaced_stops_the_whole_set(tmp_path: Path, db:
 
 
 def test_image_sidecar_waits_for_the_commit(tmp_path: Path) -> None:
+    from orchard_rec.dialects.images import ImageRef
     from orchard_rec.exporters.images import ImageSidecar
-    from orchard_rec.protocol.images import ImageRef
 
     folder = tmp_path / "s.jsonl.images"
     ref = ImageRef(digest="ab" * 32, mime="image/png", data=b"png bytes")

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from orchard_rec.protocol import assemble
-from orchard_rec.protocol.sse import parse_sse
+from orchard_rec.dialects import assemble
+from orchard_rec.dialects.sse import parse_sse
 from orchard_rec.records import CallOutcome, Dialect
 
 TRAP = "[DONE] message_stop response.completed data: [DONE]"

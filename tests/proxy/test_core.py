@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from orchard_rec.dialects.sse import encode, parse_sse
 from orchard_rec.errors import OrchardError, UpgradeRequired
-from orchard_rec.protocol.sse import encode, parse_sse
 from orchard_rec.proxy.core import Call, dialect_of, refuse_websocket
 from orchard_rec.records import CallOutcome, Dialect
 
@@ -97,8 +97,8 @@ def test_token_mode_plan_injects_and_strips() -> None:
     call = _call(
         Dialect.CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}, "token"
     )
-    path, body = call.upstream_target("chat/completions", "")
-    assert path == "chat/completions" and body is not None
+    path, body = call.upstream_target("/v1/chat/completions", "")
+    assert path == "/v1/chat/completions" and body is not None
     assert orjson.loads(body)["return_token_ids"] is True
     relay = call.response(200, "text/event-stream")
     assert relay is not None
@@ -112,8 +112,8 @@ def test_token_mode_plan_injects_and_strips() -> None:
 def test_token_mode_translates_a_responses_stream_and_ends_at_its_own_event() -> None:
     body = {"model": "m", "input": "say it", "stream": True}
     call = _call(Dialect.RESPONSES, body, "token")
-    path, up = call.upstream_target("responses", "x=1")
-    assert path == "chat/completions" and up is not None  # a translated call drops the query
+    path, up = call.upstream_target("/v1/responses", "x=1")
+    assert path == "/v1/chat/completions" and up is not None  # a translated call drops the query
     relay = call.response(200, "text/event-stream")
     assert relay is not None and call.client_content_type == "text/event-stream; charset=utf-8"
     data = _chat_stream(TRAP, ids=True)
@@ -162,6 +162,6 @@ def test_bad_input_is_rejected_in_the_dialect(headers: dict, anthropic: bool) ->
 
 
 def test_routes() -> None:
-    assert dialect_of("POST", "/chat/completions/") is Dialect.CHAT
-    assert dialect_of("GET", "chat/completions") is Dialect.OTHER
-    assert dialect_of("GET", "models") is Dialect.MODELS
+    assert dialect_of("POST", "/v1/chat/completions/") is Dialect.CHAT
+    assert dialect_of("GET", "/v1/chat/completions") is Dialect.OTHER
+    assert dialect_of("GET", "/v1/models") is Dialect.MODELS

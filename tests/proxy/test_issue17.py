@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from orchard_rec.protocol import assemble
+from orchard_rec.dialects import assemble
 from orchard_rec.records import Dialect
 
 
@@ -82,7 +82,7 @@ def test_tito_prompts_are_the_templates_render_turn_after_turn(upstream, proxy_f
     """Bug 1: the template's ``\\n`` after ``<|im_end|>`` was dropped between turns."""
     import openai
 
-    from orchard_rec.protocol.translate import template_message
+    from orchard_rec.dialects import template_message
     from orchard_rec.tokenizer import load_hf_tokenizer
 
     tok = load_hf_tokenizer("demo")

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchard_rec import dialects
 from orchard_rec.proxy.reqparse import RequestCache, scan_offsets
-from tests.protocol.strategies import SETTINGS
+from tests.dialects.strategies import SETTINGS
 
 # -- what the sessions send --------------------------------------------------------------------
 
@@ -342,7 +343,6 @@ def test_recording_leaves_shared_objects_unchanged(
     request objects later calls of the session share; the recorded requests are the bodies sent."""
     from e2e.agents import AGENTS
 
-    from orchard_rec import protocol
     from orchard_rec.proxy import reqparse, tochat
     from orchard_rec.records import Dialect
 
@@ -367,7 +367,7 @@ def test_recording_leaves_shared_objects_unchanged(
                 n += 1
             if mode == "token" and c.dialect in (Dialect.RESPONSES, Dialect.MESSAGES):
                 # the translation reused across calls (proxy.tochat) is each call's own
-                want = protocol.to_chat(c.dialect, c.request)
+                want = dialects.to_chat(c.dialect, c.request)
                 assert c.upstream_request["messages"] == want["messages"]
     assert n >= 12
     assert _unchanged(cache) == hits

@@ -128,7 +128,7 @@ def drive(
 
 
 def rendered(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    from orchard_rec.protocol import template_message
+    from orchard_rec.dialects import template_message
 
     return str(
         tok.apply_chat_template(

@@ -1,5 +1,5 @@
 """Token mode's translation reused across a session's calls (``proxy.tochat``): always
-``protocol.to_chat``'s result and errors, over sequences of Responses and Messages calls whose
+``dialects.to_chat``'s result and errors, over sequences of Responses and Messages calls whose
 items are shared objects (as ``proxy.reqparse`` hands them out): appends, edits, retries,
 changed instructions, invalid and untranslatable items; earlier calls' results stay unchanged."""
 
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchard_rec import protocol
+from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
 from orchard_rec.proxy.reqparse import RequestCache
 from orchard_rec.proxy.tochat import Translator
 from orchard_rec.records import Dialect
-from tests.protocol.strategies import SETTINGS
+from tests.dialects.strategies import SETTINGS
 
 texts = st.text(max_size=12)
 resp_items = st.one_of(
@@ -109,7 +109,7 @@ def test_reused_translation_is_to_chat(dialect: Dialect, data: Any) -> None:
             top = {**top, "instructions": arg}
         raw = orjson.dumps({**top, key: convo, "stream": False})
         body = cache.parse(raw, "s").obj  # items shared with the previous call's, as the proxy has them
-        want, _ = _translate(lambda b=body: protocol.to_chat(dialect, b))
+        want, _ = _translate(lambda b=body: dialects.to_chat(dialect, b))
         got, chat = _translate(lambda b=body, n=len(raw): tr.to_chat(dialect, b, "s", n))
         assert got == want
         if chat is not None:
@@ -129,7 +129,7 @@ def test_reuse_happens_and_state_is_bounded() -> None:
         convo = [*convo, {"role": "user", "content": f"u{turn}"}, {"role": "assistant", "content": "a"}]
         raw = orjson.dumps({"model": "m", "max_tokens": 5, "messages": convo})
         body = cache.parse(raw, "s").obj
-        assert tr.to_chat(Dialect.MESSAGES, body, "s", len(raw)) == protocol.to_chat(Dialect.MESSAGES, body)
+        assert tr.to_chat(Dialect.MESSAGES, body, "s", len(raw)) == dialects.to_chat(Dialect.MESSAGES, body)
     assert tr.reused == 2 + 4 + 6 + 8
     for i in range(20):
         body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
@@ -149,7 +149,7 @@ def test_sub_agents_in_one_session_keep_their_own_translations() -> None:
             raw = orjson.dumps({"model": "m", "max_tokens": 5, "system": name, "messages": convo})
             body = cache.parse(raw, "s").obj
             before = tr.reused
-            assert tr.to_chat(Dialect.MESSAGES, body, "s", len(raw)) == protocol.to_chat(
+            assert tr.to_chat(Dialect.MESSAGES, body, "s", len(raw)) == dialects.to_chat(
                 Dialect.MESSAGES, body
             )
             if turn:

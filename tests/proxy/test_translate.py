@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchard_rec.protocol.translate import messages_to_chat
+from orchard_rec.dialects.anthropic import to_chat as messages_to_chat
 
 
 def test_claude_codes_billing_block_is_not_prompt() -> None:

@@ -8,7 +8,8 @@ import io
 
 from PIL import Image
 
-from orchard_rec.protocol.images import decode_data_url, images_of
+from orchard_rec.dialects import images_of
+from orchard_rec.dialects.images import decode_data_url
 from orchard_rec.reconstruct import Sample, image_runs, reconstruct_session
 from orchard_rec.records import Dialect
 from tests.factories import call, data_url

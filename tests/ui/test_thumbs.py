@@ -57,7 +57,7 @@ def test_each_sample_shows_thumbnails_of_its_images_in_order(gui_page) -> None: 
 
 
 def test_remote_images_are_named_not_fetched() -> None:
-    from orchard_rec.protocol.images import ImageRef
+    from orchard_rec.dialects.images import ImageRef
     from orchard_rec.reconstruct import SampleBuilder
 
     b = SampleBuilder("s", [1, 2])

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from orchard_rec.cli import app
 from orchard_rec.demo.tokenizer import save_tokenizer
+from orchard_rec.dialects.images import image_ref
 from orchard_rec.exporters import get
-from orchard_rec.protocol.images import image_ref
 from orchard_rec.reconstruct import Sample, Turn
 
 pytestmark = pytest.mark.slow

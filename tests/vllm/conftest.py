@@ -38,7 +38,7 @@ from aiohttp import web
 from factories import free_port
 
 from orchard_rec.demo.tokenizer import save_tokenizer
-from orchard_rec.protocol.assemble import assemble
+from orchard_rec.dialects import assemble
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.records import Dialect
 

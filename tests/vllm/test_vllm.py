@@ -18,8 +18,7 @@ import openai
 import orjson
 import pytest
 
-from orchard_rec.protocol.assemble import assemble
-from orchard_rec.protocol.translate import template_message
+from orchard_rec.dialects import assemble, template_message
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome, Dialect
 

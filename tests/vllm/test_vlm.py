@@ -25,8 +25,8 @@ import pytest
 from factories import data_url
 from PIL import Image
 
+from orchard_rec.dialects import assemble
 from orchard_rec.pipeline import iter_samples
-from orchard_rec.protocol.assemble import assemble
 from orchard_rec.reconstruct import Sample, image_runs, image_token_id, reconstruct_session
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage import Store

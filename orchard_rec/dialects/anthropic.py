@@ -17,15 +17,29 @@ Non-obvious bits:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchard_rec.dialects.base import (
+    MESSAGE_SCHEMA,
+    TOOL_SCHEMA,
+    Route,
+    Tokens,
+    WireDialect,
+    event_type_in,
+    head_until_user,
+    openapi_post,
+)
+from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.images import ImageRef, anthropic_images
 from orchard_rec.errors import BadRequest, OrchardError
-from orchard_rec.protocol.content import hex_id, text_of
+from orchard_rec.records import Dialect
 
 __all__ = [
+    "DIALECT",
     "TERMINAL_EVENTS",
     "MessagesRequest",
     "MessagesStream",
@@ -33,12 +47,14 @@ __all__ = [
     "assistant_message",
     "chat_to_messages",
     "error_body",
+    "error_kind",
     "error_object",
     "extract_tokens",
     "is_anthropic",
     "opening",
     "stream_error_event",
     "to_chat",
+    "upstream_error",
 ]
 
 TERMINAL_EVENTS = frozenset({"message_stop"})
@@ -93,7 +109,7 @@ def error_object(kind: str, message: str) -> dict[str, Any]:
 
 def error_body(exc: OrchardError) -> bytes:
     """The JSON error body an Anthropic client expects."""
-    return orjson.dumps(error_object(exc.anthropic_type, exc.message))
+    return orjson.dumps(error_object(error_kind(exc.status), exc.message))
 
 
 def stream_error_event(err: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -579,14 +595,140 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
 def opening(body: dict[str, Any]) -> list[Any] | None:
     """What every call of one conversation repeats: the system prompt and the messages up to the first user one."""
     items: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
-    head: list[Any] = [body.get("system")]
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "user":
-            head.append(m.get("content"))
-            return head
-        if role in ("system", "developer"):
-            head.append(m.get("content"))
-    return None
+    return head_until_user([body.get("system")], items)
+
+
+_ERROR_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_kind(status: int) -> str:
+    """Anthropic's word for an error of that HTTP status (``error.type``)."""
+    return _ERROR_KINDS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def upstream_error(status: int, data: bytes) -> bytes:
+    """A chat upstream's error as Anthropic's error shape (its message kept)."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = None
+    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
+    msg = err.get("message") or obj.get("message")
+    kind = error_kind(status)
+    text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
+    return orjson.dumps(error_object(kind, text))
+
+
+class _MessagesFold:
+    """Each message translates alone: any leading run of the previous call's messages is reused."""
+
+    __slots__ = ("outs",)
+
+    def __init__(self) -> None:
+        self.outs: list[list[dict[str, Any]]] = []
+
+    def feed(self, item: Any) -> None:
+        self.outs.append(message_to_chat(item))
+
+    def resumed(self, k: int, body: dict[str, Any]) -> _MessagesFold:
+        out = _MessagesFold()
+        out.outs = self.outs[:k]
+        return out
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = system_to_chat(body)
+        for out in self.outs:
+            messages += out
+        return chat_request(body, messages)
+
+
+class _Stream(MessagesStream):
+    def error(self, err: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return [stream_error_event(err)]
+
+
+class _Messages(WireDialect):
+    name = Dialect.MESSAGES
+    routes = (Route("POST", r"/v1/messages"),)
+    conversation_keys = ("messages",)
+    secret_headers = frozenset({"x-api-key"})
+    chat_view = True
+    end_marks = tuple(e.encode() for e in TERMINAL_EVENTS)
+
+    def openapi(self) -> dict[str, dict[str, Any]]:
+        props = {
+            "model": {"type": "string"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "messages": {"type": "array", "items": MESSAGE_SCHEMA},
+            "system": {},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": TOOL_SCHEMA},
+        }
+        return {"/v1/messages": openapi_post("messages", props, ["model", "max_tokens", "messages"])}
+
+    def claims(self, path: str, headers: Mapping[str, str]) -> bool:
+        return is_anthropic(path, headers)
+
+    def auth_headers(self, key: str, headers: Mapping[str, str]) -> dict[str, str]:
+        return {"x-api-key": key} if "anthropic-version" in headers else {}
+
+    def validate(self, body: dict[str, Any]) -> None:
+        validate(body)
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return to_chat(body)
+
+    def fold(self, body: dict[str, Any]) -> _MessagesFold:
+        return _MessagesFold()
+
+    def from_chat(self, chat: dict[str, Any], req: dict[str, Any], path: str = "") -> dict[str, Any]:
+        return chat_to_messages(chat, req)
+
+    def chat_stream(self, req: dict[str, Any], path: str = "") -> _Stream:
+        return _Stream(req)
+
+    def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
+        return assemble(events)
+
+    def extract_tokens(self, obj: Any) -> Tokens:
+        return extract_tokens(obj)
+
+    def assistant_message(self, response: Any) -> dict[str, Any] | None:
+        return assistant_message(response)
+
+    def finish_of(self, response: Any) -> str | None:
+        s = response.get("stop_reason") if isinstance(response, dict) else None
+        return s if isinstance(s, str) else None
+
+    def is_terminal(self, name: str | None, data: str) -> bool:
+        return event_type_in(name, data, TERMINAL_EVENTS)
+
+    def error_body(self, exc: OrchardError) -> bytes:
+        return error_body(exc)
+
+    def upstream_error(self, status: int, data: bytes) -> bytes:
+        return upstream_error(status, data)
+
+    def images(self, request: Any) -> list[ImageRef]:
+        return anthropic_images(request) if isinstance(request, dict) else []
+
+    def opening(self, body: dict[str, Any]) -> list[Any] | None:
+        return opening(body)
+
+    def tool_call_ids(self, response: Any) -> list[str]:
+        blocks = response.get("content") or [] if isinstance(response, dict) else []
+        return [str(b["id"]) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+
+
+DIALECT = _Messages()
+"""Anthropic Messages, as the registry lists it."""

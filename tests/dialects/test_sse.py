@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchard_rec.protocol.sse import DONE_FRAME, SSEParser, encode, encode_data, parse_sse
+from orchard_rec.dialects.sse import DONE_FRAME, SSEParser, encode, encode_data, parse_sse
 
 STREAM = (
     b": keep-alive comment\n\n"
@@ -77,7 +77,7 @@ def test_done_frame_and_unnamed_data() -> None:
 
 
 def test_stream_end_at_every_split_only_after_the_last_event() -> None:
-    from orchard_rec.protocol import StreamEnd
+    from orchard_rec.dialects import StreamEnd
     from orchard_rec.records import Dialect
 
     trap = encode(None, {"choices": [{"delta": {"content": "data: [DONE]\n\n"}}]})
@@ -96,7 +96,7 @@ def test_stream_end_at_every_split_only_after_the_last_event() -> None:
 
 
 def test_last_boundary() -> None:
-    from orchard_rec.protocol.sse import last_boundary
+    from orchard_rec.dialects.sse import last_boundary
 
     assert last_boundary(b"data: x") == 0
     assert last_boundary(b"a\n\nb") == 3

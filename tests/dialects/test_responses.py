@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
+from orchard_rec.dialects import Dialect, is_terminal, responses, to_chat
 from orchard_rec.errors import BadRequest
-from orchard_rec.protocol import Dialect, is_terminal, responses, to_chat
 
 from .strategies import SETTINGS, assistant_turns, chunks, completion, normal
 

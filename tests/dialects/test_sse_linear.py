@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchard_rec.protocol.sse import SSEParser
+from orchard_rec.dialects.sse import SSEParser
 
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE = re.compile(rb"\r\n|\n|\r")
@@ -68,7 +68,7 @@ def test_stream_end_keeps_a_long_event_in_parts() -> None:
     """``StreamEnd`` watches every byte a client receives on the event loop: a 1 MB event (a
     relayed answer with its prompt's ids) in 4 kB chunks is kept aside chunk by chunk, not
     re-joined and re-searched whole per chunk (195 ms per such event before)."""
-    from orchard_rec.protocol import StreamEnd
+    from orchard_rec.dialects import StreamEnd
     from orchard_rec.records import Dialect
 
     body = b'data: {"prompt_token_ids":[' + b"12345," * 160_000 + b'1],"choices":[]}'
@@ -95,7 +95,7 @@ def test_stream_end_keeps_a_long_event_in_parts() -> None:
 )
 def test_stream_end_any_chunking_as_a_whole_parse(dialect: str, pieces: list[bytes], cuts: list[int]) -> None:
     """Ended exactly once a terminal event is complete in the bytes fed, however they are cut."""
-    from orchard_rec.protocol import StreamEnd, is_terminal
+    from orchard_rec.dialects import StreamEnd, is_terminal
     from orchard_rec.records import Dialect
 
     d = Dialect(dialect)

@@ -22,10 +22,22 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchard_rec.dialects.base import (
+    TOOL_SCHEMA,
+    Route,
+    Tokens,
+    WireDialect,
+    event_type_in,
+    head_until_user,
+    openapi_post,
+)
+from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.images import ImageRef, responses_images
 from orchard_rec.errors import BadRequest
-from orchard_rec.protocol.content import hex_id, text_of
+from orchard_rec.records import Dialect
 
 __all__ = [
+    "DIALECT",
     "TERMINAL_EVENTS",
     "ResponsesRequest",
     "ResponsesStream",
@@ -673,20 +685,7 @@ def opening(body: dict[str, Any]) -> list[Any] | None:
     items = (
         [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
     )
-    return _head([body.get("instructions")], items)
-
-
-def _head(head: list[Any], items: list[Any]) -> list[Any] | None:
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "user":
-            head.append(m.get("content"))
-            return head
-        if role in ("system", "developer"):
-            head.append(m.get("content"))
-    return None
+    return head_until_user([body.get("instructions")], items)
 
 
 def stream_error_event(err: dict[str, Any], sequence_number: int) -> tuple[str, dict[str, Any]]:
@@ -701,3 +700,97 @@ def stream_error_event(err: dict[str, Any], sequence_number: int) -> tuple[str, 
             "sequence_number": sequence_number,
         },
     )
+
+
+class _ResponsesFold:
+    """``InputFold`` as a ``Fold``: it continues only after all of its items, and only while the
+    ``instructions`` are the same (an item's translation depends on the items before it)."""
+
+    __slots__ = ("inner", "instructions", "n")
+
+    def __init__(self, body: dict[str, Any] | None) -> None:
+        self.inner = InputFold(body)
+        self.instructions = body.get("instructions") if body is not None else None
+        self.n = 0
+
+    def feed(self, item: Any) -> None:
+        self.inner.feed(item)
+        self.n += 1
+
+    def resumed(self, k: int, body: dict[str, Any]) -> _ResponsesFold | None:
+        if k < self.n or body.get("instructions") != self.instructions:
+            return None
+        out = _ResponsesFold(None)
+        out.inner, out.instructions, out.n = self.inner.resumed(), self.instructions, self.n
+        return out
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return chat_request(body, self.inner.messages.copy())
+
+
+class _Stream(ResponsesStream):
+    def error(self, err: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return [stream_error_event(err, self.seq)]
+
+
+class _Responses(WireDialect):
+    name = Dialect.RESPONSES
+    routes = (Route("POST", r"/v1/responses"),)
+    conversation_keys = ("input",)
+    chat_view = True
+    end_marks = tuple(e.encode() for e in TERMINAL_EVENTS)
+
+    def openapi(self) -> dict[str, dict[str, Any]]:
+        props = {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "instructions": {"type": "string"},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": TOOL_SCHEMA},
+        }
+        return {"/v1/responses": openapi_post("responses", props, ["model", "input"])}
+
+    def validate(self, body: dict[str, Any]) -> None:
+        validate(body)
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return to_chat(body)
+
+    def fold(self, body: dict[str, Any]) -> _ResponsesFold:
+        return _ResponsesFold(body)
+
+    def from_chat(self, chat: dict[str, Any], req: dict[str, Any], path: str = "") -> dict[str, Any]:
+        return chat_to_responses(chat, req)
+
+    def chat_stream(self, req: dict[str, Any], path: str = "") -> _Stream:
+        return _Stream(req)
+
+    def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
+        return assemble(events)
+
+    def extract_tokens(self, obj: Any) -> Tokens:
+        return extract_tokens(obj)
+
+    def assistant_message(self, response: Any) -> dict[str, Any] | None:
+        return assistant_message(response)
+
+    def finish_of(self, response: Any) -> str | None:
+        s = response.get("status") if isinstance(response, dict) else None
+        return s if isinstance(s, str) else None
+
+    def is_terminal(self, name: str | None, data: str) -> bool:
+        return event_type_in(name, data, TERMINAL_EVENTS)
+
+    def images(self, request: Any) -> list[ImageRef]:
+        return responses_images(request) if isinstance(request, dict) else []
+
+    def opening(self, body: dict[str, Any]) -> list[Any] | None:
+        return opening(body)
+
+    def tool_call_ids(self, response: Any) -> list[str]:
+        items = response.get("output") or [] if isinstance(response, dict) else []
+        return [str(i["call_id"]) for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+
+
+DIALECT = _Responses()
+"""OpenAI Responses, as the registry lists it."""

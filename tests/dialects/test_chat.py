@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
+from orchard_rec.dialects import chat, completions
 from orchard_rec.errors import BadRequest, TooManyRequests
-from orchard_rec.protocol import chat, completions
 
 
 def _chunk(delta: dict, **extra: object) -> dict:  # type: ignore[type-arg]

@@ -4,7 +4,7 @@ A screenshot reaches the model as a chat ``image_url`` part (a ``data:`` URL or 
 a Responses ``input_image`` (``image_url``: a data URL or URL; ``file_id``), or an Anthropic
 ``image`` block (``source``: ``base64`` + ``media_type``, or ``url``), also nested in a
 ``tool_result`` block's content (computer-use screenshots) and, for chat and Responses, in a
-tool output's content list. ``images_of(dialect, request)`` lists them in prompt order (messages in
+tool output's content list. Each dialect lists them (``orchard_rec.dialects.images_of``) in prompt order (messages in
 order, parts in order, a tool result's parts where the result sits), which is the order a
 vision-language chat template emits its image placeholders and so the order of the image
 runs in the prompt ids.
@@ -26,9 +26,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchard_rec.records import Dialect
-
-__all__ = ["ImageRef", "decode_data_url", "image_ref", "images_of"]
+__all__ = [
+    "IMAGE_TOKENS",
+    "ImageRef",
+    "anthropic_images",
+    "chat_images",
+    "decode_data_url",
+    "image_of_url",
+    "image_ref",
+    "image_token_id",
+    "responses_images",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,28 @@ class ImageRef:
         """A file extension for the media type (``png``, ``jpg`` ...; ``bin`` when unknown)."""
         sub = (self.mime or "").partition("/")[2].lower()
         return {"jpeg": "jpg", "svg+xml": "svg"}.get(sub, sub) or "bin"
+
+
+IMAGE_TOKENS = ("<|image_pad|>", "<image>", "<|image|>", "<image_soft_token>", "<|IMAGE|>")
+"""Image placeholder tokens of common VLM families (Qwen2/2.5/3-VL first)."""
+
+
+def image_token_id(tokenizer: Any) -> int | None:
+    """The id of the tokenizer's image placeholder token, or None when it has none."""
+    if tokenizer is None:
+        return None
+    explicit = getattr(tokenizer, "image_token_id", None)
+    if isinstance(explicit, int):
+        return explicit
+    vocab: dict[str, int] = {}
+    try:
+        vocab = dict(tokenizer.get_vocab())
+    except (AttributeError, TypeError):
+        return None
+    for name in IMAGE_TOKENS:
+        if name in vocab:
+            return int(vocab[name])
+    return None
 
 
 def decode_data_url(url: str) -> tuple[str, bytes] | None:
@@ -106,7 +136,7 @@ def image_ref(data: bytes, mime: str | None) -> ImageRef:
     return ImageRef(hashlib.sha256(data).hexdigest(), mime, w, h, None, data)
 
 
-def _of_url(url: Any) -> ImageRef | None:
+def image_of_url(url: Any) -> ImageRef | None:
     if not isinstance(url, str) or not url:
         return None
     decoded = decode_data_url(url)
@@ -124,11 +154,11 @@ def _chat_parts(content: Any) -> Iterator[ImageRef]:
         t = p.get("type")
         if t == "image_url":
             u = p.get("image_url")
-            ref = _of_url(u.get("url") if isinstance(u, dict) else u)
+            ref = image_of_url(u.get("url") if isinstance(u, dict) else u)
             if ref is not None:
                 yield ref
         elif t == "input_image":  # Responses-style parts some clients also send to chat
-            ref = _of_url(p.get("image_url"))
+            ref = image_of_url(p.get("image_url"))
             if ref is not None:
                 yield ref
 
@@ -143,7 +173,7 @@ def _responses_parts(content: Any) -> Iterator[ImageRef]:
             url = p.get("image_url")
             if isinstance(url, dict):
                 url = url.get("url")
-            ref = _of_url(url)
+            ref = image_of_url(url)
             if ref is None and isinstance(p.get("file_id"), str):
                 fid = p["file_id"]
                 ref = ImageRef(hashlib.sha256(fid.encode()).hexdigest(), None, None, None, f"file:{fid}")
@@ -169,37 +199,40 @@ def _anthropic_blocks(content: Any) -> Iterator[ImageRef]:
                     continue
                 yield image_ref(data, src.get("media_type"))
             elif src.get("type") == "url":
-                ref = _of_url(src.get("url"))
+                ref = image_of_url(src.get("url"))
                 if ref is not None:
                     yield ref
         elif t == "tool_result":
             yield from _anthropic_blocks(b.get("content"))
 
 
-def images_of(dialect: Dialect | str, request: Any) -> list[ImageRef]:
-    """The images of a request, in prompt order (see the module docstring); [] when none."""
-    if not isinstance(request, dict):
-        return []
-    try:
-        d = Dialect(dialect)
-    except ValueError:
-        return []
+def chat_images(request: dict[str, Any]) -> list[ImageRef]:
+    """A chat request's images, in prompt order."""
     out: list[ImageRef] = []
-    if d is Dialect.CHAT:
-        for m in request.get("messages") or ():
-            if isinstance(m, dict):
-                out.extend(_chat_parts(m.get("content")))
-    elif d is Dialect.RESPONSES:
-        items = request.get("input")
-        for item in items if isinstance(items, list) else ():
-            if not isinstance(item, dict):
-                continue
-            if item.get("type") == "function_call_output":
-                out.extend(_responses_parts(item.get("output")))
-            else:
-                out.extend(_responses_parts(item.get("content")))
-    elif d is Dialect.MESSAGES:
-        for m in request.get("messages") or ():
-            if isinstance(m, dict):
-                out.extend(_anthropic_blocks(m.get("content")))
+    for m in request.get("messages") or ():
+        if isinstance(m, dict):
+            out.extend(_chat_parts(m.get("content")))
+    return out
+
+
+def responses_images(request: dict[str, Any]) -> list[ImageRef]:
+    """A Responses request's images, in prompt order (tool outputs' where they sit)."""
+    out: list[ImageRef] = []
+    items = request.get("input")
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call_output":
+            out.extend(_responses_parts(item.get("output")))
+        else:
+            out.extend(_responses_parts(item.get("content")))
+    return out
+
+
+def anthropic_images(request: dict[str, Any]) -> list[ImageRef]:
+    """A Messages request's images, in prompt order (tool results' where they sit)."""
+    out: list[ImageRef] = []
+    for m in request.get("messages") or ():
+        if isinstance(m, dict):
+            out.extend(_anthropic_blocks(m.get("content")))
     return out

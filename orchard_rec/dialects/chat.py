@@ -13,9 +13,21 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from orchard_rec.errors import OrchardError
+from orchard_rec.dialects.base import (
+    MESSAGE_SCHEMA,
+    TOOL_SCHEMA,
+    Route,
+    Tokens,
+    WireDialect,
+    openai_type,
+    openapi_post,
+)
+from orchard_rec.dialects.images import ImageRef, chat_images
+from orchard_rec.errors import BadRequest, OrchardError
+from orchard_rec.records import Dialect
 
 __all__ = [
+    "DIALECT",
     "DONE",
     "ChatRequest",
     "assemble",
@@ -23,6 +35,7 @@ __all__ = [
     "error_body",
     "error_object",
     "extract_tokens",
+    "injected",
     "opening",
 ]
 
@@ -44,7 +57,7 @@ class ChatRequest(BaseModel):
 
 
 def error_object(exc: OrchardError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.code}}
+    return {"error": {"message": exc.message, "type": openai_type(exc), "param": exc.param, "code": exc.code}}
 
 
 def error_body(exc: OrchardError) -> bytes:
@@ -169,3 +182,72 @@ def opening(body: dict[str, Any]) -> list[Any] | None:
         if role in ("system", "developer"):
             head.append(m.get("content"))
     return None
+
+
+def injected(request: Any, upstream: Any) -> tuple[bool, bool]:
+    """Which of (ids, logprobs) token mode added to what a chat client asked for (``proxy.token``)."""
+    if not isinstance(upstream, dict) or not isinstance(request, dict):
+        return False, False
+    ids = upstream.get("return_token_ids") is True and not request.get("return_token_ids")
+    return ids, upstream.get("logprobs") is True and not request.get("logprobs")
+
+
+class _Chat(WireDialect):
+    name = Dialect.CHAT
+    routes = (Route("POST", r"/v1/chat/completions"),)
+    conversation_keys = ("messages",)
+    token_native = True
+    chat_view = True
+
+    def openapi(self) -> dict[str, dict[str, Any]]:
+        props = {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": MESSAGE_SCHEMA},
+            "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": TOOL_SCHEMA},
+            "max_tokens": {"type": "integer", "minimum": 1},
+        }
+        return {"/v1/chat/completions": openapi_post("chat", props, ["model", "messages"])}
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def token_request(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool, bool]:
+        up = dict(body)
+        up["return_token_ids"] = True
+        up["logprobs"] = True
+        return up, not body.get("return_token_ids"), not body.get("logprobs")
+
+    def validate(self, body: dict[str, Any]) -> None:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise BadRequest("messages: a list of message objects is required", param="messages")
+
+    def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
+        return assemble(events)
+
+    def extract_tokens(self, obj: Any) -> Tokens:
+        return extract_tokens(obj)
+
+    def injected(self, request: Any, upstream: Any) -> tuple[bool, bool]:
+        return injected(request, upstream)
+
+    def assistant_message(self, response: Any) -> dict[str, Any] | None:
+        return assistant_message(response)
+
+    def images(self, request: Any) -> list[ImageRef]:
+        return chat_images(request) if isinstance(request, dict) else []
+
+    def opening(self, body: dict[str, Any]) -> list[Any] | None:
+        return opening(body)
+
+    def tool_call_ids(self, response: Any) -> list[str]:
+        try:
+            calls = response["choices"][0]["message"].get("tool_calls") or []
+            return [str(tc["id"]) for tc in calls]
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return []
+
+
+DIALECT = _Chat()
+"""OpenAI Chat Completions, as the registry lists it."""

@@ -6,8 +6,8 @@ import orjson
 import pytest
 from hypothesis import given
 
+from orchard_rec.dialects import Dialect, anthropic, error_body, is_terminal, to_chat
 from orchard_rec.errors import BadRequest, TooManyRequests
-from orchard_rec.protocol import Dialect, anthropic, error_body, is_terminal, to_chat
 
 from .strategies import SETTINGS, assistant_turns, chunks, completion, normal
 
@@ -94,7 +94,7 @@ def test_unreadable_requests_are_400s_naming_the_field(body: dict, param: str) -
 
 
 def test_error_shapes() -> None:
-    assert orjson.loads(error_body(TooManyRequests("busy"), True)) == {
+    assert orjson.loads(error_body(TooManyRequests("busy"), anthropic.DIALECT)) == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "busy"},
     }
@@ -123,7 +123,7 @@ def test_the_end_is_the_event_never_text_inside_one() -> None:
 def test_tool_result_screenshots_reach_chat_in_image_order() -> None:
     """A computer-use tool result's screenshot is a chat image part where the result sits (a VLM
     must see it), in the order ``images_of`` lists the request's images; text-only results stay text."""
-    from orchard_rec.protocol.images import images_of
+    from orchard_rec.dialects import images_of
 
     def img(data: str) -> dict:  # type: ignore[type-arg]
         return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}

@@ -10,7 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["CompletionsRequest", "assemble", "extract_tokens", "opening"]
+from orchard_rec.dialects.base import Route, Tokens, WireDialect, openapi_post
+from orchard_rec.records import Dialect
+
+__all__ = ["DIALECT", "CompletionsRequest", "assemble", "extract_tokens", "injected", "opening"]
 
 
 class CompletionsRequest(BaseModel):
@@ -84,3 +87,50 @@ def extract_tokens(obj: Any) -> tuple[Any, Any, list[float] | None, Any, Any]:
 def opening(body: dict[str, Any]) -> None:
     """A completions prompt is raw text: no conversation opening to derive a session from."""
     return None
+
+
+def injected(request: Any, upstream: Any) -> tuple[bool, bool]:
+    """Which of (ids, logprobs) token mode added to what a completions client asked for
+    (``logprobs: 0`` when the client asked for none)."""
+    if not isinstance(upstream, dict) or not isinstance(request, dict):
+        return False, False
+    ids = upstream.get("return_token_ids") is True and not request.get("return_token_ids")
+    asked = request.get("logprobs")
+    up = upstream.get("logprobs")
+    return ids, (asked is None or asked is False) and up == 0 and up is not False
+
+
+class _Completions(WireDialect):
+    name = Dialect.COMPLETIONS
+    routes = (Route("POST", r"/v1/completions"),)
+    token_native = True
+
+    def openapi(self) -> dict[str, dict[str, Any]]:
+        props = {
+            "model": {"type": "string"},
+            "prompt": {"type": "string"},
+            "stream": {"type": "boolean"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+        }
+        return {"/v1/completions": openapi_post("completions", props, ["model", "prompt"])}
+
+    def token_request(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool, bool]:
+        up = dict(body)
+        up["return_token_ids"] = True
+        inject_lp = body.get("logprobs") is None or body.get("logprobs") is False
+        if inject_lp:
+            up["logprobs"] = 0  # the sampled token's logprob only
+        return up, not body.get("return_token_ids"), inject_lp
+
+    def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
+        return assemble(events)
+
+    def extract_tokens(self, obj: Any) -> Tokens:
+        return extract_tokens(obj)
+
+    def injected(self, request: Any, upstream: Any) -> tuple[bool, bool]:
+        return injected(request, upstream)
+
+
+DIALECT = _Completions()
+"""OpenAI (legacy) Completions, as the registry lists it."""
