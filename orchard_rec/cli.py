@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -1167,6 +1167,36 @@ def _check_out(fmt: str, out: Path) -> None:
         raise usage_error(f"--out {out} is a folder", "give a file name")
 
 
+def _dataset_out(out: str, fmt: str, pairs: list[str] | None) -> tuple[str | None, dict[str, Any]]:
+    """``--out URL``: the URL and its ``--storage-option``s (None: a file, as before)."""
+    from orchard_rec.errors import ExportError
+    from orchard_rec.exporters.dataset import is_url, parse_storage_options
+
+    if not is_url(out):
+        if pairs:
+            raise usage_error("--storage-option is for an --out URL (s3://, gs://, file://)")
+        return None, {}
+    if fmt not in ("jsonl", "parquet"):  # jsonl: the default, left as it is
+        raise usage_error(
+            f"--out {out} writes a partitioned parquet dataset; --format {fmt} goes to a file",
+            "use --format parquet (or leave --format out) with a URL, or give --out FILE",
+        )
+    try:
+        return out, parse_storage_options(pairs or ())
+    except ExportError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def _url_export(url: str, storage: dict[str, Any]) -> Callable[..., Any]:
+    """``run_export``'s signature, writing the dataset at ``url`` (``exporters.dataset``)."""
+    from orchard_rec.exporters.pipeline import export_dataset
+
+    def run(db: str, _fmt: str, _out: Path, *, format_options: Any = None, **selection: Any) -> Any:
+        return export_dataset(db, url, storage_options=storage, **selection)
+
+    return run
+
+
 def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> None:
     if group_by == "session":
         return
@@ -1188,8 +1218,11 @@ def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> No
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf)."
+    out_arg: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf); a URL (s3://, gs://, file://) is a partitioned parquet dataset.",
     ),
     db: str = DbOpt,
     session: list[str] | None = SessionsOpt,
@@ -1248,6 +1281,11 @@ def export(
         help="Drop samples that have no stored teacher log-probs (orchard-rec teacher).",
     ),
     list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
+    storage_options: list[str] | None = typer.Option(
+        None,
+        "--storage-option",
+        help="KEY=VALUE for the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
+    ),
     auxiliary: bool | None = typer.Option(
         None,
         "--auxiliary/--no-auxiliary",
@@ -1270,9 +1308,12 @@ def export(
         raise usage_error(
             f"--format {fmt!r} is not a format", f"one of: {', '.join(sorted(known))} (--list-formats)"
         )
-    if out is None:
+    if out_arg is None:
         raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
-    _check_out(fmt, out)
+    url, storage = _dataset_out(out_arg, fmt, storage_options)
+    out = Path(out_arg)
+    if url is None:
+        _check_out(fmt, out)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
     if processor is not None and fmt != "slime":
@@ -1345,7 +1386,7 @@ def export(
     )
     with progress:
         task = progress.add_task("export", total=total)
-        stats = run_export(
+        stats = (run_export if url is None else _url_export(url, storage))(
             db,
             fmt,
             out,
@@ -1369,7 +1410,7 @@ def export(
             auxiliary=auxiliary,
             require_teacher=require_teacher,
         )
-    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
+    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
     if bar is not None or filters:
         typer.echo(f"selection: {sel_stats.summary()}", err=True)
     typer.echo(

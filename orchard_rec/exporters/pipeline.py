@@ -15,7 +15,7 @@ from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
 from orchard_rec.teacher.store import TeacherStore
 
-__all__ = ["attach_messages", "export", "fill_images", "select_samples"]
+__all__ = ["attach_messages", "export", "export_dataset", "fill_images", "select_samples"]
 
 
 def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
@@ -86,3 +86,56 @@ def export(
         return exporter.write(fill_images(store, samples), out)
     finally:
         store.close()
+
+
+def export_dataset(
+    db_url: str,
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    on_session: Callable[[Any], None] | None = None,
+    auxiliary: bool | None = None,
+    **selection: Any,
+) -> ExportStats:
+    """Database -> a partitioned parquet dataset at ``url`` (``exporters.dataset``): the ``parquet``
+    format's rows, partitioned by the session's outcome metadata ``run``, the policy version and
+    the session's day; the manifest records ``selection``."""
+    from orchard_rec.exporters.dataset import write_dataset
+
+    store = Store(db_url, readonly=True)  # an export never writes the database
+    try:
+        teachers = TeacherStore(store.engine)
+        if teachers.has_table() and "teacher" not in selection:
+            selection["teacher"] = teachers.lookup
+
+        def session_info(sid: str) -> tuple[Any, float | None]:
+            summary = store.session(sid)
+            if summary is None:
+                return None, None
+            meta = summary.outcome.metadata if summary.outcome is not None else {}
+            return meta.get("run"), summary.created_at
+
+        samples = select_samples(
+            store, on_session=on_session, auxiliary=True if auxiliary is None else auxiliary, **selection
+        )
+        return write_dataset(
+            fill_images(store, samples),
+            url,
+            storage_options=storage_options,
+            session_info=session_info,
+            selection=_recorded(selection, auxiliary),
+        )
+    finally:
+        store.close()
+
+
+def _recorded(selection: dict[str, Any], auxiliary: bool | None) -> dict[str, Any]:
+    """The selection as the manifest records it: options given, JSON-safe (callables left out)."""
+    out: dict[str, Any] = {"auxiliary": True if auxiliary is None else auxiliary}
+    for k, v in selection.items():
+        if v is None or callable(v) or k in ("selection_stats", "tokenizer"):
+            continue
+        out[k] = list(v) if isinstance(v, tuple) else v
+    if selection.get("tokenizer") is not None:
+        out["tokenizer"] = str(getattr(selection["tokenizer"], "name_or_path", "given"))
+    return out
