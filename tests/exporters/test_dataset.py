@@ -147,6 +147,7 @@ def test_export_to_s3_reads_back_as_the_local_export(s3: str, bucket: str, tmp_p
     assert {r["session_id"] for r in ds.table(["session_id"]).to_pylist()} == {"a-text", "b-gui"}
 
 
+@pytest.mark.slow  # starting Ray takes ~30 s on a loaded machine
 def test_ray_data_reads_the_dataset(s3: str, bucket: str, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     db = _db(tmp_path)
@@ -159,6 +160,10 @@ def test_ray_data_reads_the_dataset(s3: str, bucket: str, tmp_path: Path) -> Non
     finally:
         ray.shutdown()
     assert _by_key(pa.Table.from_pylist(rows)) == _by_key(pq.read_table(tmp_path / "ref.parquet"))
+    assert sorted({(r["session_id"], r["run"]) for r in rows}, key=str) == [
+        ("a-text", None),
+        ("b-gui", "exp7"),
+    ]
 
 
 def _today() -> str:
