@@ -1187,11 +1187,17 @@ def _dataset_out(out: str, fmt: str, pairs: list[str] | None) -> tuple[str | Non
         raise usage_error(str(exc)) from None
 
 
-def _url_export(url: str, storage: dict[str, Any]) -> Callable[..., Any]:
-    """``run_export``'s signature, writing the dataset at ``url`` (``exporters.dataset``)."""
-    from orchard_rec.exporters.pipeline import export_dataset
+def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | None) -> Callable[..., Any]:
+    """``run_export``'s signature, writing the dataset at ``url`` (``exporters.dataset``); ``engine``
+    ray: sharded over a Ray cluster (``exporters.ray_engine``, the only place Ray is imported)."""
 
     def run(db: str, _fmt: str, _out: Path, *, format_options: Any = None, **selection: Any) -> Any:
+        if engine == "ray":
+            from orchard_rec.exporters.ray_engine import export_dataset_ray
+
+            return export_dataset_ray(db, url, storage_options=storage, address=address, **selection)
+        from orchard_rec.exporters.pipeline import export_dataset
+
         return export_dataset(db, url, storage_options=storage, **selection)
 
     return run
@@ -1286,6 +1292,14 @@ def export(
         "--storage-option",
         help="KEY=VALUE for the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
     ),
+    engine: Literal["local", "ray"] = typer.Option(
+        "local", "--engine", help="ray: shard sessions over a Ray cluster (an --out URL; the ray extra)."
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="The Ray cluster for --engine ray (default: RAY_ADDRESS, else a local one).",
+    ),
     auxiliary: bool | None = typer.Option(
         None,
         "--auxiliary/--no-auxiliary",
@@ -1311,6 +1325,10 @@ def export(
     if out_arg is None:
         raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
     url, storage = _dataset_out(out_arg, fmt, storage_options)
+    if (engine == "ray" or ray_address) and url is None:
+        raise usage_error("--engine ray writes a partitioned dataset: give --out URL (s3://..., file://...)")
+    if ray_address and engine != "ray":
+        raise usage_error("--ray-address is for --engine ray")
     out = Path(out_arg)
     if url is None:
         _check_out(fmt, out)
@@ -1386,7 +1404,7 @@ def export(
     )
     with progress:
         task = progress.add_task("export", total=total)
-        stats = (run_export if url is None else _url_export(url, storage))(
+        stats = (run_export if url is None else _url_export(url, storage, engine, ray_address))(
             db,
             fmt,
             out,

@@ -43,6 +43,7 @@ from typing import Any, cast
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from orchard_rec import __version__
@@ -59,6 +60,7 @@ __all__ = [
     "PARTITIONS",
     "PARTITION_SCHEMA",
     "DatasetWriter",
+    "finalize_part",
     "is_url",
     "latest_manifest",
     "open_fs",
@@ -72,6 +74,7 @@ PARTITION_SCHEMA = pa.schema([(k, pa.string()) for k in PARTITIONS])
 """For pyarrow: ``pyarrow.dataset.partitioning(PARTITION_SCHEMA, flavor="hive")`` (its type inference
 fails on a level that is null everywhere, e.g. ``policy_version`` before any policy was tracked)."""
 MANIFEST_DIR = "_manifests"
+STAGING_DIR = "_staging"
 IMAGES_DIR = "_images"
 MANIFEST_FORMAT = "orchard-rec-dataset/1"
 MAX_OPEN = 32
@@ -187,13 +190,18 @@ class DatasetWriter:
         storage_options: dict[str, Any] | None = None,
         session_info: Callable[[str], tuple[Any, float | None]] | None = None,
         export_id: str | None = None,
+        shard: int | None = None,
     ) -> None:
+        """``shard``: a worker of a sharded export (``--engine ray``): parts are staged under
+        ``_staging/<export>/`` (``.staged``, no reader's glob matches them) until the driver
+        moves them into place with the export's running sample index (``finalize_part``)."""
         self.url = url
         self.fs, self.root = open_fs(url, storage_options)
         self.session_info = session_info or (lambda _sid: (None, None))
         now = dt.datetime.now(dt.UTC)  # the names sort in commit order: newest manifest last
         self.export_id = export_id or now.strftime("%Y%m%dT%H%M%S.%fZ-") + secrets.token_hex(4)
-        self.previous = self._check_prefix()
+        self.shard = shard
+        self.previous = self._check_prefix() if shard is None else None
         self.open: OrderedDict[tuple[str, ...], _Part] = OrderedDict()
         self.parts: dict[str, int] = {}
         """Part file path (relative to the root) -> rows, for every part this export wrote."""
@@ -268,7 +276,11 @@ class DatasetWriter:
         if len(self.open) >= MAX_OPEN:
             _, oldest = self.open.popitem(last=False)
             self._close(oldest)
-        rel = posixpath.join(*key, f"part-{self.export_id}-{self.counter:05d}.parquet")
+        if self.shard is None:
+            rel = posixpath.join(*key, f"part-{self.export_id}-{self.counter:05d}.parquet")
+        else:
+            name = f"part-{self.export_id}-s{self.shard:05d}-{self.counter:05d}.parquet.staged"
+            rel = posixpath.join(STAGING_DIR, self.export_id, *key, name)
         self.counter += 1
         full = posixpath.join(self.root, rel)
         self.parts[rel] = 0  # known before the first byte, so a failure removes it
@@ -291,10 +303,13 @@ class DatasetWriter:
 
     # -- commit / abort --------------------------------------------------------------------------------------
 
-    def commit(self, selection: dict[str, Any]) -> str:
-        """Close every part and write the manifest (the commit point); its path."""
+    def close_parts(self) -> None:
         while self.open:
             self._close(self.open.popitem(last=False)[1])
+
+    def commit(self, selection: dict[str, Any]) -> str:
+        """Close every part and write the manifest (the commit point); its path."""
+        self.close_parts()
         files = list(self.previous[1]["files"]) if self.previous else []
         for rel, rows in sorted(self.parts.items()):
             size = self.fs.size(posixpath.join(self.root, rel))
@@ -362,3 +377,25 @@ def iter_files(manifest: dict[str, Any]) -> Iterator[str]:
     """The part files of a manifest, relative to the dataset's root."""
     for f in manifest["files"]:
         yield f["path"]
+
+
+def finalize_part(fs: Any, root: str, staged: str, offset: int) -> tuple[str, int]:
+    """Move a shard's staged part into its partition, its ``index`` column shifted by ``offset``
+    (the samples of earlier shards): ``(path relative to root, rows)``."""
+    _, _export, *rest = staged.split("/")
+    final = posixpath.join(*rest[:-1], rest[-1].removesuffix(".staged"))
+    rows = 0
+    i = DATASET_SCHEMA.get_field_index("index")
+    shift = pa.scalar(offset, pa.int64())
+    with (
+        fs.open(posixpath.join(root, staged), "rb") as src,
+        fs.open(posixpath.join(root, final), "wb") as dst,
+    ):
+        writer = pq.ParquetWriter(dst, DATASET_SCHEMA, compression="zstd")
+        for b in pq.ParquetFile(src).iter_batches(batch_size=BATCH):  # one batch in memory
+            b = b.set_column(i, "index", pc.add(b.column(i), shift))
+            writer.write_batch(b)
+            rows += b.num_rows
+        writer.close()
+    fs.rm(posixpath.join(root, staged))
+    return final, rows
