@@ -65,6 +65,7 @@ __all__ = [
     "latest_manifest",
     "open_fs",
     "parse_storage_options",
+    "storage_errors",
     "write_dataset",
 ]
 
@@ -355,22 +356,55 @@ def write_dataset(
     selection: dict[str, Any] | None = None,
 ) -> ExportStats:
     """Write ``samples`` as a new export into the dataset at ``url``; the manifest last."""
-    w = DatasetWriter(url, storage_options=storage_options, session_info=session_info)
+    with storage_errors(url):
+        w = DatasetWriter(url, storage_options=storage_options, session_info=session_info)
     stats = ExportStats()
     try:
-        for s in samples:
-            w.add(s)
-            stats.add(s)
-        if stats.samples == 0:
-            w.abort()
-            return stats
-        manifest = w.commit(selection or {})
+        with storage_errors(url):
+            for s in samples:
+                w.add(s)
+                stats.add(s)
+            if stats.samples == 0:
+                w.abort()
+                return stats
+            manifest = w.commit(selection or {})
     except BaseException:
         w.abort()
         raise
     rel = manifest[len(w.root) :].lstrip("/")
     stats.files = [cast(Path, url.rstrip("/") + "/" + rel)]  # shown as given: s3://bucket/prefix/...
     return stats
+
+
+_STORAGE_LIBRARIES = (
+    "botocore",
+    "aiobotocore",
+    "s3fs",
+    "gcsfs",
+    "google",
+    "adlfs",
+    "azure",
+    "fsspec",
+    "aiohttp",
+)
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """A filesystem's failure (no such bucket, refused credentials, unreachable endpoint) as an
+    ``ExportError`` naming ``url``; anything else passes through."""
+    try:
+        yield
+    except ExportError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, OSError) and type(exc).__module__.split(".")[0] not in _STORAGE_LIBRARIES:
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExportError(
+            f"cannot write the dataset at {url}: {first} (check the bucket, the credentials: "
+            "--storage-option key=... secret=... or AWS_*, and the endpoint: endpoint_url=... or AWS_ENDPOINT_URL)"
+        ) from exc
 
 
 def iter_files(manifest: dict[str, Any]) -> Iterator[str]:

@@ -165,20 +165,25 @@ def write_shard(
     """One shard of a sharded dataset export (a Ray task): its own read-only store, its parts
     staged (``DatasetWriter(shard=)``); removes what it wrote when it fails. Returns the staged
     parts, the images it wrote, and its sample and token counts."""
-    from orchard_rec.exporters.dataset import DatasetWriter
+    from orchard_rec.exporters.dataset import DatasetWriter, storage_errors
 
     store = Store(db_url, readonly=True)
     writer: DatasetWriter | None = None
+    stats = ExportStats()
     try:
         samples, session_info = _dataset_samples(store, None, auxiliary, selection)
-        writer = DatasetWriter(
-            url, storage_options=storage_options, session_info=session_info, export_id=export_id, shard=shard
-        )
-        stats = ExportStats()
-        for s in samples:
-            writer.add(s)
-            stats.add(s)
-        writer.close_parts()
+        with storage_errors(url):
+            writer = DatasetWriter(
+                url,
+                storage_options=storage_options,
+                session_info=session_info,
+                export_id=export_id,
+                shard=shard,
+            )
+            for s in samples:
+                writer.add(s)
+                stats.add(s)
+            writer.close_parts()
         return {
             "parts": sorted(writer.parts),
             "images": writer.images_written,

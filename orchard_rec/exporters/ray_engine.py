@@ -22,9 +22,9 @@ import posixpath
 from collections.abc import Callable
 from typing import Any, cast
 
-from orchard_rec.errors import ExportError, UsageError
+from orchard_rec.errors import ExportError, OrchardError, UsageError
 from orchard_rec.exporters.base import ExportStats
-from orchard_rec.exporters.dataset import STAGING_DIR, DatasetWriter, finalize_part, open_fs
+from orchard_rec.exporters.dataset import STAGING_DIR, DatasetWriter, finalize_part, open_fs, storage_errors
 from orchard_rec.exporters.pipeline import _recorded, session_ids, write_shard
 
 __all__ = ["UNSHARDABLE", "export_dataset_ray", "shards_of"]
@@ -79,7 +79,8 @@ def export_dataset_ray(
         since=selection.get("since"),
         harness=selection.get("harness"),
     )
-    driver = DatasetWriter(url, storage_options=storage_options)  # checks the prefix, names the export
+    with storage_errors(url):
+        driver = DatasetWriter(url, storage_options=storage_options)  # checks the prefix, names the export
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -126,12 +127,15 @@ def export_dataset_ray(
         manifest = driver.commit(recorded)
         with contextlib.suppress(Exception):  # empty folders a local filesystem keeps
             driver.fs.rm(posixpath.join(driver.root, STAGING_DIR), recursive=True)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(Exception):
             for ref in refs:
                 ray.cancel(ref, force=True)
             ray.wait(refs, num_returns=len(refs), timeout=60)  # no shard writes after the cleanup
         _cleanup(driver, done)
+        cause = getattr(exc, "cause", None)  # a shard's own error, as a single process raises it
+        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, (OrchardError, OSError)):
+            raise cause from None
         raise
     finally:
         if started:

@@ -245,3 +245,13 @@ def test_local_file_url_and_mistakes(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--storage-option is for an --out URL" in r.output
     r = runner.invoke(app, ["export", "--db", db, "--out", f"file://{tmp_path}/y", "--storage-option", "ab"])
     assert r.exit_code == 2 and "KEY=VALUE" in r.output
+
+
+def test_a_missing_bucket_is_one_line_and_writes_nothing(s3: str, bucket: str, tmp_path: Path) -> None:
+    db = _db(tmp_path)
+    r = runner.invoke(
+        app,
+        ["export", "--db", db, "--out", "s3://no-such-bucket/ds/", "--storage-option", f"endpoint_url={s3}"],
+    )
+    assert r.exit_code == 1 and "cannot write the dataset at s3://no-such-bucket/ds/" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) <= 2
