@@ -15,8 +15,8 @@ Layout under the prefix (``file://``, a local folder, ``s3://``, ``gs://``, ...)
   outcome metadata ``run`` (``orchard-rec outcome SID --metadata run=exp7``), ``policy_version``
   the newest policy version that generated the sample's tokens (when samples carry
   ``policy_versions``), ``date`` the session's start day (UTC). Unknown values are
-  ``__HIVE_DEFAULT_PARTITION__``, which pyarrow, Ray Data and DuckDB read as null; every file
-  has all three levels, so the glob readers see one consistent partitioning.
+  ``__HIVE_DEFAULT_PARTITION__``, which pyarrow and DuckDB read as null (Ray Data keeps the
+  string); every file has all three levels, so the glob readers see one partitioning.
 - The manifest is written last and is the commit point: a dataset is the files its newest
   manifest lists (every earlier export's files plus this one's), with row counts, sizes, the
   schema, the export's selection and the orchard-rec version. An export that fails or is
@@ -25,7 +25,7 @@ Layout under the prefix (``file://``, a local folder, ``s3://``, ``gs://``, ...)
   same prefix (with ``--since``) adds part files under new names and a new manifest; nothing
   earlier is rewritten.
 
-Memory: one buffered batch per open partition; at most ``MAX_OPEN`` part files are open (the
+Memory: one buffered batch per open partition (``BATCH`` rows or ``BATCH_TOKENS`` tokens); at most ``MAX_OPEN`` part files are open (the
 least recently used is closed, a later sample of its partition starts a new part).
 """
 
@@ -80,6 +80,9 @@ IMAGES_DIR = "_images"
 MANIFEST_FORMAT = "orchard-rec-dataset/1"
 MAX_OPEN = 32
 BATCH = 512
+BATCH_TOKENS = 1 << 18
+"""A part's buffered rows are written as a row group at ``BATCH`` rows or this many tokens, so
+memory stays bounded for long samples (Python lists of ids, mask and log-probs)."""
 
 IMAGE_REF = pa.struct(
     [
@@ -176,6 +179,7 @@ class _Part:
     writer: pq.ParquetWriter
     rows: list[dict[str, Any]] = field(default_factory=list)
     count: int = 0
+    tokens: int = 0
 
 
 class DatasetWriter:
@@ -270,7 +274,8 @@ class DatasetWriter:
         r = _row(s)
         r["images"] = self._image_refs(s)
         part.rows.append(r)
-        if len(part.rows) >= BATCH:
+        part.tokens += len(s.tokens)
+        if len(part.rows) >= BATCH or part.tokens >= BATCH_TOKENS:
             self._flush(part)
 
     def _open(self, key: tuple[str, ...]) -> _Part:
@@ -295,6 +300,7 @@ class DatasetWriter:
             part.writer.write_table(pa.Table.from_pylist(part.rows, schema=DATASET_SCHEMA))
             part.count += len(part.rows)
             part.rows = []
+            part.tokens = 0
 
     def _close(self, part: _Part) -> None:
         self._flush(part)
