@@ -231,6 +231,11 @@ def test_local_file_url_and_mistakes(tmp_path: Path) -> None:
         3,
     ]
 
+    torch_ds = open_dataset(f"file://{tmp_path}/ds").torch()  # the trainers' tensors
+    local = sorted(read_jsonl_rows(db, tmp_path), key=lambda s: (s.session_id, s.index))
+    items = list(torch_ds)
+    assert sorted(it["input_ids"].tolist() for it in items) == sorted(s.tokens for s in local)
+
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     r = runner.invoke(app, ["export", "--db", db, "--out", f"file://{tmp_path}/other"])
@@ -256,3 +261,8 @@ def test_a_missing_bucket_is_one_line_and_writes_nothing(s3: str, bucket: str, t
     )
     assert r.exit_code == 1 and "cannot write the dataset at s3://no-such-bucket/ds/" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) <= 2
+
+
+def read_jsonl_rows(db: str, tmp_path: Path) -> list[Any]:
+    _export("--db", db, "--out", str(tmp_path / "torch-ref.jsonl"))
+    return list(read_jsonl(tmp_path / "torch-ref.jsonl"))

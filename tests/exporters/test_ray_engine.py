@@ -127,3 +127,39 @@ def test_without_engine_ray_is_never_imported(sqlite_url: str, tmp_path: Path) -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("ok"), out.stderr
     assert (tmp_path / "ds" / "_manifests").is_dir()
+
+
+@pytest.mark.slow
+def test_ray_engine_to_s3_equals_the_single_process_export(
+    cluster: None, sqlite_url: str, tmp_path: Path
+) -> None:
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        keys = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="ray")
+        _fill(sqlite_url)
+        options = [x for k, v in keys.items() for x in ("--storage-option", f"{k}={v}")]
+        r = runner.invoke(
+            app, ["export", "--db", sqlite_url, "--out", "s3://ray/ds/", "--engine", "ray", *options]
+        )
+        assert r.exit_code == 0, r.output
+        r = runner.invoke(app, ["export", "--db", sqlite_url, "--out", f"file://{tmp_path}/one"])
+        assert r.exit_code == 0, r.output
+        sharded = open_dataset("s3://ray/ds/", keys)
+        assert [s.to_dict() for s in sorted(sharded.samples(), key=lambda s: s.index)] == _rows(
+            f"file://{tmp_path}/one"
+        )
+        assert not any("_staging" in p for p in sharded.fs.find("ray/ds"))
+    finally:
+        server.stop()
