@@ -1,12 +1,15 @@
 """Toolkit benchmark: reconstruction calls/s and export samples/s with peak memory.
 
-    python bench/toolkit.py [--calls 100000] [--turns 10] [--formats jsonl,parquet,slime]
+    python bench/toolkit.py [--calls 100000] [--turns 10] [--formats jsonl,parquet,slime] [--drift]
 
 Builds a SQLite database of synthetic recorded sessions (``--calls`` calls, ``--turns``
 calls per session, growing prompts, exact ids and logprobs), then measures, each in a
 fresh subprocess so peak RSS is its own:
 - ``reconstruct``: records read from the database and merged into samples, nothing written;
-- ``export:<fmt>``: the full ``orchard-rec export`` path (database -> samples -> file).
+- ``export:<fmt>``: the full ``orchard-rec export`` path (database -> samples -> file);
+- with ``--drift`` the client resends every generated turn with one id replaced by three (a byte
+  the client got as U+FFFD, issue 42), so no prompt extends a sample: ``reconstruct`` splits every
+  call, ``reconstruct:realign`` (``--on-mismatch realign``) resyncs each drifted region.
 Runs each measurement at 1/10 of the calls too, so "memory flat in the number of calls"
 is visible in the same table. Loopback-free: touches only files.
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def build_db(url: str, calls: int, turns: int, seed: int = 7) -> None:
+def build_db(url: str, calls: int, turns: int, seed: int = 7, drift: bool = False) -> None:
     from orchard_rec.records import CallOutcome, CallRecord, Dialect
     from orchard_rec.storage import Store
 
@@ -60,7 +63,8 @@ def build_db(url: str, calls: int, turns: int, seed: int = 7) -> None:
                     request={"model": "m", "messages": [{"role": "user", "content": "x"}]},
                 )
             )
-            prompt = prompt + completion + [rng.randrange(1000) for _ in range(20)]
+            resent = completion[:5] + [1001, 1002, 1003] + completion[6:] if drift else completion
+            prompt = prompt + resent + [rng.randrange(1000) for _ in range(20)]
             if len(batch) >= 2000:
                 store.write_batch(batch)
                 batch = []
@@ -75,10 +79,10 @@ def _measure(kind: str, url: str, out_dir: str) -> dict[str, float]:
 
     t = time.perf_counter()
     cpu = time.process_time()
-    if kind == "reconstruct":
+    if kind.startswith("reconstruct"):
         store = Store(url)
         n_samples = n_calls = 0
-        for s in select_samples(store):
+        for s in select_samples(store, on_mismatch="realign" if kind.endswith("realign") else "split"):
             n_samples += 1
             n_calls += len(s.turns)
         store.close()
@@ -103,6 +107,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--formats", default="jsonl")
+    ap.add_argument("--drift", action="store_true", help="turns resent with a U+FFFD's ids (issue 42)")
     ap.add_argument(
         "--json",
         action="store_true",
@@ -118,9 +123,10 @@ def main() -> None:
     for n in (a.calls // 10, a.calls):
         url = f"sqlite:///{work / f'bench_{n}.db'}"
         t = time.perf_counter()
-        build_db(url, n, a.turns)
+        build_db(url, n, a.turns, drift=a.drift)
         print(f"built {n} calls in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-        for kind in ["reconstruct"] + [f"export:{f}" for f in a.formats.split(",")]:
+        kinds = ["reconstruct"] + (["reconstruct:realign"] if a.drift else [])
+        for kind in kinds + [f"export:{f}" for f in a.formats.split(",") if f]:
             r = subprocess.run(
                 [sys.executable, __file__, "--child", kind, url, str(work)],
                 capture_output=True,
@@ -129,10 +135,10 @@ def main() -> None:
             )
             m = json.loads(r.stdout.strip().splitlines()[-1])
             rows.append((n, kind, m))
-    print(f"{'calls':>8} {'measure':<14} {'wall s':>8} {'calls/s':>10} {'samples/s':>10} {'peak RSS MB':>12}")
+    print(f"{'calls':>8} {'measure':<20} {'wall s':>8} {'calls/s':>10} {'samples/s':>10} {'peak RSS MB':>12}")
     for n, kind, m in rows:
         print(
-            f"{n:>8} {kind:<14} {m['wall_s']:>8.2f} {n / m['wall_s']:>10.0f} {m['samples'] / m['wall_s']:>10.0f} {m['peak_rss_mb']:>12.1f}"
+            f"{n:>8} {kind:<20} {m['wall_s']:>8.2f} {n / m['wall_s']:>10.0f} {m['samples'] / m['wall_s']:>10.0f} {m['peak_rss_mb']:>12.1f}"
         )
     for f in work.iterdir():
         f.unlink()

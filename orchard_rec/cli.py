@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from orchard_rec.clihelp import teach
 from orchard_rec.errors import OrchardError, UsageError
 from orchard_rec.storage.store import default_db_url
 
@@ -71,6 +72,7 @@ with contextlib.suppress(ImportError):
 
     _CLICK.append(_typer_click)
 _USAGE = tuple({m.UsageError for m in _CLICK})
+_NO_ARGS = tuple({m.NoArgsIsHelpError for m in _CLICK if hasattr(m, "NoArgsIsHelpError")})
 _CLICK_ERROR = tuple({m.ClickException for m in _CLICK})
 _EXIT = tuple({getattr(m, "Exit", typer.Exit) for m in _CLICK} | {typer.Exit})
 _ABORT = tuple({getattr(m, "Abort", typer.Abort) for m in _CLICK} | {typer.Abort, KeyboardInterrupt})
@@ -102,7 +104,12 @@ def _explain(exc: BaseException) -> tuple[str, str | None, int]:
 
 
 class _Group(TyperGroup):
-    """Every command's errors end here: one or two lines on stderr and an exit code."""
+    """Every command's errors end here: one or two lines on stderr and an exit code. Every
+    command's help gets its examples and metavars here too (``orchard_rec.clihelp``)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        teach(self)
 
     def main(  # type: ignore[override]
         self,
@@ -112,6 +119,7 @@ class _Group(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        _check_arguments(self)
         if not standalone_mode:
             return super().main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
@@ -131,6 +139,9 @@ class _Group(TyperGroup):
                 standalone_mode=False,
                 **extra,
             )
+        except _NO_ARGS as exc:  # `orchard-rec`, `orchard-rec db`: the help, and success
+            typer.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            sys.exit(0)
         except _USAGE as exc:
             path = exc.ctx.command_path if exc.ctx is not None else "orchard-rec"
             _report(exc.format_message(), f"see: {path} --help")
@@ -149,11 +160,54 @@ class _Group(TyperGroup):
             message, hint, code = _explain(exc)
             _report(message, hint)
             sys.exit(code)
+        if rv == EXIT_INTERRUPTED:  # typer turns a KeyboardInterrupt into a silent 130
+            typer.echo("interrupted", err=True)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
+
+def _check_arguments(group: Any) -> None:
+    """Checks every command shares, run before its body: number options refuse ``nan`` and
+    ``inf`` (click takes them), and session ids follow the one rule (``records.SESSION_ID_RULE``)."""
+    import functools
+    import math
+
+    from orchard_rec.records import SESSION_ID_RULE, session_id_problem
+
+    stack = [group]
+    while stack:
+        cmd = stack.pop()
+        stack.extend(getattr(cmd, "commands", {}).values())
+        callback = getattr(cmd, "callback", None)
+        if callback is None or getattr(callback, "arguments_checked", False):
+            continue
+        options = {p.name: (p.opts or [p.name])[0] for p in cmd.params}
+
+        @functools.wraps(callback)
+        def checked(*args: Any, _callback: Any = callback, _options: Any = options, **kwargs: Any) -> Any:
+            for name, value in kwargs.items():
+                shown = _options.get(name, name)
+                shown = "SESSION" if not shown.startswith("-") and name == "session" else shown
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, float) and not math.isfinite(v):
+                        raise usage_error(f"{shown} {v}: not a finite number")
+                    problem = session_id_problem(v) if name == "session" and isinstance(v, str) else None
+                    if problem is not None:
+                        raise usage_error(
+                            f"{shown} {v[:60]!r} is not a session id: {problem}", SESSION_ID_RULE
+                        )
+            return _callback(*args, **kwargs)
+
+        checked.arguments_checked = True  # type: ignore[attr-defined]
+        cmd.callback = checked
+
+
 def _typer(**kw: Any) -> typer.Typer:
-    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, add_completion=False, **kw)
+    return typer.Typer(
+        no_args_is_help=True, rich_markup_mode=None, add_completion=False, context_settings=HELP_OPTIONS, **kw
+    )
 
 
 app = _typer(cls=_Group, help="Record LLM calls of agent harnesses and turn them into training samples.")
@@ -164,6 +218,7 @@ app.add_typer(harness_app, name="harness")
 train_app = _typer(help="Reference training loops (needs the train extra: torch).")
 app.add_typer(train_app, name="train")
 demo_app = typer.Typer(
+    context_settings=HELP_OPTIONS,
     rich_markup_mode=None,
     add_completion=False,
     invoke_without_command=True,
@@ -212,6 +267,7 @@ ProxyMode = Literal["token", "passthrough", "tito"]
 OnMismatch = Literal["split", "realign"]
 Credit = Literal["assistant", "last-turn", "turn-weights", "value", "critical-step"]
 
+FORCE_HELP = "Replace an existing file that is not an earlier orchard-rec output (never a database)."
 # the session selection every command that reads samples shares (export, teacher, reward ...)
 SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
 SinceOpt = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC).")
@@ -219,6 +275,25 @@ HarnessOpt = typer.Option(None, "--harness", help="Only sessions of this harness
 OnMismatchOpt = typer.Option(
     "split", "--on-mismatch", help="A prompt that extends no sample: split (a linked sample) or realign."
 )
+CreditOpt = typer.Option(
+    "assistant",
+    "--credit",
+    help="Which generated tokens train: assistant (all), last-turn, turn-weights, or value (rising steps).",
+)
+HostOpt = typer.Option("127.0.0.1", "--host", help="Address to listen on (one of this machine's).")
+
+
+def _check_statuses(values: list[str] | None) -> list[str] | None:
+    """``--status``: each one of the session statuses (exit 2 otherwise)."""
+    from orchard_rec.records import SESSION_STATUSES
+
+    for v in values or ():
+        if v not in SESSION_STATUSES:
+            raise usage_error(f"--status {v!r} is not one of: {', '.join(SESSION_STATUSES)}")
+    return values
+
+
+StatusMetavar = "[completed|truncated|aborted|failed]"
 
 
 # -- the database ------------------------------------------------------------------------------------
@@ -395,8 +470,11 @@ def _load_tokenizer(name: str, *, hf: bool) -> Any:
             f"--tokenizer {name}: no such file or folder",
             "give the model's folder (with tokenizer.json / tokenizer_config.json), or 'demo'",
         )
+    from orchard_rec.signals import interrupt_deferred
+
     try:
-        return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
+        with interrupt_deferred():  # transformers imports torch: Ctrl-C inside would abort
+            return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
     except Exception as exc:
         if _debug:
             raise
@@ -416,7 +494,7 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     u = upstream.strip().rstrip("/")
     parts = urlsplit(u)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        guess = f"http://{u}" if "://" not in u else u
+        guess = f"http://{u}" if "://" not in u else f"http://{u.split('://', 1)[1]}"
         raise usage_error(f"{option} {upstream!r} is not an http(s) URL", f"e.g. {option} {guess}") from None
     if openai_style and not parts.path.rstrip("/").endswith("/v1"):
         _warn(
@@ -426,11 +504,13 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     return u
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, option: str = "--host") -> None:
+    """The address is this machine's and the port free (port 0: the address only)."""
+    import errno
     import socket
 
-    if port == 0:
-        return
+    if not 0 <= port <= 65535:
+        raise usage_error(f"port {port} is not a port: 0 to 65535 (0: any free port)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -443,12 +523,37 @@ def _check_port(host: str, port: int) -> None:
     except PermissionError:
         raise CliError(f"no permission to listen on {host}:{port}", "choose a --port above 1023") from None
     except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise usage_error(
+                f"{option} {host} is not an address of this machine",
+                "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
+            ) from None
         raise CliError(
             f"port {port} on {host} is in use ({exc.strerror})",
             "stop what listens there (another orchard-rec?) or choose another --port",
         ) from None
     finally:
         s.close()
+
+
+def _check_spool(spool: str | None, db: str) -> None:
+    """No other proxy holds the spool (its lock), checked before anything is created."""
+    import fcntl
+
+    from orchard_rec.proxy.app import default_spool
+
+    path = Path(spool) if spool else default_spool(db)
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CliError(
+                f"spool {path} is in use by another orchard-rec (serve or intercept) on this database",
+                "stop that one, or give this one its own --spool (or another --db)",
+            ) from None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _proxy_config(**kw: Any) -> ProxyConfig:
@@ -470,7 +575,7 @@ def serve(
         ..., "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server base URL including /v1."
     ),
     db: str = DbOpt,
-    host: str = typer.Option("127.0.0.1", "--host"),
+    host: str = HostOpt,
     port: int = typer.Option(8100, "--port", min=0, max=65535, help="0: any free port."),
     mode: ProxyMode = typer.Option(
         "token",
@@ -484,21 +589,34 @@ def serve(
         "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
     ),
     tool_parser: Literal["hermes"] = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser."),
-    max_body_mb: float = typer.Option(64.0, "--max-body-mb", help="Largest request body accepted."),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
+    max_body_mb: float = typer.Option(
+        64.0, "--max-body-mb", help="Largest request body accepted, in megabytes (> 0)."
+    ),
+    connect_timeout: float = typer.Option(
+        10.0, "--connect-timeout", help="Seconds to wait for the upstream to accept a connection."
+    ),
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
-    durability: Literal["async", "wal"] = typer.Option(
-        "wal",
+    durability: Literal["process", "machine", "async", "wal"] = typer.Option(
+        "process",
         "--durability",
-        help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
+        help="What a recorded call survives. process (default): the last byte waits for the spool's write(2),"
+        " fsync'd within --fsync-interval (the proxy's crash loses nothing, a power loss at most that);"
+        " machine: waits for the fsync (group commit); async: recorded after the response. wal: old name of machine.",
+    ),
+    fsync_interval: float = typer.Option(
+        0.1,
+        "--fsync-interval",
+        min=0.001,
+        max=60.0,
+        help="process durability: the longest a written spool line waits for its fsync, in seconds (default 0.1).",
     ),
     db_writer: Literal["thread", "process"] = typer.Option(
         "thread",
         "--db-writer",
         envvar="ORCHARD_DB_WRITER",
-        help="wal: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
+        help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
     ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
@@ -541,14 +659,25 @@ def serve(
     ui: bool = typer.Option(
         False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
     ),
+    ui_resend: bool = typer.Option(
+        False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
 
     if max_queue_bytes < 0:
         raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
+    if max_body_mb <= 0:
+        raise usage_error(f"--max-body-mb {max_body_mb:g}: must be above 0", "the default is 64 (megabytes)")
     if pace_queue_bytes < 0:
         raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
+    if durability == "wal":
+        _warn(
+            "--durability wal is now called machine (the same: the last byte after the spool's fsync);"
+            " wal will be removed. The default, process, survives the proxy's crash at write(2) speed."
+        )
+        durability = "machine"
     upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
     if mode == "tito" and not tokenizer:
         raise usage_error(
@@ -573,6 +702,7 @@ def serve(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         durability=durability,
+        fsync_interval=fsync_interval,
         db_writer=db_writer,
         spool=spool,
         max_inflight=max_inflight,
@@ -585,13 +715,41 @@ def serve(
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
         ui=ui,
+        ui_resend=ui_resend,
     )
+    if ui_resend and not ui:
+        raise usage_error("--ui-resend goes with --ui")
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
-    open_write(db).close()  # reachable, writable, migrated: before anything listens
+    _check_spool(spool, db)
+    _check_writable(db)  # reachable, migrated, and takes a write: before anything listens
     configure_logging(log_level, log_format)
     serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+
+
+def _check_writable(db: str) -> None:
+    """``serve``'s database: opened, migrated, and a trial write rolled back (a damaged SQLite
+    file fails here, in one line, instead of spooling every call after "ready")."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.storage.health import check_writable
+
+    store = open_write(db)
+    try:
+        check_writable(store)
+    except sa_exc.SQLAlchemyError as exc:
+        url = _parse_db(db)
+        err = _db_error(exc, url)
+        damaged = url.get_backend_name() == "sqlite" and "malformed" in str(exc)
+        raise CliError(
+            err.message,
+            "the file is damaged: give a new --db (or restore a backup); `sqlite3 FILE .recover` may save what it holds"
+            if damaged
+            else err.hint,
+        ) from None
+    finally:
+        store.close()
 
 
 # -- reading -------------------------------------------------------------------------------------------------
@@ -609,7 +767,7 @@ def _session_rows(
     """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
     from sqlalchemy import func, select
 
-    from orchard_rec.storage.models import Call, Session
+    from orchard_rec.storage.models import Session
     from orchard_rec.storage.store import _epoch, _ts
 
     where = []
@@ -630,28 +788,18 @@ def _session_rows(
             rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
             total = len(rows)
             rows = rows[:limit] if limit else rows
-        last: dict[str, dict[str, Any]] = {}
-        ids = [r["id"] for r in rows]
-        for k in range(0, len(ids), 500):
-            chunk = ids[k : k + 500]
-            q = (
-                select(Call.session_id, Call.model, Call.usage, Call.prompt_ids, Call.completion_ids)
-                .join(Session, Session.id == Call.session_id)
-                .where(Call.session_id.in_(chunk), Call.seq == Session.call_count)
-            )
-            for c in conn.execute(q):
-                last[c.session_id] = dict(c._mapping)
+    sizes = _session_sizes(store, [r["id"] for r in rows])
     out = []
     for r in reversed(rows):
-        lc = last.get(r["id"], {})
+        model, tokens = sizes.get(r["id"], (None, None))
         out.append(
             {
                 "id": r["id"],
                 "calls": r["call_count"],
                 "status": r["status"],
                 "reward": r["reward"],
-                "model": lc.get("model"),
-                "tokens": _tokens_of(lc),
+                "model": model,
+                "tokens": tokens,
                 "harness": r["harness"],
                 "metadata": r["outcome_metadata"] or {},
                 "created_at": _epoch(r["created_at"]),
@@ -670,22 +818,21 @@ def _scalar_reward(v: Any) -> float | None:
     return None
 
 
-def _tokens_of(last_call: dict[str, Any]) -> int | None:
-    """A session's size: its last call's prompt + completion (ids when recorded, else usage)."""
+def _session_sizes(store: Store, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
+    """Each session's model (its last call's) and size: the largest context of its calls
+    (``records.context_tokens``: ids when recorded, else usage), as the viewer counts it."""
+    from orchard_rec.records import context_tokens
 
-    def load(v: Any) -> Any:
-        return json.loads(v) if isinstance(v, str) else v
-
-    p, c = load(last_call.get("prompt_ids")), load(last_call.get("completion_ids"))
-    if isinstance(p, list) and isinstance(c, list):
-        return len(p) + len(c)
-    u = load(last_call.get("usage"))
-    if isinstance(u, dict):
-        a = u.get("prompt_tokens", u.get("input_tokens"))
-        b = u.get("completion_tokens", u.get("output_tokens"))
-        if isinstance(a, int) and isinstance(b, int):
-            return a + b
-    return None
+    out: dict[str, tuple[str | None, int | None]] = {}
+    for k in range(0, len(ids), 500):
+        for summary, calls in store.iter_sessions_calls(ids[k : k + 500]):
+            model, size = None, None
+            for c in calls:
+                model = c.model or model
+                n = context_tokens(c)
+                size = n if size is None or (n is not None and n > size) else size
+            out[summary.id] = (model, size)
+    return out
 
 
 def _reward_text(v: Any) -> str:
@@ -710,11 +857,14 @@ def sessions(
         help="The newest N sessions (default: 100 in a table, all with --json; 0: all).",
     ),
     since: datetime | None = typer.Option(None, "--since", help="Active since (ISO date/time, UTC)."),
-    harness: str | None = typer.Option(None, "--harness"),
-    status: list[str] | None = typer.Option(None, "--status", help="Outcome status (repeatable)."),
+    harness: str | None = typer.Option(None, "--harness", help="Only sessions of this harness."),
+    status: list[str] | None = typer.Option(
+        None, "--status", metavar=StatusMetavar, help="Outcome status (repeatable)."
+    ),
     min_reward: float | None = typer.Option(None, "--min-reward", help="Scalar reward at least this."),
 ) -> None:
     """List recorded sessions (newest last) with their outcome, model and size."""
+    _check_statuses(status)
     n = limit if limit is not None else (None if as_json else 100)
     with _reading(db) as store:
         rows, total = _session_rows(
@@ -877,8 +1027,8 @@ def show(
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); ids are shown without it."
     ),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
-    credit: Credit = typer.Option("assistant", "--credit"),
+    on_mismatch: OnMismatch = OnMismatchOpt,
+    credit: Credit = CreditOpt,
     prompt_chars: int = typer.Option(
         600, "--prompt-chars", help="Show at most this many characters of each prompt (its end)."
     ),
@@ -891,9 +1041,11 @@ def show(
     html: Path | None = typer.Option(
         None, "--html", help="Write the viewer's session page to this file (one self-contained HTML)."
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Print a session's samples with the trained tokens highlighted."""
     if html is not None:
+        _check_output(html, db, force, "--html")
         _show_html(session, db, tokenizer, on_mismatch, credit, html)
         return
     from orchard_rec.pipeline import iter_samples
@@ -927,38 +1079,80 @@ def _show_html(
             page = render_session_html(store, session, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
         except UIError as exc:
             raise CliError(f"{exc} in {db}", "list them with `orchard-rec sessions`") from None
-    out.write_text(page, encoding="utf-8")
+    from orchard_rec.exporters.base import atomic_output, output_set
+
+    with output_set(lambda p: _check_output(p, db, True, "--html")) as outputs:
+        with atomic_output(out) as f:
+            f.write(page.encode())
+        outputs.commit()
     typer.echo(f"wrote {out} ({len(page.encode()) / 1e6:.1f} MB, self-contained)")
 
 
 @app.command()
 def ui(
     db: str = DbOpt,
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8200, "--port"),
+    host: str = HostOpt,
+    port: int = typer.Option(8200, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Tokenizer to decode ids (path, or 'demo'); else the recorded text."
     ),
     on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
-    credit: Credit = typer.Option("assistant", "--credit"),
+    credit: Credit = CreditOpt,
+    resend_to: str | None = typer.Option(
+        None,
+        "--resend-to",
+        help="Enable 'send again': replay a call to this upstream (base URL with /v1). Off by default.",
+    ),
+    resend_key_env: str | None = typer.Option(
+        None, "--resend-key-env", help="Name of the env var holding that upstream's API key."
+    ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Allow setting reward/status/label/note from the page (writes outcomes)."
+    ),
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
 
     from orchard_rec.ui import build_ui_app
+    from orchard_rec.ui.calls import Resend
 
+    target = None
+    if resend_to is not None:
+        resend_to = _check_upstream(resend_to, "--resend-to")
+        key = os.environ.get(resend_key_env) if resend_key_env else None
+        if resend_key_env and not key:
+            raise usage_error(
+                f"--resend-key-env: the environment variable {resend_key_env} is empty or unset"
+            )
+        target = Resend(resend_to, key)
+    elif resend_key_env:
+        raise usage_error("--resend-key-env goes with --resend-to URL")
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
+    _check_port(host, port)
     with _reading(db) as store:
-        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
-        typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
-        web.run_app(app_, host=host, port=port, print=None)
+        writer = open_write(db, migrate_schema=False) if annotate else None
+        try:
+            app_ = build_ui_app(
+                store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target, writer=writer
+            )
+            mode = "annotations write outcomes" if annotate else "read-only"
+            typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, {mode})")
+            web.run_app(app_, host=host, port=port, print=None)
+        finally:
+            if writer is not None:
+                writer.close()
 
 
 # -- db ------------------------------------------------------------------------------------------------------------
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: str = DbOpt, revision: str = typer.Option("head", "--revision")) -> None:
+def db_upgrade(
+    db: str = DbOpt,
+    revision: str = typer.Option(
+        "head", "--revision", help="The schema revision to migrate to (default: the newest)."
+    ),
+) -> None:
     """Create or migrate the database schema."""
     from orchard_rec.storage import migrate
 
@@ -1074,8 +1268,8 @@ def demo(
 
 @demo_app.command("upstream")
 def demo_upstream(
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    host: str = HostOpt,
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     vlm: bool = typer.Option(
         False, "--vlm", help="Accept images and expand them into <|image_pad|> runs as Qwen2-VL does."
     ),
@@ -1148,6 +1342,14 @@ def _format_doc(target: str) -> str:
     return first or f"plug-in ({target})"
 
 
+def _check_output(path: Path, db: str, force: bool, option: str = "--out") -> None:
+    """Never write over a database, nor over a file that is not our own output without --force
+    (``orchard_rec.outputs`` has the rules)."""
+    from orchard_rec.outputs import check_output
+
+    check_output(path, db_url=db, force=force, option=option)
+
+
 def _check_out(fmt: str, out: Path) -> None:
     if str(out) == "-":
         if fmt not in STDOUT_FORMATS:
@@ -1191,7 +1393,9 @@ def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | N
     """``run_export``'s signature, writing the dataset at ``url`` (``exporters.dataset``); ``engine``
     ray: sharded over a Ray cluster (``exporters.ray_engine``, the only place Ray is imported)."""
 
-    def run(db: str, _fmt: str, _out: Path, *, format_options: Any = None, **selection: Any) -> Any:
+    def run(
+        db: str, _fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **selection: Any
+    ) -> Any:
         if engine == "ray":
             from orchard_rec.exporters.ray_engine import export_dataset_ray
 
@@ -1221,6 +1425,39 @@ def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> No
         )
 
 
+def _reward_key_check(selected: list[Any], key: str) -> None:
+    """A --reward-key no selected session has is a mistake (every reward would be null); one
+    that only some have is a warning."""
+    from orchard_rec.pipeline import pick_reward
+
+    missing = [s.id for s in selected if pick_reward(s.outcome, key) is None]
+    if len(missing) < len(selected):
+        if missing:
+            _warn(
+                f"--reward-key {key}: {len(missing)} of {len(selected)} sessions have no {key!r}"
+                f" (e.g. {missing[0]!r}): their samples carry reward null"
+            )
+        return
+    known: set[str] = set()
+    for s in selected:
+        o = s.outcome
+        if o is None:
+            continue
+        if isinstance(o.reward, dict):
+            known.update(o.reward)
+        known.update(
+            k for k, v in o.metadata.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+        if isinstance(o.metadata.get("process_reward"), dict):
+            known.add("process")
+    raise usage_error(
+        f"--reward-key {key}: no selected session has a reward named {key!r} (every reward would be null)",
+        f"known here: {', '.join(sorted(known))}"
+        if known
+        else "no session has named rewards: set them with `orchard-rec outcome SID --reward-json ...`",
+    )
+
+
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
@@ -1235,7 +1472,7 @@ def export(
     since: datetime | None = SinceOpt,
     harness: str | None = HarnessOpt,
     on_mismatch: OnMismatch = OnMismatchOpt,
-    credit: Credit = typer.Option("assistant", "--credit"),
+    credit: Credit = CreditOpt,
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
@@ -1247,9 +1484,11 @@ def export(
         help="Outcome metadata key whose value groups sessions (GRPO groups), or 'session'.",
     ),
     status: list[str] | None = typer.Option(
-        None, "--status", help="Keep samples with this status (repeatable)."
+        None, "--status", metavar=StatusMetavar, help="Keep samples with this status (repeatable)."
     ),
-    min_reward: float | None = typer.Option(None, "--min-reward"),
+    min_reward: float | None = typer.Option(
+        None, "--min-reward", help="Keep samples whose scalar reward is at least this."
+    ),
     pass_rate: str | None = typer.Option(
         None, "--pass-rate", help="LO:HI - keep groups whose pass rate is in [LO, HI] (needs --group-by)."
     ),
@@ -1279,7 +1518,7 @@ def export(
         help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, has-positive, pass-rate, positive-only.",
     ),
     seed: int | None = typer.Option(
-        None, "--seed", help="Seed for --select tie order and the pass-rate filter."
+        None, "--seed", help="Seed for --select's tie order and --filter pass-rate (needs one of them)."
     ),
     require_teacher: bool = typer.Option(
         False,
@@ -1305,6 +1544,7 @@ def export(
         "--auxiliary/--no-auxiliary",
         help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1330,8 +1570,10 @@ def export(
     if ray_address and engine != "ray":
         raise usage_error("--ray-address is for --engine ray")
     out = Path(out_arg)
-    if url is None:
+    if url is None:  # a dataset prefix: new names only, a non-dataset prefix refused (exporters.dataset)
         _check_out(fmt, out)
+        if "{rollout_id}" not in str(out):
+            _check_output(out, db, force)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
     if processor is not None and fmt != "slime":
@@ -1339,26 +1581,25 @@ def export(
     if pass_rate and not group_by:
         raise usage_error("--pass-rate needs --group-by (a pass rate is a property of a group)")
     window = None
+    _check_statuses(status)
     if pass_rate:
         try:
             lo, hi = (float(x) for x in pass_rate.split(":"))
         except ValueError:
             raise usage_error("--pass-rate takes LO:HI, e.g. 0.25:0.75") from None
-        window = (lo, hi)
-    bar: tuple[int, float, float] | tuple[int, float, float, int] | None = None
-    if select is not None:
-        parts = select.split(":")
-        try:
-            if len(parts) not in (4, 5) or parts[0] != "bar":
-                raise ValueError
-            bar = (int(parts[1]), float(parts[2]), float(parts[3]), *(int(p) for p in parts[4:]))  # type: ignore[assignment]
-        except ValueError:
-            raise usage_error("--select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75") from None
-        assert bar is not None
-        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0 or (len(bar) > 3 and bar[3] < 1):
+        if not 0.0 <= lo <= hi <= 1.0:  # also nan
             raise usage_error(
-                "--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1"
+                f"--pass-rate {pass_rate}: needs 0 <= LO <= HI <= 1", "e.g. --pass-rate 0.25:0.75"
             )
+        window = (lo, hi)
+    bar = None
+    if select is not None:
+        from orchard_rec.selection import parse_bar
+
+        try:
+            bar = parse_bar(select)
+        except ValueError as e:
+            raise usage_error(f"--{e}") from None
     if (bar is not None or filters) and not group_by:
         raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
     from orchard_rec.selection import FILTERS
@@ -1366,6 +1607,11 @@ def export(
     for name in filters or ():
         if name not in FILTERS:
             raise usage_error(f"--filter {name!r} is not a filter", f"one of: {', '.join(FILTERS)}")
+    if seed is not None and bar is None and "pass-rate" not in (filters or ()):
+        raise usage_error(
+            "--seed orders --select's ties and --filter pass-rate's draws: without either it changes nothing",
+            "add --select bar:N:LO:HI or --filter pass-rate, or leave --seed out",
+        )
     from orchard_rec.pipeline import SelectionStats
 
     sel_stats = SelectionStats()
@@ -1383,6 +1629,8 @@ def export(
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         if group_by:
             _group_warning(store, selection, group_by)
+    if reward_key is not None and selected:
+        _reward_key_check(selected, reward_key)
     total = len(selected)
     if total == 0:
         raise CliError(
@@ -1427,19 +1675,39 @@ def export(
             selection_stats=sel_stats,
             auxiliary=auxiliary,
             require_teacher=require_teacher,
+            check=lambda p: _check_output(p, db, force),
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
-    if bar is not None or filters:
-        typer.echo(f"selection: {sel_stats.summary()}", err=True)
+    selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
+    if stats.samples == 0:
+        kept = "" if to_stdout else f"; nothing written ({out} left as it was)"
+        given = [
+            name
+            for name, on in (
+                ("--status", status),
+                ("--min-reward", min_reward is not None),
+                ("--pass-rate", pass_rate),
+                ("--select", bar),
+                ("--filter", filters),
+                ("--require-teacher", require_teacher),
+                ("--no-auxiliary", auxiliary is False),
+            )
+            if on
+        ]
+        if given:
+            raise CliError(
+                f"no sample passed {', '.join(given)} ({total} sessions selected){kept}",
+                selection_line
+                or "loosen them; `orchard-rec sessions` shows each session's status and reward",
+            )
+        raise CliError(
+            f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer){kept}"
+        )
+    if selection_line:
+        typer.echo(selection_line, err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
-    if stats.samples == 0:
-        raise CliError(
-            "no sample passed the filters (--status, --min-reward, --pass-rate)"
-            if (status or min_reward is not None or pass_rate)
-            else "the selected sessions gave no samples (no calls with token ids? try --tokenizer)"
-        )
 
 
 # -- outcome --------------------------------------------------------------------------------------------------------
@@ -1475,51 +1743,49 @@ def outcome(
         "--reward-json",
         help='Named rewards, e.g. \'{"tests": 1, "style": 0.5}\' (with --reward: stored as "reward" beside them).',
     ),
-    status: Literal["completed", "truncated", "aborted", "failed"] | None = typer.Option(None, "--status"),
+    status: Literal["completed", "truncated", "aborted", "failed"] | None = typer.Option(
+        None, "--status", help="How the session ended."
+    ),
     step_values: str | None = typer.Option(
         None, "--step-values", help="Comma-separated value per model turn."
     ),
     metadata: list[str] | None = typer.Option(
         None,
         "--metadata",
-        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable).",
+        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable; other keys stay).",
     ),
     metadata_json: str | None = typer.Option(
-        None, "--metadata-json", help="Outcome metadata as a JSON object."
+        None, "--metadata-json", help="Outcome metadata as a JSON object (merged into the stored keys)."
+    ),
+    clear: list[str] | None = typer.Option(
+        None,
+        "--clear",
+        help="Remove a stored field: reward, status, step_values, metadata, metadata.KEY, or all (repeatable).",
     ),
     create: bool = typer.Option(False, "--create", help="Create the session if no call recorded it yet."),
     db: str = DbOpt,
 ) -> None:
-    """Attach a reward/status to a session (flows into every export)."""
+    """Set a session's reward/status/metadata (flows into every export); what is given merges into what is stored."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.records import Outcome
+    from orchard_rec.storage.outcome import OutcomeChange
+    from orchard_rec.storage.outcome import as_json as outcome_as_json
 
-    r: Any = reward
-    if reward_json is not None:
+    sets: dict[str, Any] = {}
+    r = _reward_option(reward, reward_json)
+    if r is not None:
+        sets["reward"] = r
+    if status is not None:
+        sets["status"] = status
+    if step_values is not None:
         try:
-            named = json.loads(reward_json)
-        except json.JSONDecodeError as exc:
-            raise usage_error(
-                f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
-                'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
-            ) from None
-        if isinstance(named, (int, float)) and not isinstance(named, bool):
-            named = {"reward": named} if reward is None else {"reward": reward, "value": named}
-        if not isinstance(named, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
-        ):
-            raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
-        if reward is not None:
-            if "reward" in named and named["reward"] != reward:
-                raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
-            named = {"reward": reward, **named}
-        r = named
-    try:
-        sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
-    except ValueError:
-        raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
+            sets["step_values"] = tuple(float(x) for x in step_values.split(","))
+        except ValueError:
+            raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
     meta = _parse_metadata(metadata, metadata_json)
+    if meta:
+        sets["metadata"] = meta
+    change = _cli_outcome_change(OutcomeChange, sets, clear, "--reward-json" if reward_json else "--reward")
     open_read(db).close()  # exists and is migrated (else says which command migrates); creates nothing
     store = open_write(db, migrate_schema=False)
     try:
@@ -1528,15 +1794,61 @@ def outcome(
                 f"no session {session!r} in {db}",
                 "check the id (`orchard-rec sessions`), or --create to record an outcome before any call",
             )
-        store.set_outcome(session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
+        merged = store.update_outcome(session, change)
     except sa_exc.SQLAlchemyError as exc:
         raise _db_error(exc, _parse_db(db)) from None
     finally:
         store.close()
+    shown = outcome_as_json(merged)
     typer.echo(
-        f"session {session}: reward={json.dumps(r)} status={status or '-'}"
-        + (f" metadata={json.dumps(meta)}" if meta else "")
+        f"session {session}: reward={json.dumps(shown['reward'])} status={shown['status'] or '-'}"
+        + (f" metadata={json.dumps(shown['metadata'])}" if shown["metadata"] else "")
     )
+
+
+def _cli_outcome_change(cls: Any, sets: dict[str, Any], clear: list[str] | None, reward_option: str) -> Any:
+    """The options as a ``storage.outcome.OutcomeChange``; its refusals become --option messages."""
+    from orchard_rec.storage.outcome import InvalidOutcome
+
+    names = {
+        "reward": reward_option,
+        "step_values": "--step-values",
+        "status": "--status",
+        "metadata": "--metadata",
+    }
+    try:
+        return cls(sets, frozenset(clear or ()))
+    except InvalidOutcome as exc:
+        option = names.get(exc.param or "", "")
+        raise usage_error(f"{option}: {exc.message}" if option else exc.message) from None
+
+
+def _reward_option(reward: float | None, reward_json: str | None) -> Any:
+    """``--reward`` and ``--reward-json`` as one stored reward (a number, or named numbers)."""
+    if reward_json is None:
+        return reward
+
+    def refuse(name: str) -> NoReturn:
+        raise usage_error(f"--reward-json: {name} is not a finite number")
+
+    try:
+        named = json.loads(reward_json, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise usage_error(
+            f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
+            'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
+        ) from None
+    if isinstance(named, (int, float)) and not isinstance(named, bool):
+        named = {"reward": named} if reward is None else {"reward": reward, "value": named}
+    if not isinstance(named, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
+    ):
+        raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
+    if reward is not None:
+        if "reward" in named and named["reward"] != reward:
+            raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
+        named = {"reward": reward, **named}
+    return named
 
 
 def set_outcome(store: Store, session: str, outcome: Any) -> None:
@@ -1553,8 +1865,10 @@ def harness_config(
         ..., help="codex | claude-code | openclaw | pi | opencode | hermes | kimi | zeroclaw"
     ),
     base_url: str = typer.Option("http://127.0.0.1:8100", "--base-url", help="The proxy's address."),
-    session: str | None = typer.Option(None, "--session"),
-    model: str = typer.Option("MODEL", "--model"),
+    session: str | None = typer.Option(
+        None, "--session", help="A fixed session id in the URL (default: the harness's own id)."
+    ),
+    model: str = typer.Option("MODEL", "--model", help="The model name the harness asks for."),
 ) -> None:
     """Print what to paste so the harness talks to the proxy."""
     from orchard_rec.harnesses import get
@@ -1573,7 +1887,10 @@ def harness_config(
 
 
 @harness_app.command("install")
-def harness_install(name: str = typer.Argument("all"), force: bool = typer.Option(False, "--force")) -> None:
+def harness_install(
+    name: str = typer.Argument("all", help="A harness name, or all."),
+    force: bool = typer.Option(False, "--force", help="Install again even when the cache has it."),
+) -> None:
     """Install pinned harness CLIs (npm registry, PyPI venvs) into the cache ($ORCHARD_HARNESS_CACHE)."""
     from orchard_rec.harnesses import HARNESSES, get, install
 
@@ -1639,8 +1956,8 @@ def intercept(
         console.print(f"intercept runtime: {exe}")
         return
     host, _, port_text = listen.rpartition(":")
-    if not port_text.isdigit():
-        raise usage_error(f"--listen {listen!r}: use HOST:PORT, e.g. 127.0.0.1:8080")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
     if upstream_override:
         upstream_override = _check_upstream(upstream_override, "--upstream-override")
     if not runtime.has_mitmproxy():
@@ -1675,7 +1992,8 @@ def intercept(
         for k, v in info.env().items():
             typer.echo(f"export {k}={v}")
         return
-    _check_port(cfg.listen_host, cfg.listen_port)
+    _check_port(cfg.listen_host, cfg.listen_port, "--listen")
+    _check_spool(spool, db)
     open_write(db).close()
     run_intercept(cfg, verbose=verbose)
 
@@ -1694,8 +2012,12 @@ def run(
         None, "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server, when starting a proxy."
     ),
     db: str = DbOpt,
-    mode: Literal["token", "passthrough"] = typer.Option("token", "--mode"),
-    model: str = typer.Option("orchard-model", "--model"),
+    mode: Literal["token", "passthrough"] = typer.Option(
+        "token",
+        "--mode",
+        help="The proxy's mode, when starting one: token (ask for token ids) or passthrough.",
+    ),
+    model: str = typer.Option("orchard-model", "--model", help="The model name the harness asks for."),
     binary: str | None = typer.Option(
         None, "--bin", help="The harness executable (default: cache, then PATH)."
     ),
@@ -1704,7 +2026,7 @@ def run(
         "--workdir",
         help="The harness's working folder (default: a temp folder, removed unless --keep).",
     ),
-    timeout: float = typer.Option(600.0, "--timeout"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the harness is stopped."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temp home and working folder (paths printed)."),
 ) -> None:
     """Run a harness through the proxy: private home and config, session-tagged URL, outcome recorded.
@@ -1773,18 +2095,22 @@ def train_sft_cmd(
     model: Path = typer.Option(..., "--model", help="A local Hugging Face causal LM folder."),
     out: Path = typer.Option(..., "--out", help="Where to save the trained checkpoint."),
     db: str = DbOpt,
-    session: list[str] | None = typer.Option(None, "--session"),
-    credit: Credit = typer.Option("assistant", "--credit"),
-    on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch"),
-    steps: int = typer.Option(20, "--steps"),
-    batch_size: int = typer.Option(4, "--batch-size"),
-    lr: float = typer.Option(1e-4, "--lr"),
+    session: list[str] | None = SessionsOpt,
+    credit: Credit = CreditOpt,
+    on_mismatch: OnMismatch = OnMismatchOpt,
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Samples per step."),
+    lr: float = typer.Option(1e-4, "--lr", help="Learning rate."),
 ) -> None:
     """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
-    try:
-        from transformers import AutoModelForCausalLM
+    _check_output(out, db, True)  # a checkpoint folder: never the database (nor any SQLite file)
+    from orchard_rec.signals import interrupt_deferred
 
-        from orchard_rec.trainers.sft import train_sft
+    try:
+        with interrupt_deferred():  # torch: Ctrl-C inside its import would abort the interpreter
+            from transformers import AutoModelForCausalLM
+
+            from orchard_rec.trainers.sft import train_sft
     except ImportError as exc:
         raise CliError(
             f"training needs torch and transformers ({exc})", "pip install 'orchard-rec[train,hf]'"
@@ -1899,10 +2225,28 @@ def reward(
             if missing:
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         results = []
+        needs = tuple(getattr(rule_set, "gold_fields", ()))
+        ungraded = [
+            s.id for s in selected if needs and not set(needs) & set(s.outcome.metadata if s.outcome else {})
+        ]
         for summary in selected:
-            res = score_session(store, summary.id, rule_set)
+            res = None if summary.id in ungraded else score_session(store, summary.id, rule_set)
             if res is not None:
                 results.append((summary, res))
+    if ungraded:
+        hint = (
+            f"set the grader's fields first, e.g. orchard-rec outcome {ungraded[0]} --metadata resolved=true"
+        )
+        if not results:
+            raise CliError(
+                f"--rules {rules}: no selected session has grader data ({', '.join(needs[:4])}, ...);"
+                " nothing scored, nothing stored",
+                hint,
+            )
+        _warn(
+            f"--rules {rules}: {len(ungraded)} session(s) have no grader data ({', '.join(needs[:4])}, ...),"
+            f" not scored: {', '.join(map(repr, ungraded[:5]))}{' ...' if len(ungraded) > 5 else ''} ({hint})"
+        )
     if not results:
         raise CliError("no session to score" + (" matches --session" if session else f" in {db}"))
     rows = []
@@ -2062,6 +2406,67 @@ def teacher(
     if summary.failed:
         _warn(
             f"{summary.failed} samples failed (stored with an all-zero valid mask); run the command again to retry them"
+        )
+        if any(" 404" in e or "answered 404" in e for e in summary.errors):
+            typer.echo(
+                f"  the teacher answered 404: is --url {cfg.url} the server's root, and --kind {kind} right? "
+                f"(vllm: POST /v1/completions, sglang: POST /generate)",
+                err=True,
+            )
+        raise SystemExit(1)
+
+
+# -- verify: the trainer's log-probs against the sampler's (issue 42) ----------------------------------------------
+
+
+@app.command()
+def verify(
+    model: str = typer.Option(
+        ..., "--model", help="The policy as Hugging Face transformers loads it (folder or hub name)."
+    ),
+    source: Path | None = typer.Option(
+        None,
+        "--input",
+        "-i",
+        help="An export file (.jsonl, .parquet, slime .pt); default: the samples of the database.",
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
+    max_samples: int | None = typer.Option(None, "--max-samples", help="Check at most N samples."),
+    tolerance: float | None = typer.Option(
+        None,
+        "--tolerance",
+        help="Per-token tolerance in nats (default by --dtype: float32 1e-3, bfloat16 0.2, float16 0.1).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per sample, then the summary."),
+    session: list[str] | None = SessionsOpt,
+    since: datetime | None = SinceOpt,
+    harness: str | None = HarnessOpt,
+    on_mismatch: OnMismatch = OnMismatchOpt,
+    db: str = DbOpt,
+) -> None:
+    """Recompute every sample's log-probs with transformers (teacher forcing) and compare them with
+    the recorded rollout log-probs on trained positions. Exit 1 when a sample is misaligned."""
+    from orchard_rec.verify.command import run as run_verify
+
+    if source is not None and (since is not None or harness is not None):
+        raise usage_error("--since and --harness select from the database; with --input use --session")
+    report = run_verify(
+        model=model,
+        source=source,
+        open_store=lambda: open_read(db),
+        sessions=session,
+        selection={"since": _since(since), "harness": harness, "on_mismatch": on_mismatch},
+        dtype=dtype,
+        device=device,
+        max_samples=max_samples,
+        tolerance=tolerance,
+        as_json=as_json,
+        echo=typer.echo,
+    )
+    if report.misaligned:
+        _warn(
+            f"{report.misaligned} samples misaligned: their tokens, mask or log-probs do not match what was sampled"
         )
         raise SystemExit(1)
 

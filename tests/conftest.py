@@ -1,4 +1,5 @@
 """Shared fixtures: a real PostgreSQL cluster, the vLLM-faithful demo upstream, and proxies.
+Before the first test, what the selected tests need beyond pip is installed (``prereqs.py``).
 
 Every test that touches storage takes ``db_url``, which runs it twice: on a fresh
 SQLite file and on a fresh database of the throwaway PostgreSQL cluster.
@@ -23,6 +24,17 @@ from orchard_rec.proxy.app import RECORDER, build_app
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer
 from orchard_rec.storage.store import Store
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Install what the selected tests need and the machine lacks (``prereqs.py``;
+    ``ORCHARD_TEST_INSTALL=0`` installs nothing)."""
+    if session.config.option.collectonly or not session.items:
+        return
+    import prereqs
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    prereqs.ensure(session.items, reporter.write_line if reporter is not None else print)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ def _bindir() -> Path:
     if initdb:
         return Path(initdb).resolve().parent
     raise RuntimeError(
-        "PostgreSQL server binaries not found: apt-get install -y postgresql (.ci/run does this)"
+        "PostgreSQL server binaries not found: apt-get install -y postgresql (the test command does, unless ORCHARD_TEST_INSTALL=0)"
     )
 
 

@@ -15,9 +15,15 @@ When no sample is extended, ``on_mismatch`` decides:
   re-tokenization drift, a template that drops reasoning from history, compaction);
 - ``realign``: keep one sample: after the exact generated ids, append the observation
   tokens the chat template put after the previous assistant turn in the new prompt, and
-  flag it in ``metadata.realigned``. This also merges harnesses that move messages
-  between calls (OpenClaw's trailing internal-context message). Falls back to split when
-  no sample shares the new prompt's opening.
+  flag it in ``metadata.realigned`` (the calls), ``metadata.realign_points`` (per call, the
+  first token of the sample its prompt did not repeat: the recorded log-probs of every
+  later turn were computed on another context). When the prompt repeats the sample except
+  inside generated turns (bytes the client got as U+FFFD, special tokens dropped from the
+  text: ``realign.drift_cut``), the generated ids stand for those regions
+  (``metadata.realign_spans``, ``[start, end)`` token spans). Otherwise the boundary comes
+  from the template, which also merges harnesses that move messages between calls
+  (OpenClaw's trailing internal-context message). Falls back to split when no sample
+  shares the new prompt's opening.
 
 Invariants (hypothesis properties in ``tests/reconstruct/test_properties.py``; every
 real-harness and end-to-end test checks 1, 2 and 4 through ``tests/factories.py``):
@@ -49,6 +55,7 @@ from typing import Any
 from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.generation import Generation, generations_of
+from orchard_rec.reconstruct.realign import Drift, drift_cut
 from orchard_rec.reconstruct.sample import Sample, SampleBuilder, SampleStatus, SplitReason, TokenSource
 from orchard_rec.reconstruct.vision import image_runs, image_token_id
 from orchard_rec.records import CallRecord, Outcome
@@ -104,9 +111,29 @@ def _turn_closer(b: SampleBuilder, turn_end: int | None) -> int | None:
     return turn_end
 
 
+def _drift_target(
+    builders: list[SampleBuilder], prompt: list[int], turn_end: int | None
+) -> tuple[SampleBuilder, int, int, tuple[tuple[int, int], ...]] | None:
+    """The sample this prompt repeats except inside generated turns (``realign.drift_cut``:
+    bytes the client could not decode, special tokens dropped from text, stripped whitespace):
+    the sample, where its observation starts in the prompt, the realign point and the spans."""
+    best: tuple[SampleBuilder, Drift] | None = None
+    for b in builders:
+        if not b.turns:
+            continue
+        generated = [False] * b.prompt_length + [m == 1 for m in b.loss_mask]
+        last_cut = b.last_finish in _TRUNCATED
+        closer = _turn_closer(b, turn_end)
+        opening = b.tokens[: b.prompt_length]
+        d = drift_cut(b.tokens, generated, prompt, last_cut=last_cut, closer=closer, opening=opening)
+        if d is not None and (best is None or d.point > best[1].point):
+            best = (b, d)
+    return None if best is None else (best[0], best[1].cut, best[1].point, best[1].spans)
+
+
 def _realign_target(
     builders: list[SampleBuilder], prompt: list[int], turn_end: int | None = None
-) -> tuple[SampleBuilder, int] | None:
+) -> tuple[SampleBuilder, int, int, tuple[tuple[int, int], ...]] | None:
     """The sample this prompt continues despite drift or moved messages, and where its new
     observation starts: after the last previous assistant turn in the new prompt, found as
     the last generation-prompt marker (the tokens every prompt ends with) before the final
@@ -139,7 +166,7 @@ def _realign_target(
             cut += 1
         if best is None or shared > best[2]:
             best = (b, cut, shared)
-    return None if best is None else (best[0], best[1])
+    return None if best is None else (best[0], best[1], best[2], ())
 
 
 def template_turn_end(tokenizer: Any) -> int | None:
@@ -196,9 +223,13 @@ def reconstruct(
             target.images = list(g.images)
             continue
         if policy_mismatch is MismatchPolicy.REALIGN:
-            found = _realign_target(kin, prompt, turn_end)
+            found = _drift_target(kin, prompt, turn_end) or _realign_target(kin, prompt, turn_end)
             if found is not None:
-                b, cut = found
+                b, cut, point, drifted = found
+                b.metadata.setdefault("realign_points", []).append(point)
+                if drifted:
+                    known = b.metadata.setdefault("realign_spans", [])
+                    known.extend(list(sp) for sp in drifted if list(sp) not in known)
                 b.append_observation(prompt[cut:])
                 b.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
                 b.metadata.setdefault("realigned", []).append(g.call_id)

@@ -103,6 +103,36 @@ def db(tmp_path: Path) -> str:
         (["show", "x"], 1, "no orchard-rec database at ./orchard.db"),
         (["export", "--out", "x.jsonl"], 1, "no orchard-rec database at ./orchard.db"),
         (["bogus"], 2, "No such command"),
+        # issue 37: refusals that were an "unexpected error", accepted, or hinted wrong
+        (["ui", "--port", "99999"], 2, "--port"),  # was OverflowError after the banner
+        (["intercept", "--listen", "127.0.0.1:99999"], 2, "port 0 to 65535"),
+        (["serve", "--upstream", "http://127.0.0.1:9/v1", "--max-body-mb", "-1"], 2, "--max-body-mb -1"),
+        (["serve", "--upstream", "ftp://x/v1"], 2, "e.g. --upstream http://x/v1"),  # was ftp://x/v1
+        (  # was "port 8100 on 192.0.2.1 is in use"
+            ["serve", "--upstream", "http://127.0.0.1:9/v1", "--host", "192.0.2.1", "--port", "0"],
+            2,
+            "--host 192.0.2.1 is not an address of this machine",
+        ),
+        (
+            ["export", "--group-by", "t", "--pass-rate", "0.8:0.2", "--out", "x.jsonl"],
+            2,
+            "0 <= LO <= HI <= 1",
+        ),
+        (
+            ["export", "--status", "bogus", "--out", "x.jsonl"],
+            2,
+            "'bogus' is not one of: completed, truncated",
+        ),
+        (["sessions", "--status", "bogus"], 2, "'bogus' is not one of: completed, truncated"),
+        (["export", "--min-reward", "nan", "--out", "x.jsonl"], 2, "--min-reward nan: not a finite number"),
+        (["sessions", "--min-reward", "inf"], 2, "--min-reward inf: not a finite number"),
+        (["outcome", "s", "--reward", "nan"], 2, "--reward nan: not a finite number"),
+        (["export", "--seed", "3", "--out", "x.jsonl"], 2, "without either it changes nothing"),
+        (
+            ["export", "--group-by", "t", "--filter", "nonzero-std", "--seed", "3", "--out", "x.jsonl"],
+            2,
+            "--seed orders",
+        ),
     ],
 )
 def test_a_mistake_is_one_or_two_lines_and_leaves_nothing(
@@ -309,8 +339,28 @@ def test_export_of_an_empty_database_fails_without_writing(tmp_path: Path) -> No
 
 
 def test_export_filters_that_keep_nothing_fail(tmp_path: Path, db: str) -> None:
-    rc, out = cli("export", "--min-reward", "5", "--out", str(tmp_path / "x.jsonl"), "--db", db)
-    assert rc == 1 and "no sample passed the filters" in out
+    """Issue 37: the hint names the filters given (it said "try --tokenizer" for --filter and
+    --select), and no "wrote 0 samples" line comes first."""
+    for args, says in (
+        (["--min-reward", "5"], "no sample passed --min-reward (2 sessions selected)"),
+        (["--status", "failed"], "no sample passed --status"),
+        (["--group-by", "session", "--filter", "nonzero-std"], "no sample passed --filter"),
+        (["--require-teacher"], "no sample passed --require-teacher"),
+    ):
+        rc, out = cli("export", *args, "--out", str(tmp_path / "x.jsonl"), "--db", db)
+        assert rc == 1 and says in out and "tokenizer" not in out and "wrote" not in out, out
+        assert_short(out)
+
+
+def test_a_second_serve_on_the_same_spool_is_one_line(tmp_path: Path, db: str) -> None:
+    """Issue 37: it was `RuntimeError: spool ... in use` with "an unexpected error"."""
+    from orchard_rec.proxy.config import ProxyConfig
+    from orchard_rec.proxy.server import RecordingProxy
+
+    with RecordingProxy(ProxyConfig(upstream="http://127.0.0.1:9/v1", db=db)):
+        rc, out = cli("serve", "--upstream", "http://127.0.0.1:9/v1", "--port", "0", "--db", db, cwd=tmp_path)
+    assert rc == 1 and "is in use by another orchard-rec" in out and "--spool" in out, out
+    assert_short(out)
 
 
 @pytest.mark.slow

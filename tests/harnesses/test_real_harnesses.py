@@ -5,7 +5,7 @@ shell tool (write a marker file) and then answer. Asserted: exit 0, the tool rea
 every call is recorded in the one session, the outcome (exit status, duration) is
 recorded, and the session reconstructs with invariants 1-4 into one sample with the
 harness's recommended mismatch policy. The CLIs are installed (pinned) from the npm
-registry into the cache folder on first use; .ci/run does it before the tests.
+registry into the cache folder on first use; the test run does it before the first test (tests/prereqs.py).
 """
 
 from __future__ import annotations

@@ -55,8 +55,11 @@ def test_the_template_names_its_end_of_turn_token() -> None:
     assert template_turn_end(tok) == tok.convert_tokens_to_ids("<|im_end|>")
 
 
-def test_without_the_template_a_cut_sample_is_split_not_misaligned() -> None:
+def test_without_the_template_the_boundary_comes_from_the_prompts() -> None:
+    """Issue 42: the cut turn's resent text is drift inside a generated turn; its end in the
+    prompt is learned from the ending both prompts share (``realign._boundary``)."""
     tok = load_hf_tokenizer("demo")
-    gens, *_ = _session(tok)
-    samples = reconstruct(gens, session_id="s", on_mismatch="realign")
-    assert len(samples) == 2 and "realigned" not in samples[0].metadata
+    gens, ids1, gen1, delta = _session(tok)
+    [s] = reconstruct(gens, session_id="s", on_mismatch="realign")
+    assert s.tokens == ids1 + gen1 + delta + [5, 6, tok.convert_tokens_to_ids("<|im_end|>")]
+    assert s.metadata["realign_spans"] == [[len(ids1), len(ids1) + len(gen1)]]

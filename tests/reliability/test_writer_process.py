@@ -64,7 +64,7 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
     cfg = ProxyConfig(
         upstream=upstream_url, db=db, mode=mode, spool=str(tmp / "w.spool"), db_writer="process", **kw
     )
-    assert cfg.durability == "wal"  # the default
+    assert cfg.durability == "process"  # the default
     with BackgroundServer(lambda: build_app(cfg)) as proxy:
         rec = proxy.app[RECORDER]
         spool_batch = rec._spool_batch
@@ -127,6 +127,7 @@ def _submit(rec: Recorder, *caps: Any) -> None:
         rec.submit(cap)
 
 
+@pytest.mark.slow  # starts writer processes: 3-8 s (issue 37: the fast tier stays under a minute)
 def test_a_writer_process_killed_idle_or_mid_write_loses_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     store = _store(tmp_path)
     rec = _recorder(tmp_path, store)
@@ -182,6 +183,7 @@ def test_a_record_the_writer_process_cannot_build_is_set_aside_by_the_replay(tmp
     store.close()
 
 
+@pytest.mark.slow  # starts writer processes: 3-8 s (issue 37: the fast tier stays under a minute)
 def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     db = f"sqlite:///{tmp_path / 'k9.db'}"

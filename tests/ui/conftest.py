@@ -88,7 +88,9 @@ def ui_server() -> Iterator[Callable[..., BackgroundServer]]:
 @pytest.fixture(scope="session")
 def browser_context() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: apt-get install chromium (the test command does, unless ORCHARD_TEST_INSTALL=0)"
+        )
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.sync_api import sync_playwright
 
