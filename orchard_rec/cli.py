@@ -1529,7 +1529,7 @@ def export(
     storage_options: list[str] | None = typer.Option(
         None,
         "--storage-option",
-        help="KEY=VALUE for the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
+        help="For the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
     ),
     engine: Literal["local", "ray"] = typer.Option(
         "local", "--engine", help="ray: shard sessions over a Ray cluster (an --out URL; the ray extra)."
