@@ -1378,10 +1378,14 @@ def _dataset_out(out: str, fmt: str, pairs: list[str] | None) -> tuple[str | Non
         if pairs:
             raise usage_error("--storage-option is for an --out URL (s3://, gs://, file://)")
         return None, {}
-    if fmt not in ("jsonl", "parquet"):  # jsonl: the default, left as it is
+    from orchard_rec.exporters.upload import names_a_file
+
+    if names_a_file(out):  # s3://bucket/samples.jsonl: the format's file(s), uploaded
+        _check_out(fmt, Path(out.rsplit("/", 1)[-1]))
+    elif fmt not in ("jsonl", "parquet"):  # jsonl: the default, left as it is
         raise usage_error(
-            f"--out {out} writes a partitioned parquet dataset; --format {fmt} goes to a file",
-            "use --format parquet (or leave --format out) with a URL, or give --out FILE",
+            f"--out {out} (a prefix) is a partitioned parquet dataset; --format {fmt} writes files",
+            f"name the file: --out {out.rstrip('/')}/samples{FORMAT_INFO.get(fmt, ('',))[0]}, or use --format parquet",
         )
     try:
         return out, parse_storage_options(pairs or ())
@@ -1394,8 +1398,22 @@ def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | N
     ray: sharded over a Ray cluster (``exporters.ray_engine``, the only place Ray is imported)."""
 
     def run(
-        db: str, _fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **selection: Any
+        db: str, fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **selection: Any
     ) -> Any:
+        from orchard_rec.exporters.upload import names_a_file, upload_export
+
+        if names_a_file(url):
+            if engine == "ray":
+                raise usage_error(
+                    "--engine ray writes a partitioned dataset: give --out a prefix (ending in /)"
+                )
+            from orchard_rec.exporters.pipeline import export as run_export
+
+            return upload_export(
+                url,
+                storage,
+                lambda local: run_export(db, fmt, local, format_options=format_options, **selection),
+            )
         if engine == "ray":
             from orchard_rec.exporters.ray_engine import export_dataset_ray
 

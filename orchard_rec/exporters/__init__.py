@@ -13,7 +13,8 @@ jsonl-based ones (``jsonl``, ``openrlhf``, ``slime-sft``) need neither pyarrow n
 the parquet ones need pyarrow (the ``parquet`` extra); ``slime`` imports torch when it writes
 (the ``train`` extra). ``dataset`` writes a partitioned parquet dataset to any fsspec
 filesystem (``export --out s3://...``, the ``objstore`` extra) and ``ray_engine`` shards that
-export over a Ray cluster (the ``ray`` extra, imported only with ``--engine ray``).
+export over a Ray cluster (the ``ray`` extra, imported only with ``--engine ray``); ``upload``
+puts any format's files at a URL that names a file.
 """
 
 from orchard_rec.errors import ExportError

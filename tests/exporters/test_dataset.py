@@ -266,3 +266,30 @@ def test_a_missing_bucket_is_one_line_and_writes_nothing(s3: str, bucket: str, t
 def read_jsonl_rows(db: str, tmp_path: Path) -> list[Any]:
     _export("--db", db, "--out", str(tmp_path / "torch-ref.jsonl"))
     return list(read_jsonl(tmp_path / "torch-ref.jsonl"))
+
+
+def test_a_url_naming_a_file_uploads_that_format(s3: str, bucket: str, tmp_path: Path) -> None:
+    import s3fs
+
+    db = _db(tmp_path)
+    opt = ["--storage-option", f"endpoint_url={s3}"]
+    r = _export("--db", db, "--out", f"s3://{bucket}/x/samples.jsonl", *opt)
+    assert f"s3://{bucket}/x/samples.jsonl" in r.output
+    _export("--db", db, "--format", "parquet", "--out", f"s3://{bucket}/x/samples.parquet", *opt)
+    keys = _objects(s3, bucket)
+    assert "x/samples.jsonl" in keys and "x/samples.parquet" in keys
+    assert len([k for k in keys if k.startswith("x/samples.jsonl.images/")]) == 4  # the sidecar, beside it
+    fs = s3fs.S3FileSystem(endpoint_url=s3, key="testing", secret="testing")
+    fs.get(f"{bucket}/x/", str(tmp_path / "down"), recursive=True)
+    _export("--db", db, "--out", str(tmp_path / "ref.jsonl"))
+    got, ref = list(read_jsonl(tmp_path / "down" / "samples.jsonl")), list(read_jsonl(tmp_path / "ref.jsonl"))
+    assert [s.to_dict() for s in got] == [s.to_dict() for s in ref]
+    assert [[i.data for i in s.images] for s in got] == [[i.data for i in s.images] for s in ref]
+    _export("--db", db, "--format", "parquet", "--out", str(tmp_path / "ref.parquet"))
+    assert _by_key(pq.read_table(tmp_path / "down" / "samples.parquet")) == _by_key(
+        pq.read_table(tmp_path / "ref.parquet")
+    )
+    r = runner.invoke(
+        app, ["export", "--db", db, "--format", "trl", "--out", f"s3://{bucket}/x/a.jsonl", *opt]
+    )
+    assert r.exit_code == 2 and "writes parquet" in r.output
