@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -1394,6 +1394,62 @@ def _check_out(fmt: str, out: Path) -> None:
         raise usage_error(f"--out {out} is a folder", "give a file name")
 
 
+def _dataset_out(out: str, fmt: str, pairs: list[str] | None) -> tuple[str | None, dict[str, Any]]:
+    """``--out URL``: the URL and its ``--storage-option``s (None: a file, as before)."""
+    from orchard_rec.errors import ExportError
+    from orchard_rec.exporters.dataset import is_url, parse_storage_options
+
+    if not is_url(out):
+        if pairs:
+            raise usage_error("--storage-option is for an --out URL (s3://, gs://, file://)")
+        return None, {}
+    from orchard_rec.exporters.upload import names_a_file
+
+    if names_a_file(out):  # s3://bucket/samples.jsonl: the format's file(s), uploaded
+        _check_out(fmt, Path(out.rsplit("/", 1)[-1]))
+    elif fmt not in ("jsonl", "parquet"):  # jsonl: the default, left as it is
+        raise usage_error(
+            f"--out {out} (a prefix) is a partitioned parquet dataset; --format {fmt} writes files",
+            f"name the file: --out {out.rstrip('/')}/samples{FORMAT_INFO.get(fmt, ('',))[0]}, or use --format parquet",
+        )
+    try:
+        return out, parse_storage_options(pairs or ())
+    except ExportError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | None) -> Callable[..., Any]:
+    """``run_export``'s signature, writing the dataset at ``url`` (``exporters.dataset``); ``engine``
+    ray: sharded over a Ray cluster (``exporters.ray_engine``, the only place Ray is imported)."""
+
+    def run(
+        db: str, fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **selection: Any
+    ) -> Any:
+        from orchard_rec.exporters.upload import names_a_file, upload_export
+
+        if names_a_file(url):
+            if engine == "ray":
+                raise usage_error(
+                    "--engine ray writes a partitioned dataset: give --out a prefix (ending in /)"
+                )
+            from orchard_rec.exporters.pipeline import export as run_export
+
+            return upload_export(
+                url,
+                storage,
+                lambda local: run_export(db, fmt, local, format_options=format_options, **selection),
+            )
+        if engine == "ray":
+            from orchard_rec.exporters.ray_engine import export_dataset_ray
+
+            return export_dataset_ray(db, url, storage_options=storage, address=address, **selection)
+        from orchard_rec.exporters.pipeline import export_dataset
+
+        return export_dataset(db, url, storage_options=storage, **selection)
+
+    return run
+
+
 def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> None:
     if group_by == "session":
         return
@@ -1448,8 +1504,11 @@ def _reward_key_check(selected: list[Any], key: str) -> None:
 @app.command()
 def export(
     fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf)."
+    out_arg: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf); a URL (s3://, gs://, file://) is a partitioned parquet dataset.",
     ),
     db: str = DbOpt,
     session: list[str] | None = SessionsOpt,
@@ -1510,6 +1569,19 @@ def export(
         help="Drop samples that have no stored teacher log-probs (orchard-rec teacher).",
     ),
     list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
+    storage_options: list[str] | None = typer.Option(
+        None,
+        "--storage-option",
+        help="For the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
+    ),
+    engine: Literal["local", "ray"] = typer.Option(
+        "local", "--engine", help="ray: shard sessions over a Ray cluster (an --out URL; the ray extra)."
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="The Ray cluster for --engine ray (default: RAY_ADDRESS, else a local one).",
+    ),
     auxiliary: bool | None = typer.Option(
         None,
         "--auxiliary/--no-auxiliary",
@@ -1550,11 +1622,18 @@ def export(
         raise usage_error(
             f"--format {fmt!r} is not a format", f"one of: {', '.join(sorted(known))} (--list-formats)"
         )
-    if out is None:
+    if out_arg is None:
         raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
-    _check_out(fmt, out)
-    if "{rollout_id}" not in str(out):
-        _check_output(out, db, force)
+    url, storage = _dataset_out(out_arg, fmt, storage_options)
+    if (engine == "ray" or ray_address) and url is None:
+        raise usage_error("--engine ray writes a partitioned dataset: give --out URL (s3://..., file://...)")
+    if ray_address and engine != "ray":
+        raise usage_error("--ray-address is for --engine ray")
+    out = Path(out_arg)
+    if url is None:  # a dataset prefix: new names only, a non-dataset prefix refused (exporters.dataset)
+        _check_out(fmt, out)
+        if "{rollout_id}" not in str(out):
+            _check_output(out, db, force)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
     if processor is not None and fmt != "slime":
@@ -1642,7 +1721,7 @@ def export(
     )
     with progress:
         task = progress.add_task("export", total=total)
-        stats = run_export(
+        stats = (run_export if url is None else _url_export(url, storage, engine, ray_address))(
             db,
             fmt,
             out,
@@ -1671,7 +1750,7 @@ def export(
             stale=stale,
             staleness_stats=stale_stats,
         )
-    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
+    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
     selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
     if stats.samples == 0:
         kept = "" if to_stdout else f"; nothing written ({out} left as it was)"

@@ -117,6 +117,8 @@ METAVARS: dict[str, str] = {
     "--filter": "FILTER",
     "--rules": "RULES",
     "--revision": "REVISION",
+    "--storage-option": "KEY=VALUE",
+    "--ray-address": "ADDRESS",
 }
 """Options whose value has a shape worth naming."""
 

@@ -11,7 +11,10 @@ format family, the chat view of a sample (``conversation``) and database → fil
 or ``trainers`` (``tests/test_layering.py``). Each format imports only what it needs: the
 jsonl-based ones (``jsonl``, ``openrlhf``, ``slime-sft``) need neither pyarrow nor torch;
 the parquet ones need pyarrow (the ``parquet`` extra); ``slime`` imports torch when it writes
-(the ``train`` extra).
+(the ``train`` extra). ``dataset`` writes a partitioned parquet dataset to any fsspec
+filesystem (``export --out s3://...``, the ``objstore`` extra) and ``ray_engine`` shards that
+export over a Ray cluster (the ``ray`` extra, imported only with ``--engine ray``); ``upload``
+puts any format's files at a URL that names a file.
 """
 
 from orchard_rec.errors import ExportError

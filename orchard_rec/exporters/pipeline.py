@@ -15,7 +15,15 @@ from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
 from orchard_rec.teacher.store import TeacherStore
 
-__all__ = ["attach_messages", "export", "fill_images", "select_samples"]
+__all__ = [
+    "attach_messages",
+    "export",
+    "export_dataset",
+    "fill_images",
+    "select_samples",
+    "session_ids",
+    "write_shard",
+]
 
 
 def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
@@ -99,3 +107,117 @@ def export(
         return stats
     finally:
         store.close()
+
+
+def export_dataset(
+    db_url: str,
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    on_session: Callable[[Any], None] | None = None,
+    auxiliary: bool | None = None,
+    **selection: Any,
+) -> ExportStats:
+    """Database -> a partitioned parquet dataset at ``url`` (``exporters.dataset``): the ``parquet``
+    format's rows, partitioned by the session's outcome metadata ``run``, the policy version and
+    the session's day; the manifest records ``selection``."""
+    from orchard_rec.exporters.dataset import write_dataset
+
+    recorded = _recorded(selection, auxiliary)
+    store = Store(db_url, readonly=True)  # an export never writes the database
+    try:
+        samples, session_info = _dataset_samples(store, on_session, auxiliary, selection)
+        return write_dataset(
+            samples, url, storage_options=storage_options, session_info=session_info, selection=recorded
+        )
+    finally:
+        store.close()
+
+
+def _dataset_samples(
+    store: Store, on_session: Callable[[Any], None] | None, auxiliary: bool | None, selection: dict[str, Any]
+) -> tuple[Iterator[Sample], Callable[[str], tuple[Any, float | None]]]:
+    """The samples of a dataset export (teacher data attached, images filled) and each session's
+    ``(run, created_at)``, the partition values the dataset writer needs."""
+    teachers = TeacherStore(store.engine)
+    if teachers.has_table() and "teacher" not in selection:
+        selection["teacher"] = teachers.lookup
+
+    def session_info(sid: str) -> tuple[Any, float | None]:
+        summary = store.session(sid)
+        if summary is None:
+            return None, None
+        meta = summary.outcome.metadata if summary.outcome is not None else {}
+        return meta.get("run"), summary.created_at
+
+    samples = select_samples(
+        store, on_session=on_session, auxiliary=True if auxiliary is None else auxiliary, **selection
+    )
+    return fill_images(store, samples), session_info
+
+
+def session_ids(db_url: str, *, sessions: Any = None, since: Any = None, harness: Any = None) -> list[str]:
+    """The selected sessions' ids in the order an ungrouped export reconstructs them (by id)."""
+    store = Store(db_url, readonly=True)
+    try:
+        return sorted(s.id for s in store.sessions(sessions, since=since, harness=harness))
+    finally:
+        store.close()
+
+
+def write_shard(
+    db_url: str,
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None,
+    export_id: str,
+    shard: int,
+    auxiliary: bool | None = None,
+    **selection: Any,
+) -> dict[str, Any]:
+    """One shard of a sharded dataset export (a Ray task): its own read-only store, its parts
+    staged (``DatasetWriter(shard=)``); removes what it wrote when it fails. Returns the staged
+    parts, the images it wrote, and its sample and token counts."""
+    from orchard_rec.exporters.dataset import DatasetWriter, storage_errors
+
+    store = Store(db_url, readonly=True)
+    writer: DatasetWriter | None = None
+    stats = ExportStats()
+    try:
+        samples, session_info = _dataset_samples(store, None, auxiliary, selection)
+        with storage_errors(url):
+            writer = DatasetWriter(
+                url,
+                storage_options=storage_options,
+                session_info=session_info,
+                export_id=export_id,
+                shard=shard,
+            )
+            for s in samples:
+                writer.add(s)
+                stats.add(s)
+            writer.close_parts()
+        return {
+            "parts": sorted(writer.parts),
+            "images": writer.images_written,
+            "samples": stats.samples,
+            "tokens": stats.tokens,
+        }
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        store.close()
+
+
+def _recorded(selection: dict[str, Any], auxiliary: bool | None) -> dict[str, Any]:
+    """The selection as the manifest records it: options given, JSON-safe (callables left out)."""
+    out: dict[str, Any] = {"auxiliary": True if auxiliary is None else auxiliary}
+    for k, v in selection.items():
+        if v is None or callable(v) or k in ("selection_stats", "tokenizer"):
+            continue
+        out[k] = list(v) if isinstance(v, tuple) else v
+    if selection.get("tokenizer") is not None:
+        out["tokenizer"] = str(getattr(selection["tokenizer"], "name_or_path", "given"))
+    return out
