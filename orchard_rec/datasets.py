@@ -22,9 +22,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchard_rec.dialects.images import ImageRef
 from orchard_rec.errors import UsageError
 from orchard_rec.exporters.dataset import NULL_PARTITION, latest_manifest, open_fs
-from orchard_rec.protocol.images import ImageRef
 from orchard_rec.reconstruct import Sample, SampleStatus, TeacherData, Turn
 
 __all__ = ["OrchardDataset", "open_dataset", "sample_of_row"]
