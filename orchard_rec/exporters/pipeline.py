@@ -12,8 +12,8 @@ from orchard_rec.exporters.base import ExportStats, get, output_set
 from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
+from orchard_rec.storage.queries import teacher_store
 from orchard_rec.storage.store import Store
-from orchard_rec.teacher.store import TeacherStore
 
 __all__ = ["attach_messages", "export", "fill_images", "select_samples"]
 
@@ -77,7 +77,7 @@ def export(
         auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
     store = Store(db_url, readonly=True)  # an export never writes the database
     try:
-        teachers = TeacherStore(store.engine)
+        teachers = teacher_store(store)
         if teachers.has_table() and "teacher" not in selection:
             selection["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
             if hasattr(exporter, "teacher_fill") and teachers.has_rows():
