@@ -9,6 +9,11 @@
 - ``intercept/`` imports no private (underscore) name of another orchard_rec package.
 - The module import graph of ``orchard_rec`` (module-level imports, as they run at import
   time: ``if TYPE_CHECKING:`` blocks excluded) has no cycle.
+- No module outside ``storage/``, ``migrations/`` and ``teacher/store.py`` (the teacher table's
+  access) imports SQLAlchemy's query constructs (anything but ``sqlalchemy.exc`` and ``make_url``)
+  or reaches a store's ``.engine``; offenders are reported as ``file:line``.
+- Each package keeps what its docstring promises it never imports: the package and library names
+  of its "Never ..." clauses are read from the docstring and checked like the rule above.
 
 The checks read the files with ``ast``; nothing is imported but the module under test in
 its own subprocess.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -266,3 +272,97 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- 5. SQL lives in storage/ ------------------------------------------------------------------------------------
+
+# The modules that may build queries and hold an engine: ``storage/`` (its package docstring: it owns
+# every SQL statement and the engine), the Alembic migrations, and the teacher results table's access
+# (the ``teacher`` package docstring: ``store.py`` owns that table and may import sqlalchemy).
+QUERY_OWNERS = ("orchard_rec.storage", "orchard_rec.migrations", "orchard_rec.teacher.store")
+
+# What any other module may take from SQLAlchemy: its errors, and URL parsing (a ``--db`` check).
+SQLALCHEMY_ALLOWED = {"sqlalchemy.exc", "sqlalchemy.engine.make_url", "sqlalchemy.engine.URL"}
+
+
+def _sql_outside_storage(name: str, tree: ast.AST) -> list[str]:
+    found = []
+    for module, names, node in _imports(tree, name):
+        if not _under(module, "sqlalchemy"):
+            continue
+        targets = [module] if isinstance(node, ast.Import) else [f"{module}.{n}" for n in names]
+        for t in targets:
+            if not any(_under(t, ok) for ok in SQLALCHEMY_ALLOWED):
+                found.append(
+                    f"{MODULES.get(name, name)}:{node.lineno} imports {t} (queries live in storage/)"
+                )
+    for node in ast.walk(tree):  # ``store.engine``, ``self.store.engine``: a Store's engine
+        if isinstance(node, ast.Attribute) and node.attr == "engine":
+            if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                where = f"{MODULES.get(name, name)}:{node.lineno}"
+                found.append(f"{where} uses {_dotted(node) or '….engine'} (the engine stays in storage/)")
+    return found
+
+
+def test_no_query_and_no_engine_outside_storage() -> None:
+    found = []
+    for name in MODULES:
+        if any(_under(name, owner) for owner in QUERY_OWNERS):
+            continue
+        found += _sql_outside_storage(name, _parse(name))
+    assert found == []
+
+
+def test_the_sql_checker_sees_queries_and_engines() -> None:
+    tree = ast.parse(
+        "from sqlalchemy import exc, select\nfrom sqlalchemy.engine import make_url\n"
+        "def f(store):\n    import sqlalchemy.orm\n    with store.engine.connect():\n        self.engine = 1\n"
+    )
+    assert _sql_outside_storage("x", tree) == [
+        "x:1 imports sqlalchemy.select (queries live in storage/)",
+        "x:4 imports sqlalchemy.orm (queries live in storage/)",
+        "x:5 uses store.engine (the engine stays in storage/)",
+    ]
+
+
+# -- 6. what each package docstring says it never imports ---------------------------------------------------------
+
+LIBRARIES = {"aiohttp", "sqlalchemy", "rich", "alembic", "pydantic", "jinja2", "torch"}
+
+
+def _never(package: str) -> set[str]:
+    """The modules a package's docstring says it never imports: the package and library names in
+    its "Never ..." / "never ..." / "nothing of ..." clauses, up to the end of the sentence or
+    clause ("never imported ..." is about its callers, not a promise of its own)."""
+    doc = ast.get_docstring(_parse(package)) or ""
+    names: set[str] = set()
+    for m in re.finditer(
+        r"(?:\b[Nn]ever|nothing of)\b(?! imported)(?: imports?)?([^.:;(]*)", doc.replace("\n", " ")
+    ):
+        for word in re.findall(r"[A-Za-z_]+", m.group(1)):
+            if f"orchard_rec.{word}" in MODULES and f"orchard_rec.{word}" != package:
+                names.add(f"orchard_rec.{word}")
+            elif word.lower() in LIBRARIES:
+                names.add(word.lower())
+    return names
+
+
+PROMISES = {p: _never(p) for p in MODULES if _is_package(p) and p != "orchard_rec"}
+
+
+def test_the_docstrings_promise_something() -> None:
+    assert {p for p, n in PROMISES.items() if n} >= {
+        "orchard_rec.reconstruct",
+        "orchard_rec.exporters",
+        "orchard_rec.proxy",
+        "orchard_rec.ui",
+        "orchard_rec.teacher",
+        "orchard_rec.steps",
+        "orchard_rec.storage",
+    }
+    assert PROMISES["orchard_rec.reconstruct"] >= {"orchard_rec.proxy", "sqlalchemy", "aiohttp", "rich"}
+
+
+@pytest.mark.parametrize("package", sorted(p for p, n in PROMISES.items() if n))
+def test_each_package_keeps_its_docstring_promise(package: str) -> None:
+    assert _violations(package, tuple(sorted(PROMISES[package]))) == []

@@ -20,7 +20,8 @@ a call's raw material, written as what is new relative to its session's earlier 
 
 May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``, ``storage``,
 ``tokenizer``, ``harnesses`` (who is calling, and probes, from the plug-ins' own data), ``ui``
-(mounted with ``--ui``). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
+(mounted with ``--ui``). Never ``exporters``, ``trainers``, ``intercept`` or ``demo``; of
+``reconstruct`` only ``reconstruct.vision`` (the image tokens tito expands).
 """
 
 from typing import TYPE_CHECKING, Any

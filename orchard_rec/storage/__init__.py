@@ -7,6 +7,7 @@ Owns every SQL statement and the database engine: ``Store`` (the record sink and
 ``seam.RecordSink`` / ``seam.RecordSource``), ``queries`` (the listings, aggregates and schema
 checks the CLI and the viewer ask for), the models and the migrations' runner. No module outside
 ``storage/`` and ``migrations/`` builds a query or touches ``Store.engine`` (``tests/test_layering.py``).
+Never imports ``proxy``, ``ui``, ``exporters``, ``pipeline`` or ``cli``: they are above it.
 """
 
 from typing import TYPE_CHECKING, Any
