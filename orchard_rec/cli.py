@@ -360,7 +360,7 @@ def open_read(db: str) -> Store:
     """The database for a read command: must exist, must be migrated; opened read-only."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.storage import migrate
+    from orchard_rec.storage import migrate, queries
     from orchard_rec.storage.store import Store
 
     url = _parse_db(db)
@@ -369,7 +369,7 @@ def open_read(db: str) -> Store:
         raise CliError(f"no orchard-rec database at {shown} (use --db or ORCHARD_DB)")
     store = Store(db, readonly=True)
     try:
-        rev = migrate.current(db, engine=store.engine)
+        rev = queries.schema_revision(store)
     except sa_exc.SQLAlchemyError as exc:
         store.close()
         raise _db_error(exc, url) from None
@@ -419,8 +419,9 @@ def open_write(db: str, *, migrate_schema: bool = True) -> Store:
         if migrate_schema:
             store.upgrade()
         else:
-            with store.engine.connect():
-                pass
+            from orchard_rec.storage.queries import ping
+
+            ping(store)
     except sa_exc.SQLAlchemyError as exc:
         store.close()
         raise _db_error(exc, url) from None
@@ -790,29 +791,17 @@ def _session_rows(
     min_reward: float | None,
 ) -> tuple[list[dict[str, Any]], int]:
     """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
-    from sqlalchemy import func, select
+    from orchard_rec.storage.queries import newest_sessions
+    from orchard_rec.storage.store import _epoch
 
-    from orchard_rec.storage.models import Session
-    from orchard_rec.storage.store import _epoch, _ts
-
-    where = []
-    if since is not None:
-        where.append(Session.updated_at >= _ts(since))
-    if harness:
-        where.append(Session.harness == harness)
-    if status:
-        where.append(Session.status.in_(status))
-    with store.engine.connect() as conn:
-        total = int(conn.scalar(select(func.count()).select_from(Session).where(*where)) or 0)
-        stmt = select(Session).where(*where).order_by(Session.updated_at.desc(), Session.id.desc())
-        if min_reward is None and limit:
-            stmt = stmt.limit(limit)
-        rows = [dict(r._mapping) for r in conn.execute(stmt.with_only_columns(*Session.__table__.c))]
-        if min_reward is not None:
-            rows = [r for r in rows if _scalar_reward(r["reward"]) is not None]
-            rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
-            total = len(rows)
-            rows = rows[:limit] if limit else rows
+    rows, total = newest_sessions(
+        store, limit=limit if min_reward is None else None, since=since, harness=harness, status=status
+    )
+    if min_reward is not None:
+        rows = [r for r in rows if _scalar_reward(r["reward"]) is not None]
+        rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
+        total = len(rows)
+        rows = rows[:limit] if limit else rows
     sizes = _session_sizes(store, [r["id"] for r in rows])
     out = []
     for r in reversed(rows):
@@ -1179,14 +1168,13 @@ def db_upgrade(
     ),
 ) -> None:
     """Create or migrate the database schema."""
-    from orchard_rec.storage import migrate
+    from orchard_rec.storage import migrate, queries
 
     if revision != "head" and not migrate.known(revision):
         raise usage_error(f"--revision {revision!r} is not one of this orchard-rec's migrations")
     store = open_write(db, migrate_schema=False)
     try:
-        migrate.upgrade(db, revision, engine=store.engine)
-        rev = migrate.current(db, engine=store.engine)
+        rev = queries.migrate_to(store, revision)
     finally:
         store.close()
     typer.echo(f"{db}: at revision {rev}")
@@ -1197,7 +1185,7 @@ def db_current(db: str = DbOpt) -> None:
     """Show the database's schema revision (read-only: a missing database is not created)."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.storage import migrate
+    from orchard_rec.storage import migrate, queries
     from orchard_rec.storage.store import Store
 
     url = _parse_db(db)
@@ -1206,7 +1194,7 @@ def db_current(db: str = DbOpt) -> None:
         return
     store = Store(db, readonly=True)
     try:
-        rev = migrate.current(db, engine=store.engine)
+        rev = queries.schema_revision(store)
     except sa_exc.SQLAlchemyError as exc:
         raise _db_error(exc, url) from None
     finally:
@@ -2403,9 +2391,9 @@ def teacher(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from orchard_rec.pipeline import iter_samples
+    from orchard_rec.storage.queries import teacher_store
     from orchard_rec.teacher import SampleRef, TeacherConfig, score_all
     from orchard_rec.teacher.run import run_coroutine
-    from orchard_rec.teacher.store import TeacherStore
 
     url = _check_upstream(
         url, "--url", openai_style=False
@@ -2430,7 +2418,7 @@ def teacher(
             + (" matches the selection" if (session or since or harness) else f" in {db}")
         )
     store = open_write(db)
-    sink = TeacherStore(store.engine)
+    sink = teacher_store(store)
     pair = None
     if retokenize_teacher is not None or tokenizer is not None:
         if retokenize_teacher is None or tokenizer is None:

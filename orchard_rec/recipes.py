@@ -14,7 +14,7 @@ from orchard_rec import dialects
 from orchard_rec.records import CallRecord, Outcome
 from orchard_rec.rewards import RewardResult, RuleSet
 from orchard_rec.steps import Step, parse_steps
-from orchard_rec.storage.store import Store
+from orchard_rec.storage.seam import RecordSource
 
 __all__ = ["MODEL_DIALECTS", "score_session", "session_steps", "with_process_reward"]
 
@@ -37,7 +37,7 @@ def _main_calls(calls: list[CallRecord]) -> list[CallRecord]:
     ]
 
 
-def session_steps(store: Store, session_id: str) -> tuple[list[Step], int]:
+def session_steps(store: RecordSource, session_id: str) -> tuple[list[Step], int]:
     """``(steps, number of model turns)``: steps from the session's last model call (its
     request holds the history, its response the final answer)."""
     calls = _main_calls(store.calls(session_id))
@@ -47,7 +47,7 @@ def session_steps(store: Store, session_id: str) -> tuple[list[Step], int]:
     return parse_steps(_dialect(last), last.request, last.response), len(calls)
 
 
-def score_session(store: Store, session_id: str, rules: RuleSet) -> RewardResult | None:
+def score_session(store: RecordSource, session_id: str, rules: RuleSet) -> RewardResult | None:
     """The rule set's reward for one session (gold fields from its outcome metadata);
     None when the session does not exist."""
     summary = store.session(session_id)

@@ -14,6 +14,9 @@
   package that states a rule is held to it. ``dialects/`` in particular imports nothing of
   ``proxy``, ``storage`` or ``ui``, and ``reconstruct/`` no I/O library (sockets, processes, HTTP,
   databases) either.
+- No module outside ``storage/``, ``migrations/`` and ``teacher/store.py`` (the teacher table's
+  access) imports SQLAlchemy's query constructs (anything but ``sqlalchemy.exc`` and ``make_url``)
+  or reaches a store's ``.engine``; offenders are reported as ``file:line``.
 
 The checks read the files with ``ast``; nothing is imported but the module under test in
 its own subprocess.
@@ -321,7 +324,13 @@ def test_the_promises_read_are_the_ones_the_docstrings_state() -> None:
     )
     assert promised("orchard_rec.harnesses") >= {"orchard_rec.proxy", "orchard_rec.storage"}
     assert "orchard_rec.proxy" in promised("orchard_rec.ui")
-    assert promised("orchard_rec.storage") == set()  # "Never imported on ..." is not a rule about imports
+    # "Never imported on ..." is not a rule about imports; "Never imports ``proxy``, ..." is
+    assert promised("orchard_rec.storage") == {
+        "orchard_rec.proxy",
+        "orchard_rec.ui",
+        "orchard_rec.exporters",
+        "orchard_rec.pipeline",
+    }
 
 
 IO = ("socket", "subprocess", "sqlite3", "http", "urllib.request", "asyncio", "requests", "httpx", "aiohttp")
@@ -330,3 +339,54 @@ IO = ("socket", "subprocess", "sqlite3", "http", "urllib.request", "asyncio", "r
 def test_reconstruct_is_pure() -> None:
     """Records in, samples out: no module of the core imports a socket, process, HTTP or database library."""
     assert _violations("orchard_rec.reconstruct", IO) == []
+
+
+# -- 6. SQL lives in storage/ ------------------------------------------------------------------------------------
+
+# The modules that may build queries and hold an engine: ``storage/`` (its package docstring: it owns
+# every SQL statement and the engine), the Alembic migrations, and the teacher results table's access
+# (the ``teacher`` package docstring: ``store.py`` owns that table and may import sqlalchemy).
+QUERY_OWNERS = ("orchard_rec.storage", "orchard_rec.migrations", "orchard_rec.teacher.store")
+
+# What any other module may take from SQLAlchemy: its errors, and URL parsing (a ``--db`` check).
+SQLALCHEMY_ALLOWED = {"sqlalchemy.exc", "sqlalchemy.engine.make_url", "sqlalchemy.engine.URL"}
+
+
+def _sql_outside_storage(name: str, tree: ast.AST) -> list[str]:
+    found = []
+    for module, names, node in _imports(tree, name):
+        if not _under(module, "sqlalchemy"):
+            continue
+        targets = [module] if isinstance(node, ast.Import) else [f"{module}.{n}" for n in names]
+        for t in targets:
+            if not any(_under(t, ok) for ok in SQLALCHEMY_ALLOWED):
+                found.append(
+                    f"{MODULES.get(name, name)}:{node.lineno} imports {t} (queries live in storage/)"
+                )
+    for node in ast.walk(tree):  # ``store.engine``, ``self.store.engine``: a Store's engine
+        if isinstance(node, ast.Attribute) and node.attr == "engine":
+            if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                where = f"{MODULES.get(name, name)}:{node.lineno}"
+                found.append(f"{where} uses {_dotted(node) or '….engine'} (the engine stays in storage/)")
+    return found
+
+
+def test_no_query_and_no_engine_outside_storage() -> None:
+    found = []
+    for name in MODULES:
+        if any(_under(name, owner) for owner in QUERY_OWNERS):
+            continue
+        found += _sql_outside_storage(name, _parse(name))
+    assert found == []
+
+
+def test_the_sql_checker_sees_queries_and_engines() -> None:
+    tree = ast.parse(
+        "from sqlalchemy import exc, select\nfrom sqlalchemy.engine import make_url\n"
+        "def f(store):\n    import sqlalchemy.orm\n    with store.engine.connect():\n        self.engine = 1\n"
+    )
+    assert _sql_outside_storage("x", tree) == [
+        "x:1 imports sqlalchemy.select (queries live in storage/)",
+        "x:4 imports sqlalchemy.orm (queries live in storage/)",
+        "x:5 uses store.engine (the engine stays in storage/)",
+    ]

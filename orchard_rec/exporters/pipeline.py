@@ -12,8 +12,8 @@ from orchard_rec.exporters.base import ExportStats, get, output_set
 from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
+from orchard_rec.storage.queries import teacher_store
 from orchard_rec.storage.store import Store
-from orchard_rec.teacher.store import TeacherStore
 
 __all__ = [
     "attach_messages",
@@ -85,7 +85,7 @@ def export(
         auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
     store = Store(db_url, readonly=True)  # an export never writes the database
     try:
-        teachers = TeacherStore(store.engine)
+        teachers = teacher_store(store)
         if teachers.has_table() and "teacher" not in selection:
             selection["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
             if hasattr(exporter, "teacher_fill") and teachers.has_rows():
@@ -139,7 +139,7 @@ def _dataset_samples(
 ) -> tuple[Iterator[Sample], Callable[[str], tuple[Any, float | None]]]:
     """The samples of a dataset export (teacher data attached, images filled) and each session's
     ``(run, created_at)``, the partition values the dataset writer needs."""
-    teachers = TeacherStore(store.engine)
+    teachers = teacher_store(store)
     if teachers.has_table() and "teacher" not in selection:
         selection["teacher"] = teachers.lookup
 

@@ -16,15 +16,15 @@ from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
 from orchard_rec.proxy.tito import Recorded, parse_generation
 from orchard_rec.records import CallOutcome, CallRecord
-from orchard_rec.storage.store import Store
+from orchard_rec.storage.seam import RecordSource
 
 __all__ = ["StoreHistory"]
 
 
 class StoreHistory:
-    """``HistorySource`` over a ``Store``."""
+    """``HistorySource`` over a ``RecordSource`` (a ``Store``)."""
 
-    def __init__(self, store: Store, tokenizer: Any) -> None:
+    def __init__(self, store: RecordSource, tokenizer: Any) -> None:
         self.store = store
         self.tok = tokenizer
 

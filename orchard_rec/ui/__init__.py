@@ -5,8 +5,8 @@ call waterfall, conversations, token-level samples and split points, the prompt 
 and their JSON API under ``/api/``. Server-rendered with Jinja2 on aiohttp; the templates and the
 plain JavaScript/CSS under ``static/`` ship as package data (no Node build step).
 
-May import: ``orchard_rec.storage`` (public ``Store`` reads, the ``sessions`` table for SQL
-pagination, the search index), ``orchard_rec.pipeline`` (samples, recipe selection),
+May import: ``orchard_rec.storage`` (public ``Store`` reads, ``storage.queries`` for the
+SQL-paginated sessions table, groups and dashboards: no query is built here), ``orchard_rec.pipeline`` (samples, recipe selection),
 ``orchard_rec.selection``, ``orchard_rec.reconstruct`` (the ``Sample`` type),
 ``orchard_rec.exporters`` (downloads), ``orchard_rec.records``, aiohttp and Jinja2. Never
 ``proxy`` (the proxy mounts the viewer, not the other way round).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from orchard_rec.storage.store import Store
+from orchard_rec.storage.seam import RecordSource
 from orchard_rec.ui.chat import conversation, response_turn
 from orchard_rec.ui.data import UIError, _first_mismatch
 
@@ -16,7 +16,7 @@ __all__ = ["compare_calls", "msg_key"]
 # -- compare two consecutive calls ---------------------------------------------------------------
 
 
-def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
+def compare_calls(store: RecordSource, session_id: str, seq: int) -> dict[str, Any]:
     """Call ``seq`` against the call before it: what its prompt kept, changed, dropped and added."""
     calls = {c.seq: c for c in store.calls(session_id)}
     if seq not in calls:

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
-
 from orchard_rec.reconstruct import numeric_reward
-from orchard_rec.storage.models import Call, Session
+from orchard_rec.storage import queries
 from orchard_rec.storage.store import Store
 
 __all__ = ["DashQuery", "dashboard"]
@@ -42,10 +40,6 @@ def _epoch(dt: datetime | None) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
-def _ts(x: float) -> datetime:
-    return datetime.fromtimestamp(x, tz=UTC)
-
-
 def _pct(sorted_values: list[float], p: float) -> float | None:
     """The ``p`` quantile by nearest rank (None for no value)."""
     if not sorted_values:
@@ -64,32 +58,10 @@ def _tokens(usage: Any) -> tuple[int, int]:
 
 def _read(store: Store, q: DashQuery) -> tuple[float, float, list[Any], list[float | None]]:
     """The window, its calls' light columns, and its sessions' numeric rewards."""
-    c = Call.__table__.c
-    with store.engine.connect() as conn:
-        last = _epoch(conn.execute(select(func.max(c.received_at))).scalar())
-        until = q.until if q.until is not None else (last or 0.0) + 1.0
-        since = q.since
-        if since is None:  # the data's own span, at most the last six hours of it
-            first = _epoch(
-                conn.execute(
-                    select(func.min(c.received_at)).where(c.received_at >= _ts(until - DEFAULT_SPAN))
-                ).scalar()
-            )
-            since = 60.0 * math.floor((first if first is not None else until - DEFAULT_SPAN) / 60.0)
-        stmt = select(c.received_at, c.done_at, c.harness, c.model, c.outcome, c.error, c.usage).where(
-            c.received_at >= _ts(since), c.received_at < _ts(until)
-        )
-        if q.harness:
-            stmt = stmt.where(c.harness == q.harness)
-        if q.model:
-            stmt = stmt.where(c.model == q.model)
-        rows = list(conn.execute(stmt))
-        s = Session.__table__.c
-        rstmt = select(s.reward).where(s.outcome_at.is_not(None), s.updated_at >= _ts(since))
-        if q.harness:
-            rstmt = rstmt.where(s.harness == q.harness)
-        rewards = [numeric_reward(_json(r)) for (r,) in conn.execute(rstmt)]
-    return since, until, rows, rewards
+    w = queries.dash_window(
+        store, since=q.since, until=q.until, harness=q.harness, model=q.model, span=DEFAULT_SPAN
+    )
+    return w.since, w.until, w.calls, [numeric_reward(_json(r)) for r in w.rewards]
 
 
 def dashboard(store: Store, q: DashQuery) -> dict[str, Any]:

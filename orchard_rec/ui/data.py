@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import String, exists, func, inspect, literal_column, select, text
 from sqlalchemy.engine import make_url
 
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
 from orchard_rec.records import CallRecord, context_tokens
-from orchard_rec.storage import search
-from orchard_rec.storage.models import Call, Session
+from orchard_rec.storage import queries
+from orchard_rec.storage.queries import SessionQuery
 from orchard_rec.storage.store import SessionSummary, Store
 from orchard_rec.ui.chat import conversation, response_turn
 
@@ -65,11 +64,11 @@ def open_store(url: str) -> Store:
             raise UIError(f"no database at {url} (record something first: orchard-rec serve / demo)")
     store = Store(url, readonly=True)
     try:
-        tables = set(inspect(store.engine).get_table_names())
+        ready = queries.has_record_tables(store)
     except Exception as exc:
         store.close()
         raise UIError(f"cannot open {url}: {exc}") from None
-    if not {"sessions", "calls"} <= tables:
+    if not ready:
         store.close()
         raise UIError(f"{url} has no orchard-rec schema (orchard-rec db upgrade --db URL creates it)")
     return store
@@ -79,22 +78,9 @@ def open_store(url: str) -> Store:
 
 
 @dataclass
-class SessionFilter:
-    q: str = ""
-    harness: str = ""
-    status: str = ""
-    reward_min: float | None = None
-    reward_max: float | None = None
-    since: float | None = None
-    until: float | None = None
-    model: str = ""
-    errors: bool = False
-    meta: list[str] = field(default_factory=list)
-    """``key=value`` (the outcome metadata's ``key`` is ``value``, or a list holding it) or ``key`` (present)."""
-    sort: str = "started"
-    order: str = "desc"
-    page: int = 1
-    per_page: int = 50
+class SessionFilter(SessionQuery):
+    """The sessions table's filter, sort and page as the viewer's query string gives them
+    (``storage.queries.SessionQuery``'s fields)."""
 
     @classmethod
     def from_query(cls, q: Any) -> SessionFilter:
@@ -175,117 +161,6 @@ class SessionFilter:
 _DEFAULTS = (("sort", "started"), ("order", "desc"), ("page", 1), ("per_page", 50))
 
 
-def _reward_expr(dialect: str) -> Any:
-    if dialect == "postgresql":
-        return literal_column(
-            "CASE WHEN json_typeof(sessions.reward) = 'number' THEN (sessions.reward::text)::float8 END"
-        )
-    return literal_column("CASE WHEN typeof(sessions.reward) IN ('integer', 'real') THEN sessions.reward END")
-
-
-def _duration_expr(dialect: str) -> Any:
-    if dialect == "postgresql":
-        return literal_column("EXTRACT(EPOCH FROM (sessions.updated_at - sessions.created_at))")
-    return literal_column("((julianday(sessions.updated_at) - julianday(sessions.created_at)) * 86400.0)")
-
-
-def _ts(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, tz=UTC)
-
-
-def _epoch(dt: datetime | None) -> float | None:
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
-
-
-def _meta_cond(m: str, i: int, dialect: str) -> Any:
-    """The outcome metadata's ``key`` equals ``value`` (as text), or is a list holding it; or,
-    without ``=value``, is present."""
-    key, eq, value = m.partition("=")
-    key, value = key.strip(), value.strip()
-    k, v = f"mk{i}", f"mv{i}"
-    if dialect == "postgresql":
-        node = f"(sessions.outcome_metadata -> CAST(:{k} AS text))"
-        if not eq:
-            return text(f"{node} IS NOT NULL").bindparams(**{k: key})
-        sql = (
-            f"CASE WHEN json_typeof({node}) = 'array' THEN EXISTS "
-            f"(SELECT 1 FROM json_array_elements_text({node}) AS e(x) WHERE e.x = :{v}) "
-            f"ELSE (sessions.outcome_metadata ->> CAST(:{k} AS text)) = :{v} END"
-        )
-        return text(f"({sql})").bindparams(**{k: key, v: value})
-    path = "$." + '"' + key.replace('"', '""') + '"'
-    if not eq:
-        return text(f"json_type(sessions.outcome_metadata, :{k}) IS NOT NULL").bindparams(**{k: path})
-    sql = (  # json_each of a scalar is that one value; of an array, its elements
-        f"json_type(sessions.outcome_metadata, :{k}) != 'object' AND EXISTS "
-        f"(SELECT 1 FROM json_each(sessions.outcome_metadata, :{k}) WHERE CAST(value AS TEXT) = :{v})"
-    )
-    return text(f"({sql})").bindparams(**{k: path, v: value})
-
-
-_SEARCH_READY: dict[str, bool] = {}
-
-
-def search_ready(store: Store) -> bool:
-    """Whether the database has the conversation search index (migration 0009)."""
-    hit = _SEARCH_READY.get(store.url)
-    if hit is None:
-        with store.engine.connect() as conn:
-            hit = _SEARCH_READY[store.url] = search.available(conn, store.dialect)
-    return hit
-
-
-def _where(f: SessionFilter, dialect: str, fts: bool = False) -> list[Any]:
-    t = Session.__table__.c
-    c = Call.__table__.c
-    conds: list[Any] = []
-    if f.q:
-        like = f"%{f.q}%"
-        cond = t.id.ilike(like) | t.harness.ilike(like)
-        match = search.session_match(dialect, f.q) if fts else None
-        if match is not None:  # ... or the words are in its conversation
-            cond = cond | t.id.in_(match.columns(session_id=String))
-        conds.append(cond)
-    if f.harness:
-        conds.append(t.harness.is_(None) if f.harness == "none" else t.harness == f.harness)
-    if f.status:
-        conds.append(t.status.is_(None) if f.status == "none" else t.status == f.status)
-    reward = _reward_expr(dialect)
-    if f.reward_min is not None:
-        conds.append(reward >= f.reward_min)
-    if f.reward_max is not None:
-        conds.append(reward <= f.reward_max)
-    if f.model:
-        conds.append(exists().where(c.session_id == t.id, c.model == f.model))
-    if f.errors:
-        conds.append(exists().where(c.session_id == t.id, (c.outcome != "ok") | c.error.is_not(None)))
-    for i, m in enumerate(f.meta):
-        conds.append(_meta_cond(m, i, dialect))
-    if f.since is not None:
-        conds.append(t.created_at >= _ts(f.since))
-    if f.until is not None:
-        conds.append(t.created_at <= _ts(f.until))
-    return conds
-
-
-def _sort_expr(sort: str, dialect: str) -> Any:
-    t = Session.__table__.c
-    return {
-        "id": t.id,
-        "harness": t.harness,
-        "calls": t.call_count,
-        "status": t.status,
-        "reward": _reward_expr(dialect),
-        "started": t.created_at,
-        "updated": t.updated_at,
-        "duration": _duration_expr(dialect),
-    }[sort]
-
-
 @dataclass
 class SessionRow:
     id: str
@@ -333,40 +208,19 @@ class SessionPage:
 
 def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = False) -> SessionPage:
     """One page of sessions: filter, sort and paginate in SQL; enrich only that page's rows."""
-    dialect = store.dialect
-    t = Session.__table__
-    conds = _where(f, dialect, search_ready(store))
-    key = _sort_expr(f.sort, dialect)
-    ordering = key.asc() if f.order == "asc" else key.desc()
-    stmt = (
-        select(t.c.id, t.c.harness, t.c.call_count, t.c.status, t.c.reward, t.c.created_at, t.c.updated_at)
-        .where(*conds)
-        .order_by(
-            ordering.nulls_last() if f.sort in ("harness", "status", "reward") else ordering,
-            t.c.id.asc() if f.order == "asc" else t.c.id.desc(),
+    found, total = queries.session_page(store, f)
+    rows = [
+        SessionRow(
+            id=r["id"],
+            harness=r["harness"],
+            calls=int(r["call_count"] or 0),
+            status=r["status"],
+            reward=_loads(r["reward"]),
+            started=r["created_at"] or 0.0,
+            updated=r["updated_at"] or 0.0,
         )
-        .limit(f.per_page)
-        .offset((f.page - 1) * f.per_page)
-    )
-    count = select(func.count()).select_from(t).where(*conds)
-    with store.engine.connect() as conn:
-        total = int(conn.execute(count).scalar_one())
-        last = max(1, -(-total // f.per_page))
-        if f.page > last:  # past the end (a stale link, a hand-typed page): the last page
-            f.page = last
-            stmt = stmt.offset((last - 1) * f.per_page)
-        rows = [
-            SessionRow(
-                id=r.id,
-                harness=r.harness,
-                calls=int(r.call_count or 0),
-                status=r.status,
-                reward=_loads(r.reward),
-                started=_epoch(r.created_at) or 0.0,
-                updated=_epoch(r.updated_at) or 0.0,
-            )
-            for r in conn.execute(stmt)
-        ]
+        for r in found
+    ]
     harnesses = harness_names(store) if with_harnesses else []
     models = model_names(store) if with_harnesses else []
     _enrich(store, rows)
@@ -384,9 +238,7 @@ def harness_names(store: Store, ttl: float = 30.0) -> list[str]:
     hit = _HARNESS_CACHE.get(store.url)
     if hit is not None and now - hit[0] < ttl:
         return hit[1]
-    t = Session.__table__
-    with store.engine.connect() as conn:
-        names = sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h)
+    names = queries.harness_names(store)
     _HARNESS_CACHE[store.url] = (now, names)
     return names
 
@@ -402,9 +254,7 @@ def model_names(store: Store, ttl: float = 30.0) -> list[str]:
     hit = _MODEL_CACHE.get(store.url)
     if hit is not None and now - hit[0] < ttl:
         return hit[1]
-    c = Call.__table__
-    with store.engine.connect() as conn:
-        names = sorted(m for (m,) in conn.execute(select(c.c.model).distinct()) if m)
+    names = queries.model_names(store)
     _MODEL_CACHE[store.url] = (now, names)
     return names
 
@@ -435,12 +285,7 @@ def _enrich(store: Store, rows: list[SessionRow]) -> None:
 
 def sessions_stats(store: Store) -> dict[str, Any]:
     """What changes when something is recorded: for polling."""
-    t = Session.__table__
-    with store.engine.connect() as conn:
-        n, last, calls = conn.execute(
-            select(func.count(), func.max(t.c.updated_at), func.coalesce(func.sum(t.c.call_count), 0))
-        ).one()
-    return {"count": int(n), "calls": int(calls or 0), "updated": _epoch(last) if last else None}
+    return queries.sessions_stats(store)
 
 
 # -- one session ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Task groups: the attempts that share a value of one outcome-metadata key (``task``, say),
 as GRPO-style training sees them.
 
-``group_list`` counts the groups of a key in SQL (one aggregate over the ``sessions`` table).
+``group_list`` counts the groups of a key in SQL (one aggregate over the ``sessions`` table,
+``storage.queries.group_counts``).
 ``group_view`` reads one group: every attempt's reward, status, length and turns, its
 advantage within the group (reward minus the group mean, and that over the std as GRPO
 normalises: verl's ``compute_grpo_outcome_advantage`` in ``verl/trainer/ppo/core_algos.py``,
@@ -20,14 +21,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import String, case, cast, func, select
-
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import Attempt, SelectionStats, iter_samples, select_group
 from orchard_rec.reconstruct import Sample, numeric_reward
 from orchard_rec.selection import FILTERS, BarSpec, FilterChain, parse_bar
 from orchard_rec.selection.filters import is_positive
-from orchard_rec.storage.models import Session
+from orchard_rec.storage import queries
+from orchard_rec.storage.queries import meta_value
 from orchard_rec.storage.store import Store
 from orchard_rec.ui.chat import conversation, response_turn
 from orchard_rec.ui.compare import msg_key
@@ -50,11 +50,6 @@ class GroupError(ValueError):
     pass
 
 
-def meta_value(key: str) -> Any:
-    """The SQL text of ``outcome_metadata[key]`` (``json_extract`` / ``->>``), for grouping."""
-    return cast(Session.__table__.c.outcome_metadata[key].as_string(), String)
-
-
 def parse_select(text: str) -> BarSpec | None:
     """``bar:N:LO:HI[:STRIDE]`` as ``export --select`` takes it (``selection.parse_bar``); ``""`` is none."""
     if not text.strip():
@@ -67,27 +62,7 @@ def parse_select(text: str) -> BarSpec | None:
 
 def group_list(store: Store, key: str, *, limit: int = 500) -> list[dict[str, Any]]:
     """The groups of ``key``: value, attempts, passing attempts, mean numeric reward; largest first."""
-    from orchard_rec.ui.data import _reward_expr
-
-    value = meta_value(key)
-    reward = _reward_expr(store.dialect)
-    stmt = (
-        select(
-            value.label("value"),
-            func.count().label("n"),
-            func.sum(case((reward > 0, 1), else_=0)).label("pos"),
-            func.avg(reward).label("mean"),
-        )
-        .where(value.is_not(None))
-        .group_by(value)
-        .order_by(func.count().desc(), value)
-        .limit(limit)
-    )
-    with store.engine.connect() as conn:
-        return [
-            {"value": r.value, "attempts": int(r.n), "passed": int(r.pos or 0), "mean": r.mean}
-            for r in conn.execute(stmt)
-        ]
+    return queries.group_counts(store, key, limit=limit)
 
 
 @dataclass
@@ -140,10 +115,7 @@ class GroupView:
 
 
 def _members(store: Store, key: str, value: str) -> list[str]:
-    t = Session.__table__
-    stmt = select(t.c.id).where(meta_value(key) == value).order_by(t.c.created_at, t.c.id)
-    with store.engine.connect() as conn:
-        return [r.id for r in conn.execute(stmt)]
+    return queries.group_members(store, key, value)
 
 
 def group_view(
