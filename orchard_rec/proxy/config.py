@@ -74,8 +74,9 @@ class ProxyConfig(BaseModel):
     route: Literal["session", "least-busy", "round-robin"] = "session"
     """Fleet routing: ``session`` (consistent hashing with bounded loads; calls without a session go
     to the least busy), ``least-busy`` or ``round-robin``."""
-    route_epsilon: float = Field(0.25, gt=0)
-    """``session``: a server holds at most ``ceil((1 + epsilon) * average)`` calls in flight."""
+    route_epsilon: float = Field(0.5, gt=0)
+    """``session``: a server holds at most ``ceil((1 + epsilon) * average)`` calls in flight (0.5:
+    HAProxy's ``hash-balance-factor 150``; smaller spreads load sooner, larger keeps sessions home)."""
     routing_header: str | None = None
     """Send the session id upstream in this header too (e.g. ``X-SMG-Routing-Key``)."""
     health_interval: float | None = Field(None, gt=0)

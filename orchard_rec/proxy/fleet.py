@@ -95,7 +95,7 @@ class Fleet:
 
     urls: Iterable[str]
     route: Route = "session"
-    epsilon: float = 0.25
+    epsilon: float = 0.5
     servers: list[Upstream] = field(init=False)
     _ring: list[tuple[int, int]] = field(init=False)
     _turn: int = field(init=False, default=0)
