@@ -570,6 +570,9 @@ async def _relay_stream(
     except (TimeoutError, aiohttp.ClientError) as exc:
         # The status line is gone already: the only honest signal left is a cut stream.
         cap.fail(CallOutcome.FAILED, f"upstream stream broke: {type(exc).__name__}: {exc}")
+        where = cap.metadata.get("upstream", request.app[CONFIG].upstream)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(relay.broke(f"upstream {where} broke off the stream ({type(exc).__name__})"))
         if request.transport is not None:
             request.transport.close()
         return resp

@@ -203,3 +203,25 @@ class StreamRelay:
         """``n`` more bytes are being handed to the client."""
         self.sent += n
         self.cap.bytes_out = self.sent
+
+    def broke(self, message: str) -> bytes:
+        """The upstream's stream broke after the client had its status line (a fleet's server died):
+        the error as the client's dialect says it inside a stream (chat/completions: a ``data:
+        {"error": ...}`` chunk, which the openai SDK raises; Responses and Messages: their ``error``
+        event), when the client's bytes end on an event boundary; else nothing (the stream is cut)."""
+        from orchard_rec.protocol import anthropic, responses
+        from orchard_rec.protocol.sse import encode
+
+        last = self.cap.chunks[-1] if self.cap.chunks else b""
+        if self.filter is None and last and not last.endswith((b"\n\n", b"\r\n\r\n")):
+            return b""
+        d = self.cap.dialect
+        if d is Dialect.MESSAGES:
+            return encode(*anthropic.stream_error_event({"message": message}))
+        if d is Dialect.RESPONSES:
+            return encode(*responses.stream_error_event({"message": message, "code": "server_error"}, 0))
+        if d in (Dialect.CHAT, Dialect.COMPLETIONS):
+            return encode(
+                None, {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+            )
+        return b""

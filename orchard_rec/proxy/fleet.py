@@ -17,10 +17,11 @@ active check fails (``watch``: ``GET <base>/models`` every ``interval`` seconds,
 500 counts); it is re-admitted when a check passes again. Ejected servers get no calls while one is
 healthy; when none is, every server is tried (the checks may be stale).
 
-Retries: ``open_upstream`` tries another server only when the connection to the first could not be
-made (refused, unreachable, connect timeout): the server never saw the call. Once connected, a
-failure is the call's (a reset may come after the server started generating; a generation is never
-run twice).
+Retries: ``open_upstream`` tries another server only when the server never had the call: the
+connection could not be made (refused, unreachable, connect timeout), or the request body could not
+be written (a pooled connection to a server that died). Any other failure is the call's, a reset
+before the status line included: the server may have started generating, and a generation is never
+run twice.
 
 The proxy's session state (tito ids, token mode's caches) is per session, not per server, so a
 session that moves to another server goes on exactly.
@@ -43,7 +44,7 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONNECT_ERRORS", "Fleet", "Route", "Upstream", "open_upstream", "watch"]
+__all__ = ["CONNECT_ERRORS", "Fleet", "Route", "Upstream", "never_started", "open_upstream", "watch"]
 
 log = logging.getLogger("orchard_rec.proxy")
 
@@ -57,6 +58,15 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ConnectionTimeoutError,
 )
 """Failures before the server had the call: safe to try another server."""
+
+
+def never_started(exc: BaseException) -> bool:
+    """Whether a failed request cannot have reached the server whole: no connection was made, or
+    the request body could not be written (a stale keep-alive connection to a server that died: it
+    never had the whole request, so it cannot have started it)."""
+    if isinstance(exc, CONNECT_ERRORS):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and "Can not write request body" in str(exc)
 
 
 def _point(text: str) -> int:
@@ -254,7 +264,9 @@ async def open_upstream(
         try:
             try:
                 resp = await client.request(method, url_of(s.url), **kw)
-            except CONNECT_ERRORS as exc:
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                if not never_started(exc):
+                    raise
                 fleet.failed(s, f"{type(exc).__name__}: {exc}")
                 tried.append(s)
                 if len(tried) >= len(fleet.servers):
