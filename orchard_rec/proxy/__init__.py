@@ -11,7 +11,8 @@ arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/to
 sessions), ``recorder`` (the writer threads), ``dbproc`` (under ``wal``, the database writer in a
 process of its own: records built and written off the event loop's GIL), ``logs`` (log lines and
 the access log, shared with that process), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and
-``tochat``), ``capline`` (the spool's capture lines under ``wal``:
+``tochat``), ``fleet`` (several upstreams: the
+sans-io picker, consistent hashing with bounded loads, health checks, safe retries), ``capline`` (the spool's capture lines under ``wal``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 
