@@ -14,7 +14,8 @@ check answered), it says which server the next call should go to. Routing:
 
 Health: a server is ejected when a connection to it fails (passively, by the relay) or when its
 active check fails (``watch``: ``GET <base>/models`` every ``interval`` seconds, any status below
-500 counts); it is re-admitted when a check passes again. Ejected servers get no calls while one is
+500 counts; a check that times out counts only the ``SLOW_CHECKS``-th time in a row: a busy
+server answers late); it is re-admitted when a check passes again. Ejected servers get no calls while one is
 healthy; when none is, every server is tried (the checks may be stale).
 
 Retries: ``open_upstream`` tries another server only when the server never had the call: the
@@ -50,6 +51,10 @@ log = logging.getLogger("orchard_rec.proxy")
 
 Route = Literal["session", "least-busy", "round-robin"]
 
+SLOW_CHECKS = 3
+"""Health checks in a row that must time out before a server is ejected for it: a server busy
+generating (vLLM's engine in its API process) may answer a check late, and is not dead."""
+
 VNODES = 160
 """Points per server on the ring (more: a more even share of the sessions)."""
 
@@ -83,6 +88,8 @@ class Upstream:
     failures: int = 0
     ejections: int = 0
     healthy: bool = True
+    slow_checks: int = 0
+    """Health checks in a row that timed out (a busy server answers late: ``SLOW_CHECKS`` eject it)."""
     checked_at: float | None = None
     error: str | None = None
 
@@ -94,6 +101,7 @@ class Upstream:
             "calls": self.calls,
             "failures": self.failures,
             "ejections": self.ejections,
+            "slow_checks": self.slow_checks,
             "checked_at": self.checked_at,
             "error": self.error,
         }
@@ -189,15 +197,20 @@ class Fleet:
         s.healthy = False
         s.error = error[:300]
 
-    def checked(self, s: Upstream, ok: bool, error: str | None = None) -> None:
-        """An active health check's result: re-admits ``s``, or ejects it."""
+    def checked(self, s: Upstream, ok: bool, error: str | None = None, *, slow: bool = False) -> None:
+        """An active health check's result: re-admits ``s``, or ejects it (a ``slow`` one, timed
+        out, only the ``SLOW_CHECKS``-th in a row)."""
         s.checked_at = time.time()
         if ok:
             if not s.healthy:
                 log.warning("upstream %s re-admitted", s.url)
-            s.healthy, s.error = True, None
-        else:
-            self.eject(s, error or "health check failed")
+            s.healthy, s.error, s.slow_checks = True, None, 0
+            return
+        s.slow_checks = s.slow_checks + 1 if slow else 0
+        if slow and s.slow_checks < SLOW_CHECKS:
+            s.error = (error or "health check timed out")[:300]
+            return
+        self.eject(s, error or "health check failed")
 
     # -- visibility --------------------------------------------------------------------------------
 
@@ -283,6 +296,9 @@ async def open_upstream(
             fleet.end(s)
 
 
+_SLOW = ("TimeoutError", "ServerTimeoutError", "SocketTimeoutError")
+
+
 async def check(
     client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float
 ) -> str | None:
@@ -305,5 +321,5 @@ async def watch(
     while True:
         results = await asyncio.gather(*(check(client, s.url, headers, timeout) for s in fleet.servers))
         for s, error in zip(fleet.servers, results, strict=True):
-            fleet.checked(s, error is None, error)
+            fleet.checked(s, error is None, error, slow=error is not None and error.startswith(_SLOW))
         await asyncio.sleep(interval)

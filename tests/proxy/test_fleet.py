@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchard_rec.proxy.fleet import Fleet
+from orchard_rec.proxy.fleet import SLOW_CHECKS, Fleet
 
 URLS = [f"http://10.0.0.{k}:8000/v1" for k in range(1, 6)]
 keys = st.text(min_size=1, max_size=24)
@@ -115,3 +115,19 @@ def test_health_ejects_readmits_and_falls_back_when_none_is_healthy() -> None:
 def test_a_fleet_needs_a_server() -> None:
     with pytest.raises(ValueError):
         Fleet([])
+
+
+def test_a_busy_server_is_ejected_only_after_checks_time_out_in_a_row() -> None:
+    fleet = Fleet(URLS[:2])
+    a = fleet.servers[0]
+    for _ in range(SLOW_CHECKS - 1):
+        fleet.checked(a, False, "TimeoutError: ", slow=True)
+        assert a.healthy and a.slow_checks > 0
+    fleet.checked(a, True)
+    assert a.slow_checks == 0
+    for _ in range(SLOW_CHECKS):
+        fleet.checked(a, False, "TimeoutError: ", slow=True)
+    assert not a.healthy
+    fleet.checked(a, True)
+    fleet.checked(a, False, "ClientConnectorError: refused")  # a dead one: at once
+    assert not a.healthy
