@@ -723,7 +723,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         lambda: recorder.paced,
         lambda: cache_stats(app),
     )
-    app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon)
+    app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon, config.route_min_load)
     app[METRICS].registry.register(app[FLEET].collector())
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer

@@ -77,6 +77,8 @@ class ProxyConfig(BaseModel):
     route_epsilon: float = Field(0.5, gt=0)
     """``session``: a server holds at most ``ceil((1 + epsilon) * average)`` calls in flight (0.5:
     HAProxy's ``hash-balance-factor 150``; smaller spreads load sooner, larger keeps sessions home)."""
+    route_min_load: int = Field(8, ge=1)
+    """``session``: calls in flight a server may always hold, whatever the average (``fleet.py``)."""
     routing_header: str | None = None
     """Send the session id upstream in this header too (e.g. ``X-SMG-Routing-Key``)."""
     health_interval: float | None = Field(None, gt=0)

@@ -19,11 +19,14 @@ keys = st.text(min_size=1, max_size=24)
     n=st.integers(2, 5),
     eps=st.sampled_from([0.1, 0.25, 0.5, 1.0]),
     ops=st.lists(st.tuples(keys, st.booleans(), st.integers(0, 50)), min_size=1, max_size=200),
+    floor=st.integers(1, 10),
 )
-def test_no_server_goes_above_the_bound(n: int, eps: float, ops: list[tuple[str, bool, int]]) -> None:
+def test_no_server_goes_above_the_bound(
+    n: int, eps: float, ops: list[tuple[str, bool, int]], floor: int
+) -> None:
     """Whatever the arrivals and departures, a pick never takes its server above
-    ceil((1 + eps) * average load), the new call counted."""
-    fleet = Fleet(URLS[:n], epsilon=eps)
+    ceil((1 + eps) * average load), the new call counted (or the floor)."""
+    fleet = Fleet(URLS[:n], epsilon=eps, min_load=floor)
     running = []
     for key, leave, which in ops:
         if leave and running:
@@ -32,7 +35,7 @@ def test_no_server_goes_above_the_bound(n: int, eps: float, ops: list[tuple[str,
         total = sum(s.inflight for s in fleet.servers) + 1
         s = fleet.pick(key)
         assert s is not None
-        assert s.inflight + 1 <= math.ceil((1 + eps) * total / n)
+        assert s.inflight + 1 <= max(math.ceil((1 + eps) * total / n), floor)
         fleet.begin(s)
         running.append(s)
 
@@ -74,7 +77,7 @@ def test_sessions_spread_over_the_ring() -> None:
 
 
 def test_a_busy_home_sends_the_session_to_the_next_server() -> None:
-    fleet = Fleet(URLS[:2], epsilon=0.25)
+    fleet = Fleet(URLS[:2], epsilon=0.25, min_load=1)
     home = fleet.home("s")
     other = next(s for s in fleet.servers if s is not home)
     for _ in range(4):
@@ -91,7 +94,7 @@ def test_least_busy_round_robin_and_calls_without_a_session() -> None:
     fleet.begin(a)
     fleet.begin(b)
     assert fleet.pick("any") is c
-    session = Fleet(URLS[:3])
+    session = Fleet(URLS[:3], min_load=1)
     session.begin(session.servers[0])
     assert session.pick(None) is not session.servers[0]  # no session: least busy
     rr = Fleet(URLS[:3], route="round-robin")
@@ -131,3 +134,14 @@ def test_a_busy_server_is_ejected_only_after_checks_time_out_in_a_row() -> None:
     fleet.checked(a, True)
     fleet.checked(a, False, "ClientConnectorError: refused")  # a dead one: at once
     assert not a.healthy
+
+
+def test_below_the_floor_a_busy_home_keeps_its_sessions() -> None:
+    fleet = Fleet(URLS[:2])  # min_load 8
+    home = fleet.home("s")
+    for _ in range(4):
+        fleet.begin(home)
+    assert fleet.pick("s") is home  # 5 in flight <= 8, though the average is 2.5
+    for _ in range(4):
+        fleet.begin(home)
+    assert fleet.pick("s") is not home  # 9 > max(ceil(1.5 * 9 / 2), 8)
