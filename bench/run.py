@@ -219,7 +219,14 @@ def start_targets(
 
     for kind, make in dbs.items():
         orchard(f"orchard-passthrough-{kind}", "passthrough", make(f"pass-{kind}"))
-        orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))  # default durability: wal
+        orchard(f"orchard-token-{kind}", "token", make(f"token-{kind}"))  # default durability: process
+        # the last byte after the spool's fsync (group commit): a power loss loses nothing
+        orchard(
+            f"orchard-token-{kind}-machine",
+            "token",
+            make(f"token-machine-{kind}"),
+            extra=["--durability", "machine"],
+        )
         # the opt-out: records after the response (kill -9 loses what is queued)
         orchard(
             f"orchard-token-{kind}-async",

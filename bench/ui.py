@@ -3,7 +3,9 @@
     python bench/ui.py [--sessions 100000] [--tokens 150000] [--rounds 5] [--no-results]
 
 Builds (once, cached under bench/.cache/) a SQLite database of ``--sessions`` one-call sessions
-through ``Store.write_batch``, plus one session whose single sample holds ``--tokens`` tokens
+through ``Store.write_batch`` (each a short agent turn whose tool result holds a word unique to
+it, indexed for search as the proxy's writer does; every tenth with an outcome, and one task of
+64 attempts), plus one session whose single sample holds ``--tokens`` tokens
 (two calls: a short first turn, then a prompt that extends it to the full length). Serves
 ``orchard-rec ui`` over it on loopback and measures, in a fresh page each round (median):
 - sessions page (first page, a filtered page, a deep page, sorted by reward): server time
@@ -11,7 +13,9 @@ through ``Store.write_batch``, plus one session whose single sample holds ``--to
 - the long session: first contentful paint, the first token chunk on screen
   (``performance.mark('orchard-first-tokens')``), every token element in the DOM
   (``orchard-tokens-ready``), and the longest main-thread task while it rendered (a frozen page
-  would show one long task).
+  would show one long task);
+- search (a word of one session's tool result) and the group view of the 64-attempt task with a
+  BAR selection and a filter: first contentful paint, and its ratio to the sessions list's.
 Writes its own section of bench/RESULTS.md (between ``<!-- ui:start -->`` and ``<!-- ui:end -->``).
 """
 
@@ -44,6 +48,10 @@ ARGS = [
 ]
 
 
+GROUP = 64
+GROUP_TASK = "bench-task"
+
+
 def build_db(path: Path, sessions: int, tokens: int) -> None:
     from orchard_rec.records import CallOutcome, CallRecord, Dialect, Outcome
     from orchard_rec.storage import Store
@@ -54,7 +62,26 @@ def build_db(path: Path, sessions: int, tokens: int) -> None:
     t0 = time.time() - sessions
     harnesses = ("codex", "claude-code", "openclaw", "zeroclaw")
 
-    def rec(sid: str, t: float, prompt: list[int], completion: list[int], harness: str) -> CallRecord:
+    def rec(
+        sid: str, t: float, prompt: list[int], completion: list[int], harness: str, i: int = 0
+    ) -> CallRecord:
+        # a short agent turn: the task, a tool call, its result (a word unique to the session), the answer
+        messages = [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": f"Task {i % 1000}: make the failing test pass."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"cmd": "pytest -x"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": f"FAILED test_{i % 97}.py marker{i} 1 failed"},
+        ]
         return CallRecord(
             call_id=uuid.uuid4().hex,
             session_id=sid,
@@ -69,7 +96,16 @@ def build_db(path: Path, sessions: int, tokens: int) -> None:
             done_at=t + 0.4,
             harness=harness,
             model="orchard-demo",
-            request={"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}]},
+            request={"model": "orchard-demo", "messages": messages},
+            response={
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "Fixed."},
+                        "finish_reason": "stop",
+                    }
+                ]
+            },
             prompt_ids=tuple(prompt),
             completion_ids=tuple(completion),
             completion_logprobs=tuple(-0.05 * (i % 7) for i in range(len(completion))),
@@ -79,14 +115,23 @@ def build_db(path: Path, sessions: int, tokens: int) -> None:
     batch: list[CallRecord] = []
     started = time.perf_counter()
     for i in range(sessions):
-        batch.append(rec(f"s{i:07d}", t0 + i, [1, 311, 207, 40 + i % 50], [60, 61, 62, 2], harnesses[i % 4]))
+        batch.append(
+            rec(f"s{i:07d}", t0 + i, [1, 311, 207, 40 + i % 50], [60, 61, 62, 2], harnesses[i % 4], i)
+        )
         if len(batch) == 5000:
             store.write_batch(batch, known_new=True)
             batch = []
             print(f"  {i + 1} sessions ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     store.write_batch(batch, known_new=True)
     for i in range(0, sessions, 10):
-        store.set_outcome(f"s{i:07d}", Outcome(reward=(i % 100) / 100, status="completed"))
+        meta = {"task": f"t{i % 1000}"}
+        store.set_outcome(f"s{i:07d}", Outcome(reward=(i % 100) / 100, status="completed", metadata=meta))
+    # one task with GROUP attempts (sessions spread over the table), rewards 0/1, some truncated
+    for k in range(GROUP):
+        i = (k * (sessions // GROUP)) + 1
+        status = "truncated" if k % 16 == 15 else "completed"
+        meta = {"task": GROUP_TASK}
+        store.set_outcome(f"s{i:07d}", Outcome(reward=float(k % 3 == 0), status=status, metadata=meta))
     # the long session: one sample of `tokens` tokens (demo tokenizer ids, so it decodes)
     first_prompt = [1, 311, 207] + [40 + k % 200 for k in range(200)]
     first = [300 + k % 200 for k in range(100)] + [2]
@@ -104,11 +149,21 @@ def measure(url: str, rounds: int, sessions: int, tokens: int) -> dict[str, dict
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.sync_api import sync_playwright
 
+    rows = "tbody [data-session-id]"
+    word = f"marker{sessions * 7 // 10}"
     pages = {
-        "sessions: first page": "/",
-        "sessions: filtered (harness + reward >= 0.5)": "/?harness=codex&reward_min=0.5",
-        f"sessions: page {max(1, sessions // 100)} of {max(1, -(-sessions // 50))}": f"/?page={max(1, sessions // 100)}",
-        "sessions: sorted by reward": "/?sort=reward&order=desc",
+        "sessions: first page": ("/", rows),
+        "sessions: filtered (harness + reward >= 0.5)": ("/?harness=codex&reward_min=0.5", rows),
+        f"sessions: page {max(1, sessions // 100)} of {max(1, -(-sessions // 50))}": (
+            f"/?page={max(1, sessions // 100)}",
+            rows,
+        ),
+        "sessions: sorted by reward": ("/?sort=reward&order=desc", rows),
+        f"search: a word of one session's tool result ({word})": (f"/?q={word}", rows),
+        f"group: {GROUP} attempts, bar:8:0.25:0.75 + nonzero-std": (
+            f"/groups/task/{GROUP_TASK}?select=bar:8:0.25:0.75&filter=nonzero-std",
+            "[data-attempt-id]",
+        ),
     }
     out: dict[str, dict[str, list[float]]] = {}
     profile = tempfile.mkdtemp(prefix="orchard-bench-chromium-")
@@ -125,19 +180,20 @@ def measure(url: str, rounds: int, sessions: int, tokens: int) -> dict[str, dict
             "window.__long.push(e.duration))).observe({type: 'longtask', buffered: true}); } catch (e) {}"
         )
         for r in range(rounds + 1):  # round 0 warms the server and the browser cache
-            for name, path in pages.items():
+            for name, (path, selector) in pages.items():
                 page = ctx.new_page()
                 page.goto(url + path, wait_until="load")
-                page.wait_for_selector("tbody [data-session-id]", state="attached")
+                page.wait_for_selector(selector, state="attached")
+                page.wait_for_function("performance.getEntriesByName('first-contentful-paint').length > 0")
                 m = page.evaluate(
                     "() => { const n = performance.getEntriesByType('navigation')[0];"
                     " const fcp = performance.getEntriesByName('first-contentful-paint')[0];"
                     " return {server: n.responseEnd, fcp: fcp ? fcp.startTime : null, dcl: n.domContentLoadedEventEnd,"
-                    " rows: document.querySelectorAll('[data-session-id]').length}; }"
+                    " rows: document.querySelectorAll('[data-session-id], [data-attempt-id]').length}; }"
                 )
                 page.close()
                 if r:
-                    for k in ("server", "fcp", "dcl"):
+                    for k in ("server", "fcp", "dcl", "rows"):
                         out.setdefault(name, {}).setdefault(k, []).append(m[k])
             page = ctx.new_page()
             page.goto(url + "/s/long-150k", wait_until="load")
@@ -183,6 +239,16 @@ def write_results(res: dict[str, dict[str, float]], args: Any, build_s: float | 
             )
         else:
             lines.append(f"| {name} | {m['server']:.0f} | {m['fcp']:.0f} | {m['dcl']:.0f} | | |")
+    base = res.get("sessions: first page", {}).get("fcp")
+    if base:
+        lines += ["", "First contentful paint against the sessions list's first page (same run):", ""]
+        for name, m in res.items():
+            if name.startswith(("search", "group")):
+                verdict = "under" if m["fcp"] < 1500 else "OVER"
+                lines.append(
+                    f"- {name}: {m['fcp']:.0f} ms, {m['fcp'] / base:.2f}x the list's {base:.0f} ms "
+                    f"({verdict} 1.5 s; {m['rows']:.0f} rows)"
+                )
     lines += ["", NOTE]
     if build_s is not None:
         lines += [
@@ -207,7 +273,7 @@ def main() -> None:
 
     cache = HERE / ".cache"
     cache.mkdir(exist_ok=True)
-    db_path = cache / f"ui-{args.sessions}-{args.tokens}.db"
+    db_path = cache / f"ui2-{args.sessions}-{args.tokens}.db"  # ui2: conversations, outcomes with tasks
     build_s = None
     if not db_path.exists():
         tmp = db_path.with_suffix(".tmp.db")

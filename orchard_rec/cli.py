@@ -119,6 +119,7 @@ class _Group(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        _check_arguments(self)
         if not standalone_mode:
             return super().main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
@@ -159,10 +160,48 @@ class _Group(TyperGroup):
             message, hint, code = _explain(exc)
             _report(message, hint)
             sys.exit(code)
+        if rv == EXIT_INTERRUPTED:  # typer turns a KeyboardInterrupt into a silent 130
+            typer.echo("interrupted", err=True)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
+
+def _check_arguments(group: Any) -> None:
+    """Checks every command shares, run before its body: number options refuse ``nan`` and
+    ``inf`` (click takes them), and session ids follow the one rule (``records.SESSION_ID_RULE``)."""
+    import functools
+    import math
+
+    from orchard_rec.records import SESSION_ID_RULE, session_id_problem
+
+    stack = [group]
+    while stack:
+        cmd = stack.pop()
+        stack.extend(getattr(cmd, "commands", {}).values())
+        callback = getattr(cmd, "callback", None)
+        if callback is None or getattr(callback, "arguments_checked", False):
+            continue
+        options = {p.name: (p.opts or [p.name])[0] for p in cmd.params}
+
+        @functools.wraps(callback)
+        def checked(*args: Any, _callback: Any = callback, _options: Any = options, **kwargs: Any) -> Any:
+            for name, value in kwargs.items():
+                shown = _options.get(name, name)
+                shown = "SESSION" if not shown.startswith("-") and name == "session" else shown
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, float) and not math.isfinite(v):
+                        raise usage_error(f"{shown} {v}: not a finite number")
+                    problem = session_id_problem(v) if name == "session" and isinstance(v, str) else None
+                    if problem is not None:
+                        raise usage_error(
+                            f"{shown} {v[:60]!r} is not a session id: {problem}", SESSION_ID_RULE
+                        )
+            return _callback(*args, **kwargs)
+
+        checked.arguments_checked = True  # type: ignore[attr-defined]
+        cmd.callback = checked
 
 
 def _typer(**kw: Any) -> typer.Typer:
@@ -228,6 +267,7 @@ ProxyMode = Literal["token", "passthrough", "tito"]
 OnMismatch = Literal["split", "realign"]
 Credit = Literal["assistant", "last-turn", "turn-weights", "value", "critical-step"]
 
+FORCE_HELP = "Replace an existing file that is not an earlier orchard-rec output (never a database)."
 # the session selection every command that reads samples shares (export, teacher, reward ...)
 SessionsOpt = typer.Option(None, "--session", help="Only these sessions (repeatable).")
 SinceOpt = typer.Option(None, "--since", help="Only sessions active since (ISO date/time, UTC).")
@@ -430,8 +470,11 @@ def _load_tokenizer(name: str, *, hf: bool) -> Any:
             f"--tokenizer {name}: no such file or folder",
             "give the model's folder (with tokenizer.json / tokenizer_config.json), or 'demo'",
         )
+    from orchard_rec.signals import interrupt_deferred
+
     try:
-        return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
+        with interrupt_deferred():  # transformers imports torch: Ctrl-C inside would abort
+            return load_hf_tokenizer(str(p) if p.exists() else name) if hf else load_tokenizer(name)
     except Exception as exc:
         if _debug:
             raise
@@ -594,16 +637,25 @@ def serve(
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="Longest silence between two upstream bytes."
     ),
-    durability: Literal["async", "wal"] = typer.Option(
-        "wal",
+    durability: Literal["process", "machine", "async", "wal"] = typer.Option(
+        "process",
         "--durability",
-        help="wal (default: the last byte waits for the fsync'd spool, group commit; kill -9 safe), or async (opt-out).",
+        help="What a recorded call survives. process (default): the last byte waits for the spool's write(2),"
+        " fsync'd within --fsync-interval (the proxy's crash loses nothing, a power loss at most that);"
+        " machine: waits for the fsync (group commit); async: recorded after the response. wal: old name of machine.",
+    ),
+    fsync_interval: float = typer.Option(
+        0.1,
+        "--fsync-interval",
+        min=0.001,
+        max=60.0,
+        help="process durability: the longest a written spool line waits for its fsync, in seconds (default 0.1).",
     ),
     db_writer: Literal["thread", "process"] = typer.Option(
         "thread",
         "--db-writer",
         envvar="ORCHARD_DB_WRITER",
-        help="wal: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
+        help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
     ),
     spool: str | None = typer.Option(
         None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
@@ -646,6 +698,9 @@ def serve(
     ui: bool = typer.Option(
         False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
     ),
+    ui_resend: bool = typer.Option(
+        False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -656,6 +711,12 @@ def serve(
         raise usage_error(f"--max-body-mb {max_body_mb:g}: must be above 0", "the default is 64 (megabytes)")
     if pace_queue_bytes < 0:
         raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
+    if durability == "wal":
+        _warn(
+            "--durability wal is now called machine (the same: the last byte after the spool's fsync);"
+            " wal will be removed. The default, process, survives the proxy's crash at write(2) speed."
+        )
+        durability = "machine"
     urls = _fleet_urls(upstream, upstreams_file)
     urls = [_check_upstream(u, openai_style=not (mode == "tito" and upstream_kind == "sglang")) for u in urls]
     if health_interval is not None and health_interval <= 0:
@@ -690,6 +751,7 @@ def serve(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         durability=durability,
+        fsync_interval=fsync_interval,
         db_writer=db_writer,
         spool=spool,
         max_inflight=max_inflight,
@@ -702,14 +764,41 @@ def serve(
         upstream_kind=upstream_kind,
         tool_parser=tool_parser,
         ui=ui,
+        ui_resend=ui_resend,
     )
+    if ui_resend and not ui:
+        raise usage_error("--ui-resend goes with --ui")
     if tokenizer:
         _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
     _check_port(host, port)
     _check_spool(spool, db)
-    open_write(db).close()  # reachable, writable, migrated: before anything listens
+    _check_writable(db)  # reachable, migrated, and takes a write: before anything listens
     configure_logging(log_level, log_format)
     serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+
+
+def _check_writable(db: str) -> None:
+    """``serve``'s database: opened, migrated, and a trial write rolled back (a damaged SQLite
+    file fails here, in one line, instead of spooling every call after "ready")."""
+    from sqlalchemy import exc as sa_exc
+
+    from orchard_rec.storage.health import check_writable
+
+    store = open_write(db)
+    try:
+        check_writable(store)
+    except sa_exc.SQLAlchemyError as exc:
+        url = _parse_db(db)
+        err = _db_error(exc, url)
+        damaged = url.get_backend_name() == "sqlite" and "malformed" in str(exc)
+        raise CliError(
+            err.message,
+            "the file is damaged: give a new --db (or restore a backup); `sqlite3 FILE .recover` may save what it holds"
+            if damaged
+            else err.hint,
+        ) from None
+    finally:
+        store.close()
 
 
 # -- reading -------------------------------------------------------------------------------------------------
@@ -727,7 +816,7 @@ def _session_rows(
     """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
     from sqlalchemy import func, select
 
-    from orchard_rec.storage.models import Call, Session
+    from orchard_rec.storage.models import Session
     from orchard_rec.storage.store import _epoch, _ts
 
     where = []
@@ -748,28 +837,18 @@ def _session_rows(
             rows = [r for r in rows if (_scalar_reward(r["reward"]) or 0.0) >= min_reward]
             total = len(rows)
             rows = rows[:limit] if limit else rows
-        last: dict[str, dict[str, Any]] = {}
-        ids = [r["id"] for r in rows]
-        for k in range(0, len(ids), 500):
-            chunk = ids[k : k + 500]
-            q = (
-                select(Call.session_id, Call.model, Call.usage, Call.prompt_ids, Call.completion_ids)
-                .join(Session, Session.id == Call.session_id)
-                .where(Call.session_id.in_(chunk), Call.seq == Session.call_count)
-            )
-            for c in conn.execute(q):
-                last[c.session_id] = dict(c._mapping)
+    sizes = _session_sizes(store, [r["id"] for r in rows])
     out = []
     for r in reversed(rows):
-        lc = last.get(r["id"], {})
+        model, tokens = sizes.get(r["id"], (None, None))
         out.append(
             {
                 "id": r["id"],
                 "calls": r["call_count"],
                 "status": r["status"],
                 "reward": r["reward"],
-                "model": lc.get("model"),
-                "tokens": _tokens_of(lc),
+                "model": model,
+                "tokens": tokens,
                 "harness": r["harness"],
                 "metadata": r["outcome_metadata"] or {},
                 "created_at": _epoch(r["created_at"]),
@@ -788,22 +867,21 @@ def _scalar_reward(v: Any) -> float | None:
     return None
 
 
-def _tokens_of(last_call: dict[str, Any]) -> int | None:
-    """A session's size: its last call's prompt + completion (ids when recorded, else usage)."""
+def _session_sizes(store: Store, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
+    """Each session's model (its last call's) and size: the largest context of its calls
+    (``records.context_tokens``: ids when recorded, else usage), as the viewer counts it."""
+    from orchard_rec.records import context_tokens
 
-    def load(v: Any) -> Any:
-        return json.loads(v) if isinstance(v, str) else v
-
-    p, c = load(last_call.get("prompt_ids")), load(last_call.get("completion_ids"))
-    if isinstance(p, list) and isinstance(c, list):
-        return len(p) + len(c)
-    u = load(last_call.get("usage"))
-    if isinstance(u, dict):
-        a = u.get("prompt_tokens", u.get("input_tokens"))
-        b = u.get("completion_tokens", u.get("output_tokens"))
-        if isinstance(a, int) and isinstance(b, int):
-            return a + b
-    return None
+    out: dict[str, tuple[str | None, int | None]] = {}
+    for k in range(0, len(ids), 500):
+        for summary, calls in store.iter_sessions_calls(ids[k : k + 500]):
+            model, size = None, None
+            for c in calls:
+                model = c.model or model
+                n = context_tokens(c)
+                size = n if size is None or (n is not None and n > size) else size
+            out[summary.id] = (model, size)
+    return out
 
 
 def _reward_text(v: Any) -> str:
@@ -1012,9 +1090,11 @@ def show(
     html: Path | None = typer.Option(
         None, "--html", help="Write the viewer's session page to this file (one self-contained HTML)."
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Print a session's samples with the trained tokens highlighted."""
     if html is not None:
+        _check_output(html, db, force, "--html")
         _show_html(session, db, tokenizer, on_mismatch, credit, html)
         return
     from orchard_rec.pipeline import iter_samples
@@ -1048,7 +1128,12 @@ def _show_html(
             page = render_session_html(store, session, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
         except UIError as exc:
             raise CliError(f"{exc} in {db}", "list them with `orchard-rec sessions`") from None
-    out.write_text(page, encoding="utf-8")
+    from orchard_rec.exporters.base import atomic_output, output_set
+
+    with output_set(lambda p: _check_output(p, db, True, "--html")) as outputs:
+        with atomic_output(out) as f:
+            f.write(page.encode())
+        outputs.commit()
     typer.echo(f"wrote {out} ({len(page.encode()) / 1e6:.1f} MB, self-contained)")
 
 
@@ -1062,18 +1147,49 @@ def ui(
     ),
     on_mismatch: OnMismatch = typer.Option("split", "--on-mismatch", help="For the samples shown."),
     credit: Credit = CreditOpt,
+    resend_to: str | None = typer.Option(
+        None,
+        "--resend-to",
+        help="Enable 'send again': replay a call to this upstream (base URL with /v1). Off by default.",
+    ),
+    resend_key_env: str | None = typer.Option(
+        None, "--resend-key-env", help="Name of the env var holding that upstream's API key."
+    ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Allow setting reward/status/label/note from the page (writes outcomes)."
+    ),
 ) -> None:
     """Serve the trajectory viewer over a database (read-only): sessions, calls, token-level samples."""
     from aiohttp import web
 
     from orchard_rec.ui import build_ui_app
+    from orchard_rec.ui.calls import Resend
 
+    target = None
+    if resend_to is not None:
+        resend_to = _check_upstream(resend_to, "--resend-to")
+        key = os.environ.get(resend_key_env) if resend_key_env else None
+        if resend_key_env and not key:
+            raise usage_error(
+                f"--resend-key-env: the environment variable {resend_key_env} is empty or unset"
+            )
+        target = Resend(resend_to, key)
+    elif resend_key_env:
+        raise usage_error("--resend-key-env goes with --resend-to URL")
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     _check_port(host, port)
     with _reading(db) as store:
-        app_ = build_ui_app(store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit)
-        typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, read-only)")
-        web.run_app(app_, host=host, port=port, print=None)
+        writer = open_write(db, migrate_schema=False) if annotate else None
+        try:
+            app_ = build_ui_app(
+                store, tokenizer=tok, on_mismatch=on_mismatch, credit=credit, resend_to=target, writer=writer
+            )
+            mode = "annotations write outcomes" if annotate else "read-only"
+            typer.echo(f"orchard-rec viewer on http://{host}:{port}/  ({db}, {mode})")
+            web.run_app(app_, host=host, port=port, print=None)
+        finally:
+            if writer is not None:
+                writer.close()
 
 
 # -- db ------------------------------------------------------------------------------------------------------------
@@ -1275,6 +1391,14 @@ def _format_doc(target: str) -> str:
     return first or f"plug-in ({target})"
 
 
+def _check_output(path: Path, db: str, force: bool, option: str = "--out") -> None:
+    """Never write over a database, nor over a file that is not our own output without --force
+    (``orchard_rec.outputs`` has the rules)."""
+    from orchard_rec.outputs import check_output
+
+    check_output(path, db_url=db, force=force, option=option)
+
+
 def _check_out(fmt: str, out: Path) -> None:
     if str(out) == "-":
         if fmt not in STDOUT_FORMATS:
@@ -1310,6 +1434,39 @@ def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> No
         _warn(
             f"--group-by {group_by}: {len(missing)} of {len(selected)} sessions have no {group_by!r}: they form one group"
         )
+
+
+def _reward_key_check(selected: list[Any], key: str) -> None:
+    """A --reward-key no selected session has is a mistake (every reward would be null); one
+    that only some have is a warning."""
+    from orchard_rec.pipeline import pick_reward
+
+    missing = [s.id for s in selected if pick_reward(s.outcome, key) is None]
+    if len(missing) < len(selected):
+        if missing:
+            _warn(
+                f"--reward-key {key}: {len(missing)} of {len(selected)} sessions have no {key!r}"
+                f" (e.g. {missing[0]!r}): their samples carry reward null"
+            )
+        return
+    known: set[str] = set()
+    for s in selected:
+        o = s.outcome
+        if o is None:
+            continue
+        if isinstance(o.reward, dict):
+            known.update(o.reward)
+        known.update(
+            k for k, v in o.metadata.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+        if isinstance(o.metadata.get("process_reward"), dict):
+            known.add("process")
+    raise usage_error(
+        f"--reward-key {key}: no selected session has a reward named {key!r} (every reward would be null)",
+        f"known here: {', '.join(sorted(known))}"
+        if known
+        else "no session has named rewards: set them with `orchard-rec outcome SID --reward-json ...`",
+    )
 
 
 @app.command()
@@ -1382,6 +1539,7 @@ def export(
         "--auxiliary/--no-auxiliary",
         help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1402,6 +1560,8 @@ def export(
     if out is None:
         raise usage_error("--out is required", f"e.g. --out samples{FORMAT_INFO.get(fmt, ('.out',))[0]}")
     _check_out(fmt, out)
+    if "{rollout_id}" not in str(out):
+        _check_output(out, db, force)
     if rollout_size is not None and (fmt != "slime" or rollout_size < 1):
         raise usage_error("--rollout-size takes a positive number, for --format slime")
     if processor is not None and fmt != "slime":
@@ -1420,20 +1580,14 @@ def export(
                 f"--pass-rate {pass_rate}: needs 0 <= LO <= HI <= 1", "e.g. --pass-rate 0.25:0.75"
             )
         window = (lo, hi)
-    bar: tuple[int, float, float] | tuple[int, float, float, int] | None = None
+    bar = None
     if select is not None:
-        parts = select.split(":")
+        from orchard_rec.selection import parse_bar
+
         try:
-            if len(parts) not in (4, 5) or parts[0] != "bar":
-                raise ValueError
-            bar = (int(parts[1]), float(parts[2]), float(parts[3]), *(int(p) for p in parts[4:]))  # type: ignore[assignment]
-        except ValueError:
-            raise usage_error("--select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75") from None
-        assert bar is not None
-        if bar[0] < 1 or not 0.0 <= bar[1] <= bar[2] <= 1.0 or (len(bar) > 3 and bar[3] < 1):
-            raise usage_error(
-                "--select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1"
-            )
+            bar = parse_bar(select)
+        except ValueError as e:
+            raise usage_error(f"--{e}") from None
     if (bar is not None or filters) and not group_by:
         raise usage_error("--select and --filter need --group-by (they choose among a task's attempts)")
     from orchard_rec.selection import FILTERS
@@ -1463,6 +1617,8 @@ def export(
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         if group_by:
             _group_warning(store, selection, group_by)
+    if reward_key is not None and selected:
+        _reward_key_check(selected, reward_key)
     total = len(selected)
     if total == 0:
         raise CliError(
@@ -1507,10 +1663,12 @@ def export(
             selection_stats=sel_stats,
             auxiliary=auxiliary,
             require_teacher=require_teacher,
+            check=lambda p: _check_output(p, db, force),
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
     if stats.samples == 0:
+        kept = "" if to_stdout else f"; nothing written ({out} left as it was)"
         given = [
             name
             for name, on in (
@@ -1526,12 +1684,12 @@ def export(
         ]
         if given:
             raise CliError(
-                f"no sample passed {', '.join(given)} ({total} sessions selected)",
+                f"no sample passed {', '.join(given)} ({total} sessions selected){kept}",
                 selection_line
                 or "loosen them; `orchard-rec sessions` shows each session's status and reward",
             )
         raise CliError(
-            f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer)"
+            f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer){kept}"
         )
     if selection_line:
         typer.echo(selection_line, err=True)
@@ -1582,44 +1740,40 @@ def outcome(
     metadata: list[str] | None = typer.Option(
         None,
         "--metadata",
-        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable).",
+        help="KEY=VALUE stored with the outcome, e.g. task=t1 for --group-by (repeatable; other keys stay).",
     ),
     metadata_json: str | None = typer.Option(
-        None, "--metadata-json", help="Outcome metadata as a JSON object."
+        None, "--metadata-json", help="Outcome metadata as a JSON object (merged into the stored keys)."
+    ),
+    clear: list[str] | None = typer.Option(
+        None,
+        "--clear",
+        help="Remove a stored field: reward, status, step_values, metadata, metadata.KEY, or all (repeatable).",
     ),
     create: bool = typer.Option(False, "--create", help="Create the session if no call recorded it yet."),
     db: str = DbOpt,
 ) -> None:
-    """Attach a reward/status to a session (flows into every export)."""
+    """Set a session's reward/status/metadata (flows into every export); what is given merges into what is stored."""
     from sqlalchemy import exc as sa_exc
 
-    from orchard_rec.records import Outcome
+    from orchard_rec.storage.outcome import OutcomeChange
+    from orchard_rec.storage.outcome import as_json as outcome_as_json
 
-    r: Any = reward
-    if reward_json is not None:
+    sets: dict[str, Any] = {}
+    r = _reward_option(reward, reward_json)
+    if r is not None:
+        sets["reward"] = r
+    if status is not None:
+        sets["status"] = status
+    if step_values is not None:
         try:
-            named = json.loads(reward_json)
-        except json.JSONDecodeError as exc:
-            raise usage_error(
-                f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
-                'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
-            ) from None
-        if isinstance(named, (int, float)) and not isinstance(named, bool):
-            named = {"reward": named} if reward is None else {"reward": reward, "value": named}
-        if not isinstance(named, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
-        ):
-            raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
-        if reward is not None:
-            if "reward" in named and named["reward"] != reward:
-                raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
-            named = {"reward": reward, **named}
-        r = named
-    try:
-        sv = tuple(float(x) for x in step_values.split(",")) if step_values else None
-    except ValueError:
-        raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
+            sets["step_values"] = tuple(float(x) for x in step_values.split(","))
+        except ValueError:
+            raise usage_error("--step-values takes numbers separated by commas, e.g. 0,0.5,1") from None
     meta = _parse_metadata(metadata, metadata_json)
+    if meta:
+        sets["metadata"] = meta
+    change = _cli_outcome_change(OutcomeChange, sets, clear, "--reward-json" if reward_json else "--reward")
     open_read(db).close()  # exists and is migrated (else says which command migrates); creates nothing
     store = open_write(db, migrate_schema=False)
     try:
@@ -1628,15 +1782,61 @@ def outcome(
                 f"no session {session!r} in {db}",
                 "check the id (`orchard-rec sessions`), or --create to record an outcome before any call",
             )
-        store.set_outcome(session, Outcome(reward=r, status=status, step_values=sv, metadata=meta))
+        merged = store.update_outcome(session, change)
     except sa_exc.SQLAlchemyError as exc:
         raise _db_error(exc, _parse_db(db)) from None
     finally:
         store.close()
+    shown = outcome_as_json(merged)
     typer.echo(
-        f"session {session}: reward={json.dumps(r)} status={status or '-'}"
-        + (f" metadata={json.dumps(meta)}" if meta else "")
+        f"session {session}: reward={json.dumps(shown['reward'])} status={shown['status'] or '-'}"
+        + (f" metadata={json.dumps(shown['metadata'])}" if shown["metadata"] else "")
     )
+
+
+def _cli_outcome_change(cls: Any, sets: dict[str, Any], clear: list[str] | None, reward_option: str) -> Any:
+    """The options as a ``storage.outcome.OutcomeChange``; its refusals become --option messages."""
+    from orchard_rec.storage.outcome import InvalidOutcome
+
+    names = {
+        "reward": reward_option,
+        "step_values": "--step-values",
+        "status": "--status",
+        "metadata": "--metadata",
+    }
+    try:
+        return cls(sets, frozenset(clear or ()))
+    except InvalidOutcome as exc:
+        option = names.get(exc.param or "", "")
+        raise usage_error(f"{option}: {exc.message}" if option else exc.message) from None
+
+
+def _reward_option(reward: float | None, reward_json: str | None) -> Any:
+    """``--reward`` and ``--reward-json`` as one stored reward (a number, or named numbers)."""
+    if reward_json is None:
+        return reward
+
+    def refuse(name: str) -> NoReturn:
+        raise usage_error(f"--reward-json: {name} is not a finite number")
+
+    try:
+        named = json.loads(reward_json, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise usage_error(
+            f"--reward-json is not JSON: {exc.msg} (at character {exc.pos})",
+            'e.g. --reward-json \'{"tests": 1, "style": 0.5}\'',
+        ) from None
+    if isinstance(named, (int, float)) and not isinstance(named, bool):
+        named = {"reward": named} if reward is None else {"reward": reward, "value": named}
+    if not isinstance(named, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in named.values()
+    ):
+        raise usage_error("--reward-json must be an object of numbers, e.g. '{\"tests\": 1}'")
+    if reward is not None:
+        if "reward" in named and named["reward"] != reward:
+            raise usage_error('--reward and --reward-json\'s "reward" disagree: give one')
+        named = {"reward": reward, **named}
+    return named
 
 
 def set_outcome(store: Store, session: str, outcome: Any) -> None:
@@ -1891,10 +2091,14 @@ def train_sft_cmd(
     lr: float = typer.Option(1e-4, "--lr", help="Learning rate."),
 ) -> None:
     """Credit-assignment SFT: train only on credited tokens of the recorded samples."""
-    try:
-        from transformers import AutoModelForCausalLM
+    _check_output(out, db, True)  # a checkpoint folder: never the database (nor any SQLite file)
+    from orchard_rec.signals import interrupt_deferred
 
-        from orchard_rec.trainers.sft import train_sft
+    try:
+        with interrupt_deferred():  # torch: Ctrl-C inside its import would abort the interpreter
+            from transformers import AutoModelForCausalLM
+
+            from orchard_rec.trainers.sft import train_sft
     except ImportError as exc:
         raise CliError(
             f"training needs torch and transformers ({exc})", "pip install 'orchard-rec[train,hf]'"
@@ -2009,10 +2213,28 @@ def reward(
             if missing:
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
         results = []
+        needs = tuple(getattr(rule_set, "gold_fields", ()))
+        ungraded = [
+            s.id for s in selected if needs and not set(needs) & set(s.outcome.metadata if s.outcome else {})
+        ]
         for summary in selected:
-            res = score_session(store, summary.id, rule_set)
+            res = None if summary.id in ungraded else score_session(store, summary.id, rule_set)
             if res is not None:
                 results.append((summary, res))
+    if ungraded:
+        hint = (
+            f"set the grader's fields first, e.g. orchard-rec outcome {ungraded[0]} --metadata resolved=true"
+        )
+        if not results:
+            raise CliError(
+                f"--rules {rules}: no selected session has grader data ({', '.join(needs[:4])}, ...);"
+                " nothing scored, nothing stored",
+                hint,
+            )
+        _warn(
+            f"--rules {rules}: {len(ungraded)} session(s) have no grader data ({', '.join(needs[:4])}, ...),"
+            f" not scored: {', '.join(map(repr, ungraded[:5]))}{' ...' if len(ungraded) > 5 else ''} ({hint})"
+        )
     if not results:
         raise CliError("no session to score" + (" matches --session" if session else f" in {db}"))
     rows = []
@@ -2173,6 +2395,12 @@ def teacher(
         _warn(
             f"{summary.failed} samples failed (stored with an all-zero valid mask); run the command again to retry them"
         )
+        if any(" 404" in e or "answered 404" in e for e in summary.errors):
+            typer.echo(
+                f"  the teacher answered 404: is --url {cfg.url} the server's root, and --kind {kind} right? "
+                f"(vllm: POST /v1/completions, sglang: POST /generate)",
+                err=True,
+            )
         raise SystemExit(1)
 
 

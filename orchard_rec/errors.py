@@ -59,6 +59,7 @@ __all__ = [
     "UsageError",
     "cache_stats",
     "env_megabytes",
+    "one_line",
 ]
 
 
@@ -234,3 +235,12 @@ class UpstreamStatus(UpstreamError):
                 attrs.update(openai_type="invalid_request_error", anthropic_type="invalid_request_error")
             UpstreamStatus._built[status] = type(f"UpstreamStatus{status}", (UpstreamStatus,), attrs)
         return UpstreamStatus._built[status]
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` in one line, for logs: a database driver's own error (SQLAlchemy's
+    ``.orig``) without the statement, parameters and link SQLAlchemy appends."""
+    inner = getattr(exc, "orig", None)
+    err = inner if isinstance(inner, BaseException) else exc
+    text = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -49,10 +49,10 @@ from orchard_rec.reconstruct import (
 )
 from orchard_rec.reconstruct.merge import template_turn_end
 from orchard_rec.records import Outcome
-from orchard_rec.selection import FilterChain, bar_select
+from orchard_rec.selection import BarSpec, FilterChain, bar_select
 from orchard_rec.storage.store import SessionSummary, Store
 
-__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward"]
+__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward", "select_group"]
 
 
 def pick_reward(outcome: Outcome | None, key: str) -> float | None:
@@ -120,6 +120,28 @@ def _group_key(summary: SessionSummary, key: str) -> str:
     return "" if v is None else str(v)
 
 
+def select_group(
+    attempts: list[Attempt],
+    select: BarSpec | None,
+    chain: FilterChain | None,
+    seed: int | None,
+    stats: SelectionStats,
+) -> list[Attempt] | None:
+    """Recipe selection over one group's attempts: BAR's N of them (``select``), then the
+    filters on those; None when a filter drops the group. Counts into ``stats``."""
+    stats.groups += 1
+    chosen = attempts
+    if select is not None:
+        stride = select[3] if len(select) > 3 else None
+        chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed, stride=stride)
+        stats.bar[how] = stats.bar.get(how, 0) + 1
+    if chain is not None and not chain.keep(chosen):
+        for name, n in chain.dropped.items():
+            stats.dropped[name] = n
+        return None
+    return chosen
+
+
 def iter_samples(
     store: Store,
     *,
@@ -137,7 +159,7 @@ def iter_samples(
     on_session: Callable[[Any], None] | None = None,
     tokenizer: Any = None,
     reward_key: str | None = None,
-    select: tuple[int, float, float] | tuple[int, float, float, int] | None = None,
+    select: BarSpec | None = None,
     seed: int | None = None,
     filters: Sequence[str] | None = None,
     selection_stats: SelectionStats | None = None,
@@ -236,15 +258,8 @@ def iter_samples(
     for group_index, rows in batches:
         if group_index is not None and (select is not None or chain is not None):
             attempts = [Attempt(summary, samples_of(summary, calls)) for summary, calls in rows]
-            stats.groups += 1
-            chosen = attempts
-            if select is not None:
-                stride = select[3] if len(select) > 3 else None
-                chosen, how = bar_select(attempts, select[0], select[1], select[2], seed=seed, stride=stride)
-                stats.bar[how] = stats.bar.get(how, 0) + 1
-            if chain is not None and not chain.keep(chosen):
-                for name, n in chain.dropped.items():
-                    stats.dropped[name] = n
+            chosen = select_group(attempts, select, chain, seed, stats)
+            if chosen is None:
                 for a in attempts:
                     if on_session is not None:
                         on_session(a.summary)

@@ -8,11 +8,23 @@ proxy/ builds it, storage/ persists it, reconstruct/ reads it back.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SESSION_STATUSES", "CallOutcome", "CallRecord", "Dialect", "Outcome"]
+__all__ = [
+    "SESSION_ID_MAX",
+    "SESSION_ID_PATTERN",
+    "SESSION_ID_RULE",
+    "SESSION_STATUSES",
+    "CallOutcome",
+    "CallRecord",
+    "Dialect",
+    "Outcome",
+    "context_tokens",
+    "session_id_problem",
+]
 
 
 class Dialect(str, enum.Enum):
@@ -112,6 +124,35 @@ class CallRecord:
 
 SESSION_STATUSES = ("completed", "truncated", "aborted", "failed")
 
+SESSION_ID_MAX = 128
+"""The longest session id: the ``sessions.id`` column's length, on SQLite as on PostgreSQL."""
+SESSION_ID_RULE = (
+    f"1-{SESSION_ID_MAX} characters of A-Z a-z 0-9 . _ : @ = + -, starting with a letter or digit"
+)
+"""The one session-id rule, for every entry point: the proxy's routes and header, the intercept
+addon, every CLI command and the storage layer. Ids travel in URL paths (``/s/ID/v1``, the
+viewer's ``/s/ID``), so nothing that a path, a query or a fragment would read differently is
+allowed (no ``/``, ``?``, ``#``, ``%``, no ``..`` alone: it must start alphanumeric), and no
+control character. Non-ASCII letters are refused too: the same-looking id could be spelled in
+two Unicode normal forms, and percent-encoded differently by different clients."""
+SESSION_ID_PATTERN = rf"[A-Za-z0-9][A-Za-z0-9._:@=+-]{{0,{SESSION_ID_MAX - 1}}}"
+"""``SESSION_ID_RULE`` as a regular expression (for a full match)."""
+_SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
+
+
+def session_id_problem(sid: str) -> str | None:
+    """None for a valid session id (``SESSION_ID_RULE``), else what is wrong with it, in a few words."""
+    if _SESSION_ID_RE.fullmatch(sid):
+        return None
+    if not sid:
+        return "it is empty"
+    if len(sid) > SESSION_ID_MAX:
+        return f"it has {len(sid)} characters, at most {SESSION_ID_MAX}"
+    bad = next((c for c in sid if not _SESSION_ID_RE.fullmatch("a" + c)), None)
+    if bad is not None:
+        return f"it contains {bad!r}"
+    return f"it starts with {sid[0]!r}"
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -124,3 +165,18 @@ class Outcome:
     step_values: tuple[float, ...] | None = None
     """A value estimate after each model turn, for value-based credit assignment."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def context_tokens(call: CallRecord) -> int | None:
+    """A call's context size: prompt + completion ids when recorded, else the usage the upstream
+    reported (prompt + completion, OpenAI or Anthropic names); None when neither is known.
+    A session's size, in ``orchard-rec sessions`` and the viewer alike, is the largest of its calls'."""
+    if call.prompt_ids is not None and call.completion_ids is not None:
+        return len(call.prompt_ids) + len(call.completion_ids)
+    u = call.usage
+    if isinstance(u, Mapping):
+        a = u.get("prompt_tokens", u.get("input_tokens"))
+        b = u.get("completion_tokens", u.get("output_tokens"))
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+    return None

@@ -4,18 +4,24 @@ An exporter writes an iterable of samples to a path and never holds more than on
 batch of them. Formats are registered by import path, so ``--format jsonl`` never
 imports torch or pyarrow; an external package adds its own through the entry-point
 group ``orchard_rec.exporters``. Output is atomic: written to a temp file beside the
-target, then renamed, so a failure never leaves a half-written file.
+target, then renamed, so a failure never leaves a half-written file. Inside
+:func:`output_set` (every CLI export) the renames wait for the end: all parts of a
+multi-file output (slime's ``{rollout_id}`` files, the jsonl image folder) are renamed
+together on :meth:`OutputSet.commit`, or all dropped on :meth:`OutputSet.discard` (an
+export that kept no sample, an error, Ctrl-C), so an earlier output is never half replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import os
+import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -23,8 +29,20 @@ from typing import IO, Any, Protocol
 
 from orchard_rec.errors import ExportError
 from orchard_rec.reconstruct import Sample
+from orchard_rec.signals import interrupt_deferred
 
-__all__ = ["EXPORTERS", "ExportError", "ExportStats", "Exporter", "atomic_output", "available", "get"]
+__all__ = [
+    "EXPORTERS",
+    "ExportError",
+    "ExportStats",
+    "Exporter",
+    "OutputSet",
+    "atomic_output",
+    "available",
+    "current_output_set",
+    "get",
+    "output_set",
+]
 
 
 @dataclass
@@ -73,12 +91,14 @@ def get(name: str, **options: Any) -> Exporter:
         raise ExportError(f"unknown format {name!r}; known formats: {', '.join(sorted(known))}")
     module, _, attr = known[name].partition(":")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        with interrupt_deferred():  # Ctrl-C inside ``import torch`` would abort the interpreter
+            cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
         raise ExportError(
             f"format {name!r} needs a package that is not installed ({exc.name}): {_install_hint(exc.name)}"
         ) from exc
-    return cls(**options)
+    with interrupt_deferred():  # some import their library on construction (slime: torch)
+        return cls(**options)
 
 
 def _install_hint(module: str | None) -> str:
@@ -127,8 +147,95 @@ def atomic_output(out: Path, mode: str = "wb") -> Iterator[IO[Any]]:
             f.flush()
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), perms)
-        os.replace(tmp, out)
+        pending = _CURRENT.get()
+        if pending is None:
+            os.replace(tmp, out)
+        else:
+            pending.add(Path(tmp), out)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class OutputSet:
+    """The files of one export under temporary names, renamed into place together at the end.
+
+    ``check``: called with each final path before any is renamed (``outputs.check_output``),
+    so a part that may not be replaced stops the whole set, not half of it."""
+
+    def __init__(self, check: Callable[[Path], None] | None = None) -> None:
+        self.check = check
+        self.files: list[tuple[Path, Path]] = []
+        """``(temporary, final)`` per file."""
+        self.folders: list[tuple[Path, Path]] = []
+        """``(staging, final)`` per folder whose new files wait in ``staging``."""
+        self.done = False
+
+    def add(self, tmp: Path, final: Path) -> None:
+        self.files.append((tmp, final))
+
+    def staging(self, final: Path) -> Path:
+        """A fresh folder beside ``final`` whose files move into ``final`` on commit."""
+        for staging, target in self.folders:
+            if target == final:
+                return staging
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        os.chmod(staging, 0o777 & ~_umask())
+        self.folders.append((staging, final))
+        return staging
+
+    def commit(self) -> None:
+        """Rename every part into place (Ctrl-C waits until the last rename is done)."""
+        if self.check is not None:
+            for _, final in self.files:
+                self.check(final)
+        with interrupt_deferred():
+            for staging, final in self.folders:
+                final.mkdir(exist_ok=True)
+                for f in staging.iterdir():
+                    os.replace(f, final / f.name)
+                staging.rmdir()
+            for tmp, final in self.files:
+                os.replace(tmp, final)
+            self.folders.clear()
+            self.files.clear()
+            self.done = True
+
+    def discard(self) -> None:
+        """Remove every temporary part; the earlier output stays as it was."""
+        for tmp, _ in self.files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        for staging, _ in self.folders:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.files.clear()
+        self.folders.clear()
+        self.done = True
+
+
+_CURRENT: contextvars.ContextVar[OutputSet | None] = contextvars.ContextVar("output_set", default=None)
+
+
+def current_output_set() -> OutputSet | None:
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def output_set(check: Callable[[Path], None] | None = None) -> Iterator[OutputSet]:
+    """Collect the files written inside; the caller commits (or discards). Leaving without a
+    commit, by an exception or Ctrl-C included, discards every part."""
+    outputs = OutputSet(check)
+    token = _CURRENT.set(outputs)
+    try:
+        yield outputs
+    finally:
+        _CURRENT.reset(token)
+        if not outputs.done:
+            outputs.discard()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

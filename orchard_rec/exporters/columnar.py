@@ -28,11 +28,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchard_rec import __version__
 from orchard_rec.exporters.base import ExportStats, atomic_output
 from orchard_rec.exporters.images import hf_image_cells
+from orchard_rec.outputs import PARQUET_SIGNATURE
 from orchard_rec.reconstruct import Sample
 
-__all__ = ["IMAGES_FIELD", "IMAGE_BATCH_BYTES", "hf_features", "with_images", "write_parquet"]
+__all__ = ["IMAGES_FIELD", "IMAGE_BATCH_BYTES", "hf_features", "signed", "with_images", "write_parquet"]
 
 IMAGES_FIELD = pa.field("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))
 """A ``datasets`` ``List(Image())`` column: each image's bytes and a name (or a remote URL)."""
@@ -65,6 +67,12 @@ def with_images(schema: pa.Schema) -> pa.Schema:
     return full.with_metadata({b"huggingface": hf_features(full)})
 
 
+def signed(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the ``orchard_rec`` footer key that marks the file as our output
+    (``orchard_rec.outputs``: only our own earlier output is replaced without ``--force``)."""
+    return schema.with_metadata({**(schema.metadata or {}), PARQUET_SIGNATURE: __version__.encode()})
+
+
 class _Sink:
     """A ParquetWriter on ``f`` that can gain the ``images`` column after rows were written."""
 
@@ -77,7 +85,7 @@ class _Sink:
 
     @property
     def schema(self) -> pa.Schema:
-        return with_images(self.text_schema) if self.images else self.text_schema
+        return signed(with_images(self.text_schema) if self.images else self.text_schema)
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         if self.writer is None:

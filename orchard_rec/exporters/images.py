@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.errors import ExportError
+from orchard_rec.exporters.base import current_output_set
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.reconstruct import Sample
 
@@ -89,15 +90,21 @@ class ImageSidecar:
         """Write ``ref``'s bytes when not there yet; its path relative to ``base`` (None: no bytes)."""
         if ref.data is None:
             return None
-        target = self.folder / f"{ref.digest}.{ref.extension}"
+        name = f"{ref.digest}.{ref.extension}"
+        target = self.folder / name
         if not target.exists():
-            self.folder.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{ref.digest[:16]}.", suffix=".tmp", dir=self.folder)
+            pending = current_output_set()  # inside an export: new files wait in a staging folder
+            folder = self.folder if pending is None else pending.staging(self.folder)
+            if (folder / name).exists():
+                self.used += 1
+                return os.path.relpath(target, self.base)
+            folder.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{ref.digest[:16]}.", suffix=".tmp", dir=folder)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(ref.data)
                 os.chmod(tmp, 0o666 & ~_umask())
-                os.replace(tmp, target)
+                os.replace(tmp, folder / name)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)

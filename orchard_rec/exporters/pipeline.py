@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_rec.errors import ExportError, OrchardError
-from orchard_rec.exporters.base import ExportStats, get
+from orchard_rec.exporters.base import ExportStats, get, output_set
 from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
@@ -62,10 +62,16 @@ def export(
     format_options: dict[str, Any] | None = None,
     on_session: Callable[[Any], None] | None = None,
     auxiliary: bool | None = None,
+    check: Callable[[Path], None] | None = None,
     **selection: Any,
 ) -> ExportStats:
     """``auxiliary``: keep side-conversation samples (``metadata.auxiliary``); default: only in
-    formats that declare ``includes_auxiliary`` (jsonl, parquet), never in trainer formats."""
+    formats that declare ``includes_auxiliary`` (jsonl, parquet), never in trainer formats.
+
+    Every file is written under a temporary name and renamed into place at the end, all parts
+    together (``base.output_set``); ``check`` is asked about each final path first. An export
+    that keeps no sample renames nothing: an earlier output stays as it was (``stats.files``
+    is then empty)."""
     exporter = get(fmt, **(format_options or {}))
     if auxiliary is None:
         auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
@@ -83,6 +89,13 @@ def export(
             auxiliary=auxiliary,
             **selection,
         )
-        return exporter.write(fill_images(store, samples), out)
+        with output_set(check) as outputs:
+            stats = exporter.write(fill_images(store, samples), out)
+            if stats.samples == 0:
+                outputs.discard()
+                stats.files = []
+            else:
+                outputs.commit()
+        return stats
     finally:
         store.close()

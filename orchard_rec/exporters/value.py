@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.exporters.base import ExportStats, atomic_output
+from orchard_rec.exporters.columnar import signed
 from orchard_rec.exporters.images import warn_images_dropped
 from orchard_rec.reconstruct import Sample, numeric_reward
 
@@ -94,7 +95,8 @@ class ValueExporter:
     def write(self, samples: Iterable[Sample], out: Path) -> ExportStats:
         stats = ExportStats(files=[Path(out)])
         with atomic_output(Path(out)) as f:
-            writer = pq.ParquetWriter(f, SCHEMA, compression="zstd")
+            schema = signed(SCHEMA)
+            writer = pq.ParquetWriter(f, schema, compression="zstd")
             rows: list[dict[str, Any]] = []
             held = 0
             warned: list[bool] = []
@@ -106,10 +108,10 @@ class ValueExporter:
                         rows.append(row)
                         held += len(row["prefix_ids"])
                         if held >= self.batch_tokens:
-                            writer.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
+                            writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                             rows, held = [], 0
                 if rows or stats.samples == 0:
-                    writer.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
+                    writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             finally:
                 writer.close()
         return stats

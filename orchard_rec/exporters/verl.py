@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchard_rec.errors import ExportError
-from orchard_rec.exporters.base import ExportStats, atomic_output
-from orchard_rec.exporters.columnar import with_images, write_parquet
+from orchard_rec.exporters.base import ExportStats, atomic_output, output_set
+from orchard_rec.exporters.columnar import signed, with_images, write_parquet
 from orchard_rec.exporters.contracts import agent_loop_fields
 from orchard_rec.exporters.conversation import turn_flagged_messages
 from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
@@ -232,12 +232,15 @@ class VerlSftExporter:
 
         with tempfile.TemporaryDirectory(prefix="orchard-verl-sft-") as tmp:
             first = Path(tmp) / "pass1.parquet"
-            stats = write_parquet(samples, first, _PASS1_SCHEMA, row, images=True)
+            with output_set() as scratch:  # a scratch file, renamed now (not with the export's outputs)
+                stats = write_parquet(samples, first, _PASS1_SCHEMA, row, images=True)
+                scratch.commit()
             tools_type = self._tools_type(list(distinct))
             schema = pa.schema([("messages", pa.list_(SFT_MESSAGE)), ("tools", tools_type), *_SFT_COLUMNS])
             images = "images" in pq.read_schema(first).names
             if images:
                 schema = with_images(schema)
+            schema = signed(schema)
             with atomic_output(Path(out)) as f:
                 writer = pq.ParquetWriter(f, schema, compression="zstd")
                 try:

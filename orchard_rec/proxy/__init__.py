@@ -8,11 +8,11 @@ ids, stored headers), ``reqparse`` (request bodies read from their session's pre
 the new bytes parsed), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tochat`` (token mode's
 Responses/Messages-to-chat translation, only the new items), ``idcut`` (token-id
 arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
-sessions), ``recorder`` (the writer threads), ``dbproc`` (under ``wal``, the database writer in a
+sessions), ``recorder`` (the writer threads; ``dbthread`` its database thread), ``dbproc`` (under ``process`` and ``machine``, the database writer in a
 process of its own: records built and written off the event loop's GIL), ``logs`` (log lines and
 the access log, shared with that process), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and
 ``tochat``), ``fleet`` (several upstreams: the
-sans-io picker, consistent hashing with bounded loads, health checks, safe retries), ``capline`` (the spool's capture lines under ``wal``:
+sans-io picker, consistent hashing with bounded loads, health checks, safe retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 

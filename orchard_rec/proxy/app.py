@@ -80,7 +80,9 @@ from orchard_rec.proxy.tito import (
     wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
-from orchard_rec.records import SESSION_STATUSES, CallOutcome, Dialect, Outcome
+from orchard_rec.records import CallOutcome, Dialect
+from orchard_rec.storage.outcome import as_json as outcome_as_json
+from orchard_rec.storage.outcome import change_from_json
 from orchard_rec.storage.store import Store
 
 __all__ = ["CONFIG", "METRICS", "RECORDER", "STORE", "UPSTREAM", "build_app", "dialect_of"]
@@ -451,7 +453,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         payload, ctype = orjson.dumps(client_obj), "application/json"
     resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
     cap.bytes_out = len(payload)
-    if cfg.durability == "wal" or key is not None:
+    if cfg.durability != "async" or key is not None:
         # A session's call is in the database before the client has it, so whichever replica
         # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
@@ -485,7 +487,7 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
                 return await _relay_stream(request, call, relay, up)
             out = call.body(await up.read(), up.status)
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
-            if cfg.durability == "wal":
+            if cfg.durability != "async":
                 cap.done_at = time.time()
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
@@ -537,7 +539,7 @@ async def _relay_stream(
     if call.client_content_type is not None:
         resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
-    wal = request.app[CONFIG].durability == "wal"
+    wal = request.app[CONFIG].durability != "async"
     try:
         async for chunk in up.content.iter_any():
             out = relay.feed(chunk)
@@ -625,6 +627,7 @@ async def healthz(request: web.Request) -> web.Response:
         "written": rec.written,
         "mode": request.app[CONFIG].mode,
         "durability": rec.durability,
+        "spool_sync": rec.sync_stats(),
         "db_writer": rec.writer_state,
         "caches": cache_stats(request.app),
     }
@@ -640,7 +643,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def post_outcome(request: web.Request) -> web.Response:
-    """``POST /sessions/{id}/outcome``: ``{"reward": number|object, "status": ..., "step_values": [...], "metadata": {...}}``."""
+    """``POST /sessions/{id}/outcome``: ``{"reward": number|object, "status": ..., "step_values": [...], "metadata": {...}}``.
+
+    The fields given merge into the stored outcome, ``null`` clears one (a metadata key too), a
+    body that changes nothing is a 400 (``storage.outcome``, the same rules as the CLI)."""
     sid = validate_session_id(request.match_info["sid"])
     _authorize(request, sid, admin=True)
     try:
@@ -649,34 +655,7 @@ async def post_outcome(request: web.Request) -> web.Response:
         raise BadRequest(f"outcome body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("outcome body must be a JSON object")
-    reward = body.get("reward")
-    if (
-        reward is not None
-        and not (isinstance(reward, (int, float)) and not isinstance(reward, bool))
-        and not (
-            isinstance(reward, dict)
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward.values())
-        )
-    ):
-        raise BadRequest("reward must be a number or an object of numbers", param="reward")
-    status = body.get("status")
-    if status is not None and status not in SESSION_STATUSES:
-        raise BadRequest(f"status must be one of {', '.join(SESSION_STATUSES)}", param="status")
-    steps = body.get("step_values")
-    if steps is not None and (
-        not isinstance(steps, list)
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in steps)
-    ):
-        raise BadRequest("step_values must be a list of numbers", param="step_values")
-    meta = body.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise BadRequest("metadata must be an object", param="metadata")
-    outcome = Outcome(
-        reward=reward,
-        status=status,
-        step_values=None if steps is None else tuple(float(v) for v in steps),
-        metadata=meta,
-    )
+    change = change_from_json(body)  # the fields merge into the stored outcome; null clears one
     store = request.app[STORE]
     if body.get("create") is not True and await asyncio.to_thread(store.session, sid) is None:
         # its first call may still be on the way to the database: let the writer catch up
@@ -685,8 +664,22 @@ async def post_outcome(request: web.Request) -> web.Response:
             raise SessionNotFound(
                 f'no session {sid!r}: record a call first, or send "create": true', param="session_id"
             )
-    await asyncio.to_thread(store.set_outcome, sid, outcome)
-    return web.json_response({"session_id": sid, "recorded": True})
+    merged = await asyncio.to_thread(store.update_outcome, sid, change)
+    return web.json_response({"session_id": sid, "recorded": True, "outcome": outcome_as_json(merged)})
+
+
+async def _ui_slash(request: web.Request) -> web.Response:
+    """``/ui`` is the viewer too: to ``/ui/`` (its links are relative to it), the query kept (``?key=``)."""
+    raise web.HTTPFound("/ui/" + (f"?{request.query_string}" if request.query_string else ""))
+
+
+def _ui_tokenizer(name: str | None) -> Any:
+    """The viewer's tokenizer (``--tokenizer``: a folder, or ``demo``), loaded as ``orchard-rec ui`` does."""
+    if not name:
+        return None
+    from orchard_rec.tokenizer import load_tokenizer
+
+    return load_tokenizer(name)
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
@@ -711,6 +704,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         app[STORE],
         spool=Path(config.spool) if config.spool else default_spool(config.db),
         durability=config.durability,
+        fsync_interval=config.fsync_interval,
         # a Store handed in is the caller's own (it may not even be the URL's): it writes
         writer=config.db_writer if owned_store and not in_memory else "thread",
     )
@@ -722,6 +716,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         lambda: recorder.queued_bytes,
         lambda: recorder.paced,
         lambda: cache_stats(app),
+        spool_sync=recorder.sync_stats,
     )
     app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon, config.route_min_load)
     app[METRICS].registry.register(app[FLEET].collector())
@@ -776,7 +771,23 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
 
         admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
         locked = bool(config.api_keys or config.admin_keys)
-        app.add_subapp("/ui", build_ui_app(app[STORE], base="/ui", keys=admins, locked=locked))
+        from orchard_rec.ui.calls import Resend
+
+        resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
+        shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
+        app.router.add_get("/ui", _ui_slash)
+        app.add_subapp(
+            "/ui",
+            build_ui_app(
+                app[STORE],
+                base="/ui",
+                keys=admins,
+                locked=locked,
+                tokenizer=shown_by,
+                resend_to=resend_to,
+                writer=app[STORE],
+            ),
+        )
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect)
     app.router.add_route("*", "/s/{sid}", probe_handler)

@@ -1,6 +1,6 @@
-"""Capture lines: what the spool holds of a call under ``wal`` durability (format 3).
+"""Capture lines: what the spool holds of a call under ``process`` and ``machine`` durability (format 3).
 
-Under ``wal`` the client's last byte waits for its call's spool line to be fsync'd, so the line
+Under those the client's last byte waits for its call's spool line (written, or fsync'd), so the line
 must cost O(what is new in the call), not O(context): at a 150k-token context a whole record's
 line was ~1.8 MB (4 ms to encode, ~5 ms to fsync). A capture line holds the ``Capture``'s raw
 material instead of the record, with the big byte strings written as deltas against calls of the

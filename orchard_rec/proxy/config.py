@@ -31,12 +31,18 @@ class ProxyConfig(BaseModel):
     connect_timeout: float = Field(10.0, gt=0)
     read_timeout: float = Field(600.0, gt=0)
     """Longest silence allowed between two upstream bytes."""
-    durability: Literal["async", "wal"] = "wal"
-    """``wal`` (default): the client's last byte waits until the record is fsync'd in the spool
-    (kill -9 safe; group commit: one fsync per batch of calls); ``async``: recorded after the
-    response (an explicit opt-out: ``kill -9`` loses the calls still queued)."""
+    durability: Literal["process", "machine", "async"] = "process"
+    """What a recorded call survives (README, "Durability"). ``process`` (default): the client's
+    last byte waits until the call's spool line is written (``write(2)``, no fsync): the proxy's
+    death (``kill -9``, the OOM killer) loses nothing; a background fsync covers every write within
+    ``fsync_interval``, so a machine crash or power loss loses at most that. ``machine``: the last
+    byte waits for the line's fsync (group commit: one per batch of calls): nothing lost to either.
+    ``async``: recorded after the response (``kill -9`` loses the calls still queued). ``wal``, the
+    earlier name of ``machine``, is read as it."""
+    fsync_interval: float = Field(0.1, gt=0, le=60)
+    """``process``: the longest a written spool line waits for the background fsync (seconds)."""
     db_writer: Literal["thread", "process"] = "thread"
-    """Under ``wal``: build and write the records in a thread of this process (default), or in a
+    """Under ``process`` and ``machine``: build and write the records in a thread of this process (default), or in a
     child process (``proxy.dbproc``), whose Python work then never holds this process's GIL against
     the event loop, at the price of its own caches (memory) and of decoding the spool lines it is
     handed (~25 % more CPU per long call). Worth it where the proxy's process is CPU-bound on one
@@ -68,6 +74,14 @@ class ProxyConfig(BaseModel):
     ui: bool = False
     """Mount the read-only trajectory viewer (``orchard_rec.ui``) at ``/ui``; behind the admin key
     when keys are configured."""
+    ui_resend: bool = False
+    """With ``ui``: allow the viewer's "send again" (a recorded call replayed to ``upstream``
+    with ``upstream_key``; the answer is shown, never recorded)."""
+
+    @field_validator("durability", mode="before")
+    @classmethod
+    def _earlier_name(cls, v: object) -> object:
+        return "machine" if v == "wal" else v
 
     fleet: tuple[str, ...] = ()
     """More upstreams beside ``upstream`` (a fleet, ``proxy/fleet.py``): every call goes to one of them."""

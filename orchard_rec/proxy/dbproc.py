@@ -1,4 +1,4 @@
-"""The database writer in a process of its own (``--db-writer process``, under ``wal``).
+"""The database writer in a process of its own (``--db-writer process``, under ``process`` and ``machine``).
 
 Why: building a 150k-token call's record and writing it is ~1-2 ms of Python per call. In the
 proxy's process that work holds the interpreter's lock (GIL) against the event loop (a GIL trace
@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import orjson
+
+from orchard_rec.errors import one_line
 
 __all__ = ["Result", "WriterProcess", "main"]
 
@@ -303,8 +305,8 @@ class _Child:
             if records:
                 self.store.write_batch(records, known_new=first)
         except Exception as exc:
-            log.warning("database write failed (%d calls): %s: %s", len(records), type(exc).__name__, exc)
-            return {"built": len(records), "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            log.warning("database write failed (%d calls): %s", len(records), one_line(exc))
+            return {"built": len(records), "ok": False, "error": one_line(exc)[:500]}
         self.decoder.prune()
         return {"built": len(records), "ok": True, "error": None, "caches": self.caches()}
 

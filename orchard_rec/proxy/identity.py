@@ -16,21 +16,20 @@ import orjson
 
 from orchard_rec import protocol
 from orchard_rec.errors import BadRequest
+from orchard_rec.records import SESSION_ID_RULE, session_id_problem
 
 __all__ = ["SESSION_HEADER", "derive_session", "harness_of", "public_headers", "validate_session_id"]
 
 SESSION_HEADER = "X-Orchard-Session"
-_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}")
 _SECRET_RE = re.compile(r"authorization|api[-_]?key|cookie|token|secret|password|credential", re.I)
 _DROP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding"})
 
 
 def validate_session_id(sid: str) -> str:
-    if not _SESSION_RE.fullmatch(sid):
-        raise BadRequest(
-            f"invalid session id (1-128 characters of A-Z a-z 0-9 . _ : @ = + -, starting alphanumeric; got {len(sid)} characters)",
-            param="session_id",
-        )
+    """``sid`` when it follows ``records.SESSION_ID_RULE``, else a 400 saying why."""
+    problem = session_id_problem(sid)
+    if problem is not None:
+        raise BadRequest(f"invalid session id: {problem} ({SESSION_ID_RULE})", param="session_id")
     return sid
 
 

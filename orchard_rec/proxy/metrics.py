@@ -51,6 +51,34 @@ class _Caches(Collector):
             yield c
 
 
+class _SpoolSync(Collector):
+    """The spool's fsyncs (``Recorder.sync_stats``), read when scraped: ``orchard_spool_fsyncs_total``
+    (counter), ``orchard_spool_unsynced_age_seconds`` (how long the oldest write not yet fsync'd has
+    waited; 0 when none), ``orchard_spool_unsynced_max_age_seconds`` (the longest any write waited
+    for its fsync so far: what a power loss could have taken at worst) and
+    ``orchard_spool_fsync_interval_seconds`` (``process`` durability's bound on both; 0 otherwise)."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._read())
+
+    def _families(self, s: dict[str, float]) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "orchard_spool_fsyncs", "fsyncs of the local spool", value=s.get("fsyncs", 0)
+        )
+        for name, key, doc in (
+            ("unsynced_age_seconds", "unsynced_age_s", "Age of the oldest spool write not yet fsync'd"),
+            ("unsynced_max_age_seconds", "max_unsynced_age_s", "Longest a spool write waited for its fsync"),
+            ("fsync_interval_seconds", "fsync_interval_s", "Bound on a spool write's wait for its fsync"),
+        ):
+            yield GaugeMetricFamily(f"orchard_spool_{name}", doc, value=s.get(key, 0))
+
+
 class Metrics:
     def __init__(
         self,
@@ -60,11 +88,15 @@ class Metrics:
         queued_bytes: Callable[[], float] = lambda: 0,
         paced: Callable[[], float] = lambda: 0,
         caches: Callable[[], dict[str, dict[str, int]]] | None = None,
+        *,
+        spool_sync: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         if caches is not None:
             r.register(_Caches(caches))
+        if spool_sync is not None:
+            r.register(_SpoolSync(spool_sync))
         self.calls = Counter("orchard_calls", "Calls handled", ["dialect", "outcome"], registry=r)
         self.errors = Counter(
             "orchard_errors", "Calls that ended in an error", ["dialect", "kind"], registry=r

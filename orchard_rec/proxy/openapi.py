@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchard_rec.records import SESSION_ID_PATTERN, SESSION_ID_RULE
+
 __all__ = ["openapi_spec"]
 
 _MESSAGE = {"type": "object", "properties": {"role": {"type": "string"}, "content": {}}, "required": ["role"]}
@@ -33,7 +35,7 @@ _SID = {
     "name": "session_id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@=+-]{0,127}$"},
+    "schema": {"type": "string", "pattern": f"^{SESSION_ID_PATTERN}$", "description": SESSION_ID_RULE},
 }
 
 
@@ -81,14 +83,28 @@ def openapi_spec() -> dict[str, Any]:
     outcome = _body(
         {
             "reward": {
-                "oneOf": [{"type": "number"}, {"type": "object", "additionalProperties": {"type": "number"}}]
+                "oneOf": [
+                    {"type": "number"},
+                    {"type": "object", "additionalProperties": {"type": "number"}},
+                    {"type": "null"},
+                ]
             },
-            "status": {"type": "string", "enum": ["completed", "truncated", "aborted", "failed"]},
-            "step_values": {"type": "array", "items": {"type": "number"}},
-            "metadata": {"type": "object"},
+            "status": {
+                "type": ["string", "null"],
+                "enum": ["completed", "truncated", "aborted", "failed", None],
+            },
+            "step_values": {"type": ["array", "null"], "items": {"type": "number"}},
+            "metadata": {
+                "type": ["object", "null"],
+                "description": "keys merge into the stored ones; a null value removes its key",
+            },
             "create": {"type": "boolean"},
         },
         [],
+    )
+    outcome["description"] = (
+        "Fields given merge into the stored outcome; null clears a field. A body that names"
+        " nothing to change is a 400. Numbers must be finite."
     )
     paths: dict[str, Any] = {
         "/healthz": {
@@ -106,7 +122,7 @@ def openapi_spec() -> dict[str, Any]:
                 "parameters": [_SID],
                 "requestBody": outcome,
                 "responses": {
-                    "200": {"description": "recorded"},
+                    "200": {"description": "recorded; the merged outcome in `outcome`"},
                     "400": {"description": "invalid"},
                     "404": {"description": "no such session (and create was not true)"},
                 },

@@ -5,12 +5,20 @@ disconnect or a cancellation, so a call is queued even when its handler is being
 down. A writer thread drains the queue in batches and turns each ``Capture`` into a
 ``CallRecord`` there, so SSE parsing and reassembly never run on the response path.
 
-Durability (``--durability``):
-- ``wal`` (the default, durable): the handler holds the client's last byte until the call
-  is appended to the local spool and fsync'd (``await durable(cap)``). What is appended is a
+Durability (``--durability``, what a call survives; README "Durability" has the table):
+- ``process`` (the default): the handler holds the client's last byte until the call's spool line
+  is written (``write(2)``): the death of the proxy's process loses nothing. A small call's line is
+  written right there on the event loop (``_write_inline``: microseconds, no thread hand-off); a
+  large one (``inline_bytes``), or any while the spool thread has calls queued, by the spool thread
+  as under ``machine``, without the fsync. A background thread (``_sync_run``) fsyncs every write
+  within ``fsync_interval``, so a machine crash loses at most that. The database thread lingers
+  ``db_linger_s`` after a batch's first call so calls handed over one by one are stored in batches.
+- ``machine`` (was ``wal``): the handler holds the client's last byte until the call is appended
+  to the local spool and fsync'd (``await durable(cap)``).
+Under both, what is appended is a
   *capture line* (``capline``): the call's raw material, with what it repeats of its session's
   earlier calls written as references, so the work on the client's wait is O(what is new in
-  the call), not O(context); no record is built there. Group commit: the spool thread takes
+  the call), not O(context); no record is built there. Group commit (``machine``): the spool thread takes
   every call queued while its previous fsync ran and covers them all with one fsync; the
   records are built and written to the database meanwhile (a pipeline: neither the record's
   cost nor the database's latency is on the response path), and acknowledged in the spool,
@@ -56,20 +64,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.errors import env_megabytes
+from orchard_rec.errors import env_megabytes, one_line
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.dbproc import Result, WriterDied, WriterProcess
+from orchard_rec.proxy.dbproc import WriterProcess
+from orchard_rec.proxy.dbthread import STOP as _STOP
+from orchard_rec.proxy.dbthread import DatabaseThread
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
 from orchard_rec.storage.store import Store
 
-__all__ = ["Recorder"]
+__all__ = ["DURABILITIES", "Recorder", "durability_name"]
 
 log = logging.getLogger("orchard_rec.recorder")
-_STOP = object()
 Ack = Callable[[], None]
+
+DURABILITIES = ("process", "machine", "async")
+"""``process`` (the default): the last byte after the call's spool line is written (``write(2)``),
+fsync'd in the background within ``fsync_interval``; ``machine``: after it is fsync'd (group
+commit); ``async``: recorded after the response."""
+_ALIASES = {"wal": "machine"}
+"""Earlier names: ``wal`` was the fsync'd spool, now ``machine``."""
+
+
+def durability_name(name: str) -> str:
+    """The current name of a durability mode (an earlier name mapped to it); ValueError if unknown."""
+    name = _ALIASES.get(name, name)
+    if name not in DURABILITIES:
+        raise ValueError(f"durability must be one of {', '.join(DURABILITIES)}, got {name!r}")
+    return name
 
 
 def _size(item: Capture | CallRecord) -> int:
@@ -84,7 +108,7 @@ def _size(item: Capture | CallRecord) -> int:
     return item.bytes_in + item.bytes_out
 
 
-class Recorder:
+class Recorder(DatabaseThread):
     def __init__(
         self,
         store: Store,
@@ -96,13 +120,15 @@ class Recorder:
         retry_s: float = 1.0,
         linger_s: float | None = None,
         writer: str = "thread",
+        fsync_interval: float = 0.1,
     ) -> None:
-        if durability not in ("async", "wal"):
-            raise ValueError("durability must be async or wal")
+        durability = durability_name(durability)
         if writer not in ("thread", "process"):
             raise ValueError("writer must be thread or process")
-        if durability == "wal" and spool is None:
-            raise ValueError("wal durability needs a spool path")
+        if durability != "async" and spool is None:
+            raise ValueError(f"{durability} durability needs a spool path")
+        if fsync_interval <= 0:
+            raise ValueError("fsync_interval must be > 0")
         self.store = store
         self.batch_size = batch_size
         self.batch_bytes = batch_bytes
@@ -122,11 +148,11 @@ class Recorder:
         42 us of 32, 33 us of 128; 20 ms measured no better than 5 ms end to end). Under wal the
         client waits for the batch, so there it is 0: group commit gathers what queued meanwhile."""
         self.db_delay_s = float(os.environ.get("ORCHARD_WAL_DB_DELAY_S", "0.002") or 0)
-        """wal: how long the database thread waits before building a spooled batch's records when it
-        has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits for
-        the commit): the batch's clients are being answered at that moment, and the records' Python
-        work would take the GIL from the event loop doing it."""
-        self.writer = writer if durability == "wal" else "thread"
+        """machine: how long the database thread waits before building a spooled batch's records when
+        it has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits
+        for the commit): the batch's clients are being answered at that moment, and the records'
+        Python work would take the GIL from the event loop doing it."""
+        self.writer = writer if durability != "async" else "thread"
         """wal: where the spooled batches' records are built and written: ``thread``, this process's
         database thread, or ``process``, a child process (``proxy.dbproc``: that work off this
         process's GIL, so the event loop never waits for it). Replays are this process's always."""
@@ -153,8 +179,7 @@ class Recorder:
         """Bytes submitted (event-loop thread only)."""
         self._bytes_out = 0
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
-        self.fsyncs = 0
-        """Spool appends (one fsync each) so far: calls per fsync shows group commit at work."""
+        self._init_process(fsync_interval)
         self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
         """The writer thread's OS niceness (``ORCHARD_WRITER_NICE``, default 0: the process's own).
         A positive value makes the scheduler run the event loop (and the model server, the harness)
@@ -172,10 +197,12 @@ class Recorder:
         self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
         self.lines = capline.Encoder()
-        """wal: writes each call's capture line (the spool thread's own)."""
+        """process / machine: writes each call's capture line (the spool thread's, or the event loop's
+        for a small call written inline: never both at once)."""
         self._encoding = threading.Lock()
-        """wal: held by the spool thread while it writes lines and appends them; the database thread
-        takes it to make ``lines`` forget its bases (a call whose record cannot be built)."""
+        """process / machine: held while lines are written and appended (and handed on, in their
+        order); the database thread takes it to make ``lines`` forget its bases (a call whose record
+        cannot be built)."""
         self.spooled_bytes = 0
         """Bytes appended to the spool so far (lines and newlines)."""
         self.spooled_calls = 0
@@ -186,6 +213,52 @@ class Recorder:
         self._pace_waiters = 0
         self._pace_event: asyncio.Event | None = None
         self._pace_loop: asyncio.AbstractEventLoop | None = None
+
+    def _init_process(self, fsync_interval: float) -> None:
+        """The settings and state of ``process`` durability."""
+        self.db_linger_s = float(os.environ.get("ORCHARD_DB_LINGER_S", "0.01") or 0)
+        """process: how long the database thread lets calls gather after the first of a batch
+        (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
+        come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
+        call: 88 us in batches of 8, 42 us of 32), and the loop answers the clients meanwhile."""
+        self.fsync_interval = fsync_interval
+        """``process`` durability: the background fsync covers every write at most this long after it
+        (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
+        self.inline_bytes = env_megabytes("ORCHARD_SPOOL_INLINE_MB", 1)
+        """``process`` durability: a call smaller than this (``_size``) has its line written on the
+        event loop (``write(2)`` of a few kB: microseconds, no thread hand-off); a larger one, or any
+        while the spool thread has calls queued (lines keep their order), by the spool thread, which
+        the handler waits for: a multi-MB ``write(2)`` takes milliseconds (4 MB ~1.1 ms, 16 MB ~10 ms
+        on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
+        self.max_sync_late = 0.0
+        """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
+        self._sync_stop = threading.Event()
+        self._sync_thread: threading.Thread | None = None
+
+    @property
+    def fsyncs(self) -> int:
+        """The spool's fsyncs so far (``machine``: one per batch, so calls per fsync shows group commit
+        at work; ``process``: the background fsync's)."""
+        return self.spool.fsyncs if self.spool is not None else 0
+
+    def sync_stats(self) -> dict[str, float]:
+        """The spool's fsync state: ``fsyncs``, ``unsynced_age_s`` (how long the oldest write not yet
+        fsync'd has waited, 0 when none), ``max_unsynced_age_s`` (the longest any write waited for its
+        fsync so far), ``fsync_interval_s`` (``process``: the bound those keep under) and, of the last
+        64 background fsyncs, ``max_sync_lag_s`` (the oldest write's age when one started) and
+        ``slowest_fsync_s`` (the device's part), and ``max_sync_late_s``, the longest the fsync thread
+        was woken late (the machine's scheduler's part)."""
+        sp = self.spool
+        log = sp.sync_log if sp is not None else []
+        return {
+            "fsyncs": sp.fsyncs if sp is not None else 0,
+            "unsynced_age_s": round(sp.unsynced_age, 6) if sp is not None else 0.0,
+            "max_unsynced_age_s": round(sp.max_unsynced_age, 6) if sp is not None else 0.0,
+            "fsync_interval_s": self.fsync_interval if self.durability == "process" else 0.0,
+            "max_sync_lag_s": round(max((lag for lag, _ in log), default=0.0), 6),
+            "slowest_fsync_s": round(max((took for _, took in log), default=0.0), 6),
+            "max_sync_late_s": round(self.max_sync_late, 6),
+        }
 
     @property
     def depth(self) -> int:
@@ -232,7 +305,7 @@ class Recorder:
             enc = getattr(self.store, "encoder", None)
             if enc is not None:
                 out["state"] = enc.stats()
-        if self.durability == "wal":
+        if self.durability != "async":
             out["spool_bases"] = self.lines.stats()
         return out
 
@@ -242,13 +315,25 @@ class Recorder:
 
     def start(self) -> None:
         if self.spool_path is not None:
-            self.spool = Spool(self.spool_path)
+            # process: no zeros kept ahead (they spared each append's fsync a size change; the
+            # background fsync journals it once per interval), so a write only ever extends the file
+            pre = (
+                {"preallocate": 0, "keep_bytes": env_megabytes("ORCHARD_SPOOL_KEEP_MB", 4)}
+                if self.durability == "process"
+                else {}
+            )
+            self.spool = Spool(self.spool_path, **pre)
             self.spool_pending = self.spool.depth > 0
         self._thread = threading.Thread(target=self._run, name="orchard-writer", daemon=True)
         self._thread.start()
-        if self.durability == "wal":
+        if self.durability != "async":
             self._db_thread = threading.Thread(target=self._db_run, name="orchard-db-writer", daemon=True)
             self._db_thread.start()
+        if self.durability == "process":
+            self._sync_thread = threading.Thread(
+                target=self._sync_run, name="orchard-spool-sync", daemon=True
+            )
+            self._sync_thread.start()
 
     def begin(self) -> None:
         """A handler started a call; ``submit`` ends it."""
@@ -264,8 +349,13 @@ class Recorder:
             self.inflight -= 1
 
     async def durable(self, cap: Capture, *, committed: bool = False) -> None:
-        """Submit ``cap`` and return once its record is fsync'd in the spool (wal durability), or
-        with ``committed`` once the database has it (so another replica can read it)."""
+        """Submit ``cap`` and return once its line is in the spool: written (``process``) or fsync'd
+        (``machine``); with ``committed`` once the database has it (so another replica can read it)."""
+        if self.durability == "process" and not committed and self._thread is not None:
+            size = _size(cap)
+            if size < self.inline_bytes and not self._q.unfinished_tasks:  # else behind the spool
+                self._write_inline(cap, size)  # thread's calls, in their order
+                return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -280,6 +370,15 @@ class Recorder:
         self.submit(cap, ack, committed=committed)
         await fut  # not through asyncio.shield: two loop steps fewer on the client's wait; a
         # cancelled handler cancels only this future (``settle`` skips it), never the append
+
+    def _write_inline(self, cap: Capture, size: int) -> None:
+        """``process``: write a small call's line here, on the event loop (what the spool thread would
+        do, without the two thread hand-offs on the client's wait); the database thread takes it on."""
+        snap = capline.snapshot(cap)
+        cap.submitted = True
+        self._bytes_in += size
+        self.inflight -= 1
+        self._spool_batch([snap], [], [], size)
 
     async def admit(self, limit: int, timeout: float) -> bool:
         """Wait while more than ``limit`` bytes are queued (pacing; 0: never). False when the queue
@@ -333,7 +432,15 @@ class Recorder:
         if self._db_thread is not None:
             self._db_thread.join(timeout)
             self._db_thread = None
+        if self._sync_thread is not None:
+            self._sync_stop.set()
+            self._sync_thread.join(timeout)
+            self._sync_thread = None
         if self.spool is not None:
+            try:
+                self.spool.sync()  # what the database has not taken stays, fsync'd
+            except OSError:
+                log.exception("spool %s: the last fsync failed", self.spool.path)
             self.spool.close()
 
     def _release(self, nbytes: int, ncalls: int = 0) -> None:
@@ -348,8 +455,41 @@ class Recorder:
 
     # -- the spool / async writer thread -------------------------------------------------------
 
+    def _sync_run(self) -> None:
+        """``process``: fsync what was written, each write within ``fsync_interval`` of it: the fsync
+        starts a quarter of the interval after the oldest unsynced write (sooner when recent fsyncs were slow,
+        so that one ends in time), covering everything written by then."""
+        sp = self.spool
+        assert sp is not None
+        interval = self.fsync_interval
+        slow = 0.0
+        """The slowest recent fsync (decaying), seconds."""
+        done = 0.0
+        while not self._sync_stop.is_set():
+            since = sp.unsynced_since
+            if since is None:
+                self._sync_stop.wait(interval / 4)
+                continue
+            due = since + min(interval / 4, max(0.0, interval - 2 * slow))
+            wait = due - time.monotonic()
+            if wait > 0:
+                self._sync_stop.wait(wait)
+                continue
+            t = time.monotonic()
+            # how much later than due (or than the last fsync's return) this thread got to run: the
+            # machine's scheduler and the interpreter lock, not the schedule above
+            self.max_sync_late = max(self.max_sync_late, t - max(due, done))
+            try:
+                sp.sync()
+            except Exception as exc:  # EIO, disk full: said, and tried again
+                self.last_error = f"spool fsync failed: {type(exc).__name__}: {exc}"[:500]
+                log.error("%s", self.last_error)
+                self._sync_stop.wait(interval)
+            done = time.monotonic()
+            slow = max(done - t, slow * 0.9)
+
     def _run(self) -> None:
-        wal = self.durability == "wal"
+        wal = self.durability != "async"
         if not wal:  # under wal this thread is on the response path (clients wait for its fsync)
             self._lower_priority()
         if self.spool_pending and not wal:
@@ -453,16 +593,17 @@ class Recorder:
     def _spool_batch(
         self, batch: list[Capture | CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int
     ) -> None:
-        """wal: one append + fsync for the whole batch (group commit), release the clients, hand
-        the batch (``Capture`` snapshots: their records are built there) to the database thread."""
+        """process / machine: one append for the whole batch (``machine``: and its fsync, group
+        commit), release the clients, hand the batch (``Capture`` snapshots: their records are built
+        there) to the database thread, in the spool's order."""
         assert self.spool is not None
-        start = self.spool.end
         end: int | None
         with self._encoding:
+            start = self.spool.end
             lines = [line for line in map(self._line, batch) if line is not None]
             try:
-                end = self.spool.append_lines(lines)  # durable before any client gets its last byte
-                self.fsyncs += 1
+                # on disk (machine) or in the kernel's hands (process) before a client gets its last byte
+                end = self.spool.append_lines(lines, sync=self.durability == "machine")
                 self.spooled_calls += len(lines)
                 self.spooled_bytes += sum(map(len, lines)) + len(lines)
             except Exception as exc:  # disk full, I/O error: keep serving, the database may still take it
@@ -470,14 +611,22 @@ class Recorder:
                 log.error("%s (%d calls go to the database unspooled)", self.last_error, len(batch))
                 self.lines.reset()  # what they were written against may not be on disk
                 end = None
-        for ack in acks:
-            ack()
-        with self._count_lock:
-            self._dbq_calls += len(batch)
-        # a call without a line (set aside) goes to the database from this process, as in-thread
-        self._dbq.put_nowait(
-            (batch, start, end, db_acks, nbytes, lines if len(lines) == len(batch) else None)
-        )
+            for ack in acks:
+                ack()
+            with self._count_lock:
+                self._dbq_calls += len(batch)
+            # a call without a line (set aside) goes to the database from this process, as in-thread
+            self._dbq.put_nowait(
+                (
+                    batch,
+                    start,
+                    end,
+                    db_acks,
+                    nbytes,
+                    lines if len(lines) == len(batch) else None,
+                    time.monotonic(),
+                )
+            )
 
     def _write_async(self, batch: list[CallRecord], acks: list[Ack], nbytes: int) -> None:
         try:
@@ -507,122 +656,6 @@ class Recorder:
             return False
         return True
 
-    # -- the database thread (wal) ---------------------------------------------------------------
-
-    def _db_run(self) -> None:
-        if self.writer == "process":
-            self.proc = WriterProcess(
-                self.store.url, access_log=bool(getattr(self.store, "logs_access", False))
-            )
-            self.proc.start()  # from this thread: the child dies with it (``PR_SET_PDEATHSIG``); if it
-            # cannot start, batches are written in-thread and ``ready`` tries again now and then
-        else:
-            self._lower_priority()
-        try:
-            self._db_loop()
-        finally:
-            if self.proc is not None:
-                self.proc.close()
-
-    def _db_loop(self) -> None:
-        assert self.spool is not None
-        if self.spool_pending:
-            self._replay()
-        # the next replay's time while the spool holds what the database has not taken, checked
-        # between batches too: a steady stream of calls must not put it off
-        due = time.monotonic() + self.retry_s
-        while True:
-            if self.spool_pending and time.monotonic() >= due:
-                self._replay()
-                due = time.monotonic() + self.retry_s
-            timeout = max(0.0, due - time.monotonic()) if self.spool_pending else None
-            if self.proc is not None and not self.proc.is_ready:  # ask it again soon
-                timeout = 0.05 if timeout is None else min(timeout, 0.05)
-            try:
-                item = self._dbq.get(timeout=timeout)
-            except queue.Empty:
-                if self.proc is not None and not self.proc.is_ready:
-                    self.proc.ready()
-                continue
-            if item is _STOP:
-                self._dbq.task_done()
-                break
-            batch, start, end, db_acks, nbytes, lines = item
-            was_pending = self.spool_pending
-            if (
-                self.db_delay_s
-                and self.proc is None
-                and not db_acks
-                and not self._closing
-                and self._dbq.empty()
-            ):
-                # the clients of this batch are being answered on the event loop right now: let it
-                # finish before this thread takes the GIL for the records (sleeping releases it)
-                time.sleep(self.db_delay_s)
-            try:
-                if end is None:  # not in the spool: the database is its only way
-                    records = self._records(batch)
-                    if not self._store(records, first=True):
-                        self._retry_in_memory(records)
-                elif end <= self.spool.acked or self.spool_pending:
-                    pass  # stored by a replay already, or the next replay carries it from the spool
-                else:
-                    built, ok = self._build_and_store(batch, lines, first=start >= self.spool.acked)
-                    if built < len(batch):
-                        # a call whose record cannot be built: its line may be a base of later lines,
-                        # so the spool keeps it (a replay sets it aside, decoding those against it),
-                        # and no line written from now on uses it as a base
-                        with self._encoding:
-                            self.lines.reset()
-                        self.spool_pending = True
-                    elif ok:
-                        self.spool.ack(end)
-                    else:
-                        self.spool_pending = True  # the spool keeps it, and everything after it
-            except Exception as exc:  # e.g. ``ack`` failed: the spool keeps the batch, a replay stores it
-                self.last_error = f"database thread: {type(exc).__name__}: {exc}"[:500]
-                log.exception("database thread: a batch of %d calls failed", len(batch))
-                self.spool_pending = self.spool_pending or end is not None
-            finally:
-                for ack in db_acks:
-                    ack()
-                self._release(nbytes, len(batch))
-                self._dbq.task_done()
-            if self.spool_pending and not was_pending:
-                due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
-        if self.spool_pending:
-            self._replay()
-
-    def _build_and_store(
-        self, batch: list[Capture | CallRecord], lines: list[bytes] | None, *, first: bool
-    ) -> tuple[int, bool]:
-        """wal: build and store a spooled batch's records, in the writer process when it is ready
-        (from the batch's spool lines) or here: ``(records built, the database took them)``."""
-        if self.proc is None or not lines or not self.proc.ready():
-            records = self._records(batch)
-            return len(records), self._store(records, first=first)
-        try:
-            got = self.proc.write(lines, first=first)
-        except WriterDied as exc:
-            got = Result(len(lines), False, str(exc))
-        if got.ok:
-            self.written += got.built
-            self.last_error = None
-        else:
-            self.write_errors += 1
-            self.last_error = (got.error or "the database writer process failed")[:500]
-            log.warning("database write failed (%d calls), spooling: %s", len(lines), self.last_error)
-        return got.built, got.ok
-
-    def _records(self, batch: list[Capture | CallRecord]) -> list[CallRecord]:
-        out: list[CallRecord] = []
-        for it in batch:
-            try:
-                out.append(it.to_record(self.ids) if isinstance(it, Capture) else it)
-            except Exception:  # a record we cannot build must not take the writer down
-                log.exception("could not build record for call %s", it.call_id)
-        return out
-
     # -- shared ------------------------------------------------------------------------------------
 
     def _store(self, batch: list[CallRecord], *, first: bool = False) -> bool:
@@ -637,7 +670,7 @@ class Recorder:
             self.store.write_batch(batch, known_new=first)
         except Exception as exc:  # keep serving; the spool or a retry carries the records
             self.write_errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.last_error = one_line(exc)[:500]
             log.warning("database write failed (%d calls), spooling: %s", len(batch), self.last_error)
             return False
         self.written += len(batch)

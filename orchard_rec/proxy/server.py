@@ -184,6 +184,8 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
             "on" if cfg.api_keys else "off",
         )
         log.info("ready: OPENAI_BASE_URL=http://%s:%d/s/<session>/v1  (Ctrl-C stops)", host, bound)
+        if cfg.ui:
+            log.info("viewer: http://%s:%d/ui/", host, bound)
 
     def on_stop() -> None:
         log.info(
@@ -194,7 +196,19 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
         )
 
     run_forever(app, host, port, ready=ready, shutdown_timeout=shutdown_timeout, on_stop=on_stop)
-    log.info("stopped after %.0fs: %d call(s) recorded", time.monotonic() - started, recorder.written)
+    waiting = recorder.spool_depth
+    if waiting and recorder.spool is not None:
+        log.warning(
+            "stopped after %.0fs: %d call(s) recorded, %d waiting in the spool %s (the database did not"
+            " take them%s; the next serve on this database replays them)",
+            time.monotonic() - started,
+            recorder.written,
+            waiting,
+            recorder.spool.path,
+            f": {recorder.last_error}" if recorder.last_error else "",
+        )
+    else:
+        log.info("stopped after %.0fs: %d call(s) recorded", time.monotonic() - started, recorder.written)
 
 
 def _safe_db(url: str) -> str:

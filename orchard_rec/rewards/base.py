@@ -28,6 +28,9 @@ class RewardResult:
 
 
 class RuleSet(Protocol):
+    """A rule set may also name ``gold_fields``: the outcome metadata keys its grader writes.
+    ``orchard-rec reward`` then skips (with a warning) a session that has none of them."""
+
     name: str
 
     def score(self, steps: Sequence[Step], gold: Mapping[str, Any], n_turns: int) -> RewardResult:

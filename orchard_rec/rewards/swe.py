@@ -233,6 +233,9 @@ class SweProcessReward:
     """``process_shaped``: weights overridable (``SweProcessReward(weights={"f2p": 0.6})``)."""
 
     name = "swe"
+    gold_fields = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "resolved", "f2p_rate", "p2p_rate")
+    """The outcome metadata a grader writes; a session with none of them is not scored (its
+    reward would be made up from the trajectory alone)."""
 
     def __init__(self, weights: Mapping[str, float] | None = None, scale: float = SCALE) -> None:
         unknown = set(weights or ()) - set(SWE_WEIGHTS)

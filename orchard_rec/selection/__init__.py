@@ -6,7 +6,16 @@ and ``metadata`` (``reconstruct.Sample`` qualifies). May import: the standard li
 ``orchard_rec.reconstruct`` (for ``numeric_reward``); never proxy, storage or exporters.
 """
 
-from orchard_rec.selection.bar import Attempt, bar_select, rank_key
+from orchard_rec.selection.bar import Attempt, BarSpec, bar_select, parse_bar, rank_key
 from orchard_rec.selection.filters import FILTERS, FilterChain, GroupFilter
 
-__all__ = ["FILTERS", "Attempt", "FilterChain", "GroupFilter", "bar_select", "rank_key"]
+__all__ = [
+    "FILTERS",
+    "Attempt",
+    "BarSpec",
+    "FilterChain",
+    "GroupFilter",
+    "bar_select",
+    "parse_bar",
+    "rank_key",
+]

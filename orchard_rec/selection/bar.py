@@ -33,7 +33,27 @@ from typing import Any, Protocol, TypeVar
 
 from orchard_rec.reconstruct.sample import numeric_reward
 
-__all__ = ["Attempt", "bar_select", "rank_key"]
+__all__ = ["Attempt", "BarSpec", "bar_select", "parse_bar", "rank_key"]
+
+BarSpec = tuple[int, float, float] | tuple[int, float, float, int]
+"""``(N, LO, HI)`` or ``(N, LO, HI, STRIDE)``: what ``--select bar:N:LO:HI[:STRIDE]`` says."""
+
+
+def parse_bar(text: str) -> BarSpec:
+    """``bar:N:LO:HI[:STRIDE]`` as ``export --select`` and the viewer's group page take it.
+
+    Raises ValueError with a message that says what is accepted."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) not in (4, 5) or parts[0] != "bar":
+            raise ValueError
+        n, lo, hi = int(parts[1]), float(parts[2]), float(parts[3])
+        stride = int(parts[4]) if len(parts) == 5 else None
+    except ValueError:
+        raise ValueError(f"select takes bar:N:LO:HI[:STRIDE], e.g. bar:8:0.25:0.75 (got {text!r})") from None
+    if n < 1 or not 0.0 <= lo <= hi <= 1.0 or (stride is not None and stride < 1):  # also nan
+        raise ValueError("select bar:N:LO:HI[:STRIDE] needs N >= 1, 0 <= LO <= HI <= 1 and STRIDE >= 1")
+    return (n, lo, hi) if stride is None else (n, lo, hi, stride)
 
 
 class Attempt(Protocol):

@@ -1,8 +1,12 @@
-"""The local spool: an append-only log of calls, fsync'd per batch.
+"""The local spool: an append-only log of calls, fsync'd per batch or in the background.
 
 It holds what the database has not (yet) acknowledged: in ``async`` durability, the
-batches a failed write could not store (record lines); in ``wal`` durability (the default),
-every batch, written before any of its clients gets its last byte (capture lines, below).
+batches a failed write could not store (record lines); in ``process`` (the default) and
+``machine`` durability, every batch, written before any of its clients gets its last byte
+(capture lines, below): ``machine`` fsyncs each append (``append_lines``), ``process`` only
+writes it (``sync=False``: it survives the process's death, the kernel has it) and a background
+thread calls ``sync`` (``unsynced_since`` / ``unsynced_age``: how long the oldest write not yet
+on disk has waited; ``max_unsynced_age``: the longest any did).
 Records are replayed with ``Store.write_batch``, which is idempotent by call id, so a replay
 that is interrupted and repeated stores each call exactly once. One process owns a spool (an exclusive ``flock``
 on its file); the files survive ``kill -9`` and are replayed at the next start.
@@ -52,6 +56,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,7 +250,12 @@ def _sync(fd: int) -> None:
 
 class Spool:
     def __init__(
-        self, path: Path, *, segment_bytes: int = 64 * 1024 * 1024, preallocate: int = 1 << 20
+        self,
+        path: Path,
+        *,
+        segment_bytes: int = 64 * 1024 * 1024,
+        preallocate: int = 1 << 20,
+        keep_bytes: int = 0,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,6 +264,12 @@ class Spool:
         self.preallocate = preallocate
         """Bytes of zeros kept ahead of the last line of the segment being written (0: plain
         appends, each growing the file)."""
+        self.keep_bytes = keep_bytes
+        """With no zeros ahead: a single segment of at most this many bytes is not cut when everything
+        in it is acknowledged; appends go on after its lines, and it is cut once it holds more (a
+        truncation per call cost the database thread a journaled ``ftruncate``, and held the file's
+        lock against the event loop's next ``write``). A crash then replays those acknowledged lines,
+        which the idempotent write skips, as it does after a truncation a crash lost."""
         self._lock = threading.Lock()
         lock_f = _open(self.path)  # held for the spool's lifetime
         try:
@@ -285,6 +301,24 @@ class Spool:
         """Every record below this index is in the database."""
         self._aside: set[int] = set()
         """Indexes of the lines moved aside by this process (a replay pass meets them again)."""
+        self.synced = self.end
+        """Every record below this index has been fsync'd (what a power loss cannot take)."""
+        self.fsyncs = 0
+        """``fdatasync`` calls of appends and of ``sync`` so far."""
+        self.unsynced_since: float | None = None
+        """``time.monotonic()`` of the oldest append no fsync has started to cover (None: none)."""
+        self._syncing_since: float | None = None
+        """``unsynced_since`` as the running ``sync`` took it over (None: none runs): its appends
+        are not on disk before that fsync returns."""
+        self.sync_log: list[tuple[float, float]] = []
+        """The last 64 fsyncs of ``sync``: ``(how long its oldest write had waited when it started,
+        how long it took)``, seconds: what the caller's schedule controls, and what the device adds."""
+        self.max_unsynced_age = 0.0
+        """The longest an append has waited for the fsync that covered it so far (seconds)."""
+        self._dirty: list[_Segment] = []
+        """Segments written since their last fsync."""
+        self._dir_dirty = False
+        """A segment was created since the folder's last fsync (its name must survive a crash)."""
 
     def _scan(self, seg: _Segment) -> None:
         """Count a segment's complete lines, up to its zeros (if any); a torn tail (a crash
@@ -314,15 +348,17 @@ class Spool:
         the index one past the last of them (what ``ack`` takes once the database has them)."""
         return self.append_lines([record_to_json(r) for r in records])
 
-    def append_lines(self, lines: Sequence[bytes]) -> int:
+    def append_lines(self, lines: Sequence[bytes], *, sync: bool = True) -> int:
         """``append`` of lines encoded already (each one JSON object, no newline). When it raises,
-        nothing of them stays in the spool."""
+        nothing of them stays in the spool. ``sync=False``: written (``pwrite``) but not fsync'd:
+        they survive the death of this process (the kernel has them), not a machine crash, until
+        ``sync`` covers them (``unsynced_since`` says since when they wait)."""
         if not lines:
             return self.end
         data = b"\n".join(lines) + b"\n"
         with self._lock:
             seg = self._segments[-1]
-            if self.acked == self.end and (seg.size or len(self._segments) > 1):
+            if self.acked == self.end and (seg.size > self._keep(seg) or len(self._segments) > 1):
                 self._truncate_all()
                 seg = self._segments[-1]
             elif seg.size > self.segment_bytes:
@@ -337,7 +373,12 @@ class Spool:
                 if self.preallocate and pos + n > seg.room:
                     _pwrite_all(fd, bytes(self.preallocate), pos + n)
                     seg.room = pos + n + self.preallocate
-                _sync(fd)
+                if sync:
+                    self._sync_dir()
+                    for other in self._open_dirty():
+                        if other is not seg:
+                            _sync(other.f.fileno())
+                    _sync(fd)
             except BaseException:
                 self._cut(seg, pos)
                 raise
@@ -346,7 +387,78 @@ class Spool:
             seg.count += len(lines)
             seg.size = pos + n
             self.end += len(lines)
+            if sync:
+                self.fsyncs += 1
+                self._synced_upto(self.end, time.monotonic())
+            else:
+                if self.unsynced_since is None:
+                    self.unsynced_since = time.monotonic()
+                if seg not in self._dirty:
+                    self._dirty.append(seg)
             return self.end
+
+    def _synced_upto(self, end: int, now: float) -> None:
+        """Everything below ``end`` is fsync'd (the lock held); so is all written, when ``end`` is ``self.end``."""
+        self.synced = max(self.synced, end)
+        if self.unsynced_since is not None and end == self.end:
+            self.max_unsynced_age = max(self.max_unsynced_age, now - self.unsynced_since)
+            self.unsynced_since = None
+            self._dirty.clear()
+
+    def _open_dirty(self) -> list[_Segment]:
+        """The dirty segments still open (an acknowledged one may have been closed since)."""
+        return [d for d in self._dirty if any(d is x for x in self._segments)]
+
+    @property
+    def unsynced_age(self) -> float:
+        """Seconds the oldest append not yet fsync'd has waited (0: everything is)."""
+        since = self._syncing_since
+        if since is None:
+            since = self.unsynced_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def sync(self) -> bool:
+        """fsync whatever ``append_lines(sync=False)`` wrote so far (the background fsync); appends
+        go on meanwhile (the lock is not held during the flush). False when there was nothing to do."""
+        with self._lock:
+            since = self.unsynced_since
+            if since is None and not self._dir_dirty:
+                return False
+            end = self.end
+            fds = [os.dup(seg.f.fileno()) for seg in self._open_dirty()]  # valid if it is closed meanwhile
+            self._dirty = []
+            self._syncing_since, self.unsynced_since = since, None
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        t = time.monotonic()
+        try:
+            if dir_dirty:
+                self._fsync_dir()
+            for fd in fds:
+                _sync(fd)
+        except BaseException:
+            with self._lock:  # not covered: the next sync tries again
+                self._syncing_since = None
+                self._dir_dirty = self._dir_dirty or dir_dirty
+                if since is not None:
+                    self.unsynced_since = min(since, self.unsynced_since or since)
+                    self._dirty = list(self._segments)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        now = time.monotonic()
+        with self._lock:
+            self._syncing_since = None
+            self.sync_log = [*self.sync_log[-63:], (0.0 if since is None else t - since, now - t)]
+            self.fsyncs += 1
+            self.synced = max(self.synced, end)
+            if since is not None:
+                self.max_unsynced_age = max(self.max_unsynced_age, now - since)
+        return True
+
+    def _keep(self, seg: _Segment) -> int:
+        """Bytes of acknowledged lines ``seg`` may keep rather than be cut (``keep_bytes``)."""
+        return self.keep_bytes if seg.room <= seg.size else 0
 
     def _cut(self, seg: _Segment, pos: int) -> None:
         """After an append at ``pos`` failed: the file ends at ``pos`` again (the append may have
@@ -366,12 +478,20 @@ class Spool:
         p = self.path.with_name(f"{self.path.name}.{n}")
         seg = _Segment(p, _open(p), self.end)
         self._segments.append(seg)
+        self._dir_dirty = True  # the new file's name must survive a crash along with its records
+        return seg
+
+    def _sync_dir(self) -> None:
+        if self._dir_dirty:
+            self._fsync_dir()
+            self._dir_dirty = False
+
+    def _fsync_dir(self) -> None:
         dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:  # the new file's name must survive a crash along with its records
+        try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        return seg
 
     def _truncate_all(self) -> None:
         """Everything is acknowledged: drop the lines. A single segment with zeros ahead keeps its
@@ -395,7 +515,8 @@ class Spool:
                 return
             self.acked = min(upto, self.end)
             if self.acked == self.end:
-                self._truncate_all()
+                if len(self._segments) > 1 or self._segments[0].size > self._keep(self._segments[0]):
+                    self._truncate_all()
                 return
             for seg in list(self._segments[:-1]):  # closed segments wholly acknowledged go
                 if seg.count == 0 or seg.start + seg.count > self.acked:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -39,10 +39,20 @@ from sqlalchemy.orm import sessionmaker
 
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
-from orchard_rec.records import SESSION_STATUSES, CallOutcome, CallRecord, Dialect, Outcome
-from orchard_rec.storage import layout
+from orchard_rec.records import (
+    SESSION_ID_RULE,
+    CallOutcome,
+    CallRecord,
+    Dialect,
+    Outcome,
+    session_id_problem,
+)
+from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Blob, Call, Image, Session
+from orchard_rec.storage.outcome import InvalidOutcome, OutcomeChange, sanitize
+from orchard_rec.storage.outcome import check as check_outcome
+from orchard_rec.storage.outcome import merge as merge_outcome
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
 
@@ -99,13 +109,8 @@ def _summary(s: Any, prefix: str = "") -> SessionSummary:
 
     outcome = None
     if get("outcome_at") is not None:
-        steps = get("step_values")
-        outcome = Outcome(
-            reward=get("reward"),
-            status=get("status"),
-            step_values=None if steps is None else tuple(float(v) for v in steps),
-            metadata=get("outcome_metadata") or {},
-        )
+        reward, steps, meta = sanitize(get("id"), get("reward"), get("step_values"), get("outcome_metadata"))
+        outcome = Outcome(reward=reward, status=get("status"), step_values=steps, metadata=meta)
     return SessionSummary(
         get("id"),
         get("call_count"),
@@ -147,6 +152,7 @@ class Store:
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
+        self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
         self.encoder = Encoder(env_megabytes("ORCHARD_STATE_CACHE_MB", 1024))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
@@ -164,6 +170,12 @@ class Store:
         from orchard_rec.storage.migrate import upgrade
 
         upgrade(self.url, engine=self.engine)
+        self._search = None
+
+    def _searchable(self, db: Any) -> bool:
+        if self._search is None:
+            self._search = search.available(db.connection(), self.dialect)
+        return self._search
 
     def close(self) -> None:
         self.engine.dispose()
@@ -197,7 +209,10 @@ class Store:
             order: list[CallRecord] = []
             for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
                 group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
-                last = self._bump_session(db, sid, len(group), now, group[0].harness)
+                # the harness is named by a generation call: a probe first (``curl .../v1/models``)
+                # must not label a Codex session ``curl``
+                harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
+                last = self._bump_session(db, sid, len(group), now, harness)
                 for i, r in enumerate(group):
                     seqs[r.call_id] = last - len(group) + 1 + i
                 cached = self.encoder.state(sid)
@@ -215,11 +230,14 @@ class Store:
             blobs: list[tuple[Any, ...]] = []
             images: dict[str, ImageRef] = {}
             parts = self.encoder.parts
+            docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
             for r in order:
                 sid = r.session_id or ""
                 st = states.setdefault(sid, SessionState())
                 fields, new = self.encoder.encode(r, st)
                 rows.append(_row(r, seqs.get(r.call_id), fields))
+                if docs is not None:
+                    docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
                 if not new:
                     continue
                 if parts:
@@ -233,6 +251,8 @@ class Store:
             if blobs:
                 self._insert_blobs(db, blobs)
             self._insert_calls(db, rows)
+            if docs:
+                search.index_calls(db.connection(), self.dialect, docs)
         self.encoder.commit(states)
         return len(fresh)
 
@@ -400,23 +420,43 @@ class Store:
     # -- reads -----------------------------------------------------------------------------
 
     def set_outcome(self, session_id: str, outcome: Outcome) -> None:
-        """Attach (or replace) a session's outcome; the session row is created if no call came yet."""
-        if outcome.status is not None and outcome.status not in SESSION_STATUSES:
-            raise ValueError(f"status must be one of {', '.join(SESSION_STATUSES)}, got {outcome.status!r}")
+        """Attach (or replace) a session's whole outcome; the session row is created if no call
+        came yet. ``update_outcome`` merges instead (what the CLI and HTTP use)."""
+        check_outcome(outcome)
+        self._outcome_txn(session_id, lambda _stored: outcome)
+
+    def update_outcome(self, session_id: str, change: OutcomeChange) -> Outcome:
+        """Merge ``change`` into the stored outcome in one transaction (``storage.outcome`` has
+        the rules); the merged outcome is returned."""
+        merged: list[Outcome] = []
+
+        def apply(stored: Outcome | None) -> Outcome:
+            merged[:] = [merge_outcome(stored, change)]
+            return merged[0]
+
+        self._outcome_txn(session_id, apply)
+        return merged[0]
+
+    def _outcome_txn(self, session_id: str, apply: Callable[[Outcome | None], Outcome]) -> None:
         from sqlalchemy.exc import IntegrityError
 
-        try:
-            self._set_outcome(session_id, outcome)
-        except IntegrityError:  # the writer created the session row meanwhile (its first call)
-            self._set_outcome(session_id, outcome)
+        problem = session_id_problem(session_id)  # the one rule, on SQLite as on PostgreSQL
+        if problem is not None:
+            raise InvalidOutcome(f"invalid session id: {problem} ({SESSION_ID_RULE})", param="session_id")
 
-    def _set_outcome(self, session_id: str, outcome: Outcome) -> None:
+        try:
+            self._set_outcome(session_id, apply)
+        except IntegrityError:  # the writer created the session row meanwhile (its first call)
+            self._set_outcome(session_id, apply)
+
+    def _set_outcome(self, session_id: str, apply: Callable[[Outcome | None], Outcome]) -> None:
         now = datetime.now(UTC)
         with self._sessions.begin() as db:
             s = db.get(Session, session_id, with_for_update=self.dialect == "postgresql")
             if s is None:
                 s = Session(id=session_id, created_at=now, updated_at=now, call_count=0)
                 db.add(s)
+            outcome = apply(_summary(s).outcome)
             s.reward = dict(outcome.reward) if isinstance(outcome.reward, dict) else outcome.reward
             s.status = outcome.status
             s.step_values = None if outcome.step_values is None else list(outcome.step_values)
@@ -712,6 +752,7 @@ _LIGHT_COLUMNS = (
     "completion_logprobs",
     "finish_reason",
     "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
+    "usage",  # small: a call's size when no ids were recorded (passthrough)
 )
 
 
@@ -739,6 +780,7 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
         finish_reason=c.finish_reason,
         seq=c.seq,
         metadata=c.metadata or {},
+        usage=c.usage,
     )
 
 

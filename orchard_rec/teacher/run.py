@@ -67,6 +67,8 @@ def in_shard(sample_key: str, shard: tuple[int, int] | None) -> bool:
 @dataclass
 class TeacherConfig:
     url: str
+    """The server's root; a trailing ``/v1`` (the form ``serve --upstream`` takes) is dropped,
+    since the routes (``/v1/completions``, ``/generate``) are added to the root."""
     kind: str = "vllm"
     top_k: int = 0
     max_len: int | None = None
@@ -82,6 +84,9 @@ class TeacherConfig:
     response is mapped by text (``teacher.align``) and unaligned positions are invalid."""
     name: str | None = None
     """The teacher's recorded name/version (default: the model name the server reports)."""
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/").removesuffix("/v1")
 
 
 class TeacherSink(Protocol):
@@ -209,7 +214,8 @@ async def score_all(
                     summary.failed += 1
                     if len(summary.errors) < 20:
                         summary.errors.append(f"{ref.session_id}/{ref.sample_key}: {exc}")
-                    log.warning("teacher failed on %s/%s: %s", ref.session_id, ref.sample_key, exc)
+                    # the summary carries the first errors; the caller reports them once
+                    log.debug("teacher failed on %s/%s: %s", ref.session_id, ref.sample_key, exc)
                 else:
                     summary.scored += 1
                 summary.tokens += ref.response_length

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,18 +22,26 @@ import jinja2
 import orjson
 from aiohttp import web
 
+from orchard_rec.errors import OrchardError
+from orchard_rec.records import CallRecord
 from orchard_rec.storage.store import Store
+from orchard_rec.ui.calls import Resend, resend
+from orchard_rec.ui.compare import compare_calls
+from orchard_rec.ui.curate import EXPORT_FORMATS, AnnotationError, annotate, export_file
+from orchard_rec.ui.dash import DashQuery, dashboard
 from orchard_rec.ui.data import (
     STATUSES,
     SessionFilter,
     SessionView,
     UIError,
     call_detail,
-    compare_calls,
+    harness_names,
     list_sessions,
+    model_names,
     session_view,
     sessions_stats,
 )
+from orchard_rec.ui.groups import FILTERS, GroupError, attempt_diff, group_list, group_view, parse_select
 from orchard_rec.ui.thumbs import thumbnails
 
 __all__ = ["UI_STORE", "build_ui_app", "render_session_html"]
@@ -191,6 +200,9 @@ async def session_page(request: web.Request) -> web.Response:
     ctx = _session_context(view, st["base"], standalone=False)
     ctx["on_mismatch"] = request.query.get("on_mismatch", st["on_mismatch"])
     ctx["poll_ms"] = st["poll_ms"]
+    ctx["resend"] = st["resend"] is not None
+    ctx["annotate"] = st["writer"] is not None
+    ctx["statuses"] = STATUSES[:-1]
     return _html(ENV.get_template("session.html").render(ctx))
 
 
@@ -253,19 +265,36 @@ async def api_session(request: web.Request) -> web.Response:
     return _json(view.data())
 
 
-def _one_call(store: Store, sid: str, seq: int) -> dict[str, Any]:
+def _find_call(store: Store, sid: str, seq: int) -> CallRecord:
     for c in store.calls(sid):
         if c.seq == seq:
-            return call_detail(c)
+            return c
     if store.session(sid) is None:
         raise UIError(f"no session {sid!r}", 404)
     raise UIError(f"session {sid!r} has no call {seq}", 404)
 
 
+def _url_base(request: web.Request) -> str:
+    """Where a copied curl points: the proxy itself when the viewer is mounted in it."""
+    return f"{request.scheme}://{request.host}" if _settings(request)["base"] else "$ORCHARD_URL"
+
+
 async def api_call(request: web.Request) -> web.Response:
-    return _json(
-        await _run(request, _one_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
-    )
+    c = await _run(request, _find_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    return _json(call_detail(c, _url_base(request)))
+
+
+async def api_resend(request: web.Request) -> web.Response:
+    """Send a recorded call again (opt-in); the new answer beside the recorded one. Never recorded."""
+    target = _settings(request)["resend"]
+    if target is None:
+        raise UIError(
+            "send again is off: start the viewer with --resend-to URL (or serve --ui --ui-resend)", 403
+        )
+    if request.headers.get("x-orchard-resend") != "1":  # a form on another site cannot set it
+        raise UIError("send again needs the X-Orchard-Resend: 1 header", 400)
+    c = await _run(request, _find_call, request.app[UI_STORE], request.match_info["sid"], _seq(request))
+    return _json(await resend(c, target))
 
 
 async def api_samples(request: web.Request) -> web.Response:
@@ -295,6 +324,152 @@ async def session_stats(request: web.Request) -> web.Response:
         return {"calls": s.call_count, "updated": s.updated_at, "outcome": s.outcome is not None}
 
     return _json(await _run(request, read, request.app[UI_STORE], request.match_info["sid"]))
+
+
+def _group_args(request: web.Request) -> dict[str, Any]:
+    q = request.query
+    seed_text = (q.get("seed") or "").strip()
+    try:
+        seed = int(seed_text) if seed_text else None
+    except ValueError:
+        raise UIError(f"seed must be an integer, got {seed_text!r}") from None
+    try:
+        bar = parse_select(q.get("select") or "")
+    except GroupError as exc:
+        raise UIError(str(exc)) from None
+    return {"select_": bar, "filters": [f for f in q.getall("filter", []) if f], "seed": seed}
+
+
+def _read_group(store: Store, key: str, value: str, args: dict[str, Any], pair: tuple[str, str]) -> Any:
+    try:
+        g = group_view(store, key, value, **args)
+    except GroupError as exc:
+        raise UIError(str(exc)) from None
+    if not g.attempts:
+        raise UIError(f"no session has {key} = {value!r} in its outcome metadata", 404)
+    a, b = pair
+    ids = [r.id for r in g.attempts]
+    if not a or a not in ids:  # default: the first attempt, and the first one scored differently
+        a = ids[0]
+    if not b or b not in ids or b == a:
+        ra = next(r.value for r in g.attempts if r.id == a)
+        b = next((r.id for r in g.attempts if r.value != ra), next((i for i in ids if i != a), ""))
+    diff = attempt_diff(store, a, b) if b else None
+    return g, a, b, diff
+
+
+async def groups_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    key = (request.query.get("key") or "task").strip()
+    groups = await _run(request, group_list, request.app[UI_STORE], key)
+    if request.path.endswith("/api/groups"):
+        return _json({"key": key, "groups": groups})
+    ctx = {"base": st["base"], "key": key, "groups": groups, "standalone": False}
+    return _html(ENV.get_template("groups.html").render(ctx))
+
+
+async def group_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    key, value = request.match_info["key"], request.match_info["value"]
+    args = _group_args(request)
+    pair = (request.query.get("a", ""), request.query.get("b", ""))
+    g, a, b, diff = await _run(request, _read_group, request.app[UI_STORE], key, value, args, pair)
+    if _is_api(request):
+        return _json({**g.to_json(), "pair": diff and {"a": a, "b": b, "diverge": diff["diverge"]}})
+
+    def qs(**changes: str) -> str:
+        items = [(k, v) for k, v in request.query.items() if k not in changes]
+        return urlencode(items + [(k, v) for k, v in changes.items() if v])
+
+    ctx = {
+        "base": st["base"],
+        "g": g,
+        "a": a,
+        "b": b,
+        "diff": diff,
+        "qs": qs,
+        "select_text": request.query.get("select", ""),
+        "seed": args["seed"],
+        "filter_names": list(FILTERS),
+        "standalone": False,
+    }
+    return _html(ENV.get_template("group.html").render(ctx))
+
+
+async def dash_page(request: web.Request) -> web.Response:
+    st = _settings(request)
+    f = SessionFilter.from_query(request.query)  # the same date and name parsing as the list
+    q = DashQuery(since=f.since, until=f.until, harness=f.harness, model=f.model)
+    store = request.app[UI_STORE]
+    d = await _run(request, dashboard, store, q)
+    if _is_api(request):
+        return _json(d)
+    names = await _run(request, lambda: (harness_names(store), model_names(store)))
+    ctx = {"base": st["base"], "d": d, "q": q, "harnesses": names[0], "models": names[1], "standalone": False}
+    return _html(ENV.get_template("dash.html").render(ctx))
+
+
+async def api_annotate(request: web.Request) -> web.Response:
+    """Set a session's reward, status, label or note (JSON: only the fields to change)."""
+    writer = _settings(request)["writer"]
+    if writer is None:
+        raise UIError(
+            "annotations are off: start the viewer with orchard-rec ui --annotate (serve --ui has them)", 403
+        )
+    if request.content_type != "application/json":  # a cross-site form cannot send JSON unasked
+        raise UIError("annotations are sent as application/json", 415)
+    try:
+        fields = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise UIError(f"the annotation is not valid JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise UIError("the annotation is a JSON object of reward, status, label, note")
+    sid = request.match_info["sid"]
+    try:
+        outcome = await _run(request, annotate, writer, sid, fields)
+    except AnnotationError as exc:
+        raise UIError(str(exc)) from None
+    except LookupError as exc:
+        raise UIError(str(exc), 404) from None
+    return _json(
+        {
+            "session_id": sid,
+            "reward": outcome.reward,
+            "status": outcome.status,
+            "metadata": dict(outcome.metadata),
+        }
+    )
+
+
+async def api_export(request: web.Request) -> web.StreamResponse:
+    """The export of the chosen sessions (``format=jsonl|parquet&session=ID&session=ID...``, in the
+    query or a POSTed form: a long selection outgrows a URL) as a download."""
+    q = await request.post() if request.method == "POST" else request.query  # POST: many sessions
+    fmt = str(q.get("format", "jsonl"))
+    ids = [str(s) for s in q.getall("session", []) if s]
+    store = request.app[UI_STORE]
+    try:
+        path = await _run(request, export_file, store.url, fmt, ids)
+    except AnnotationError as exc:
+        raise UIError(str(exc)) from None
+    except OrchardError as exc:
+        raise UIError(str(exc)) from None
+    try:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": EXPORT_FORMATS[fmt],
+                "Content-Disposition": f'attachment; filename="orchard-{len(ids)}-sessions.{fmt}"',
+                "Content-Length": str(path.stat().st_size),
+            }
+        )
+        await resp.prepare(request)
+        with path.open("rb") as fh:
+            while chunk := await asyncio.to_thread(fh.read, 1 << 20):
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 # -- middleware: errors and keys ---------------------------------------------------------------
@@ -365,12 +540,16 @@ def build_ui_app(
     on_mismatch: str = "split",
     credit: str = "assistant",
     poll_ms: int = 2000,
+    resend_to: Resend | None = None,
+    writer: Store | None = None,
 ) -> web.Application:
     """The viewer over ``store`` (opened by the caller, e.g. with ``open_store``; never written).
 
     ``base``: the path it is mounted at (``""`` standalone, ``"/ui"`` inside the proxy), for links.
     ``keys``: when given, every page and API call needs one (header, or ``?key=`` once: a cookie).
     ``locked`` (default: whether keys are given): with no key, nothing is served.
+    ``resend_to``: where "send again" replays a call (off when None, the default).
+    ``writer``: a store open for writing, for annotations only (off when None, the default).
     """
     middlewares: list[Any] = [_ui_errors]
     if keys or locked:
@@ -383,16 +562,28 @@ def build_ui_app(
         "on_mismatch": on_mismatch,
         "credit": credit,
         "poll_ms": poll_ms,
+        "resend": resend_to,
+        "writer": writer,
     }
     r = app.router
     r.add_get("/", sessions_page)
     r.add_get("/s/{sid}", session_page)
     r.add_get("/s/{sid}/compare/{seq}", compare_page)
+    r.add_get("/groups", groups_page)
+    r.add_get("/groups/{key}/{value}", group_page)
+    r.add_get("/api/groups", groups_page)
+    r.add_get("/api/groups/{key}/{value}", group_page)
     r.add_get("/api/sessions", api_sessions)
     r.add_get("/api/stats", api_stats)
     r.add_get("/api/sessions/{sid}", api_session)
     r.add_get("/api/sessions/{sid}/stats", session_stats)
     r.add_get("/api/sessions/{sid}/calls/{seq}", api_call)
+    r.add_post("/api/sessions/{sid}/calls/{seq}/resend", api_resend)
+    r.add_post("/api/sessions/{sid}/outcome", api_annotate)
+    r.add_get("/api/export", api_export)
+    r.add_post("/api/export", api_export)
+    r.add_get("/dash", dash_page)
+    r.add_get("/api/dash", dash_page)
     r.add_get("/api/sessions/{sid}/samples", api_samples)
     r.add_get("/api/sessions/{sid}/compare/{seq}", api_compare)
     r.add_static("/static/", STATIC)

@@ -9,7 +9,6 @@ session's page reads its calls with ``Store.calls`` and its samples with
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import func, inspect, literal_column, select
+from sqlalchemy import String, exists, func, inspect, literal_column, select, text
 from sqlalchemy.engine import make_url
 
 from orchard_rec.errors import OrchardError
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
-from orchard_rec.records import CallRecord
-from orchard_rec.storage.models import Session
+from orchard_rec.records import CallRecord, context_tokens
+from orchard_rec.storage import search
+from orchard_rec.storage.models import Call, Session
 from orchard_rec.storage.store import SessionSummary, Store
 from orchard_rec.ui.chat import conversation, response_turn
 
@@ -35,7 +35,6 @@ __all__ = [
     "UIError",
     "call_detail",
     "chat_of",
-    "compare_calls",
     "list_sessions",
     "open_store",
     "session_view",
@@ -88,6 +87,10 @@ class SessionFilter:
     reward_max: float | None = None
     since: float | None = None
     until: float | None = None
+    model: str = ""
+    errors: bool = False
+    meta: list[str] = field(default_factory=list)
+    """``key=value`` (the outcome metadata's ``key`` is ``value``, or a list holding it) or ``key`` (present)."""
     sort: str = "started"
     order: str = "desc"
     page: int = 1
@@ -134,10 +137,17 @@ class SessionFilter:
         status = q.get("status") or ""
         if status and status not in STATUSES:
             raise UIError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        meta = [m.strip() for m in (q.getall("meta", []) if hasattr(q, "getall") else []) if m.strip()]
+        for m in meta:
+            if not m.partition("=")[0].strip():
+                raise UIError(f"meta takes KEY=VALUE or KEY, got {m!r}")
         return cls(
             q=(q.get("q") or "").strip(),
             harness=(q.get("harness") or "").strip(),
             status=status,
+            model=(q.get("model") or "").strip(),
+            errors=(q.get("errors") or "") in ("1", "on", "true"),
+            meta=meta,
             reward_min=num("reward_min"),
             reward_max=num("reward_max"),
             since=when("since"),
@@ -148,17 +158,21 @@ class SessionFilter:
             per_page=integer("per_page", 50, 1, 500),
         )
 
-    def query(self, **changes: Any) -> dict[str, str]:
+    def query(self, **changes: Any) -> list[tuple[str, str]]:
         """The query string of this filter (with ``changes``), for links; defaults left out."""
         d = {**self.__dict__, **changes}
-        out: dict[str, str] = {}
+        out: list[tuple[str, str]] = []
         for k, v in d.items():
-            if v is None or v == "" or (k, v) in (("sort", "started"), ("order", "desc"), ("page", 1)):
+            if v is None or v == "" or v is False or v == [] or (k, v) in _DEFAULTS:
                 continue
-            if (k, v) == ("per_page", 50):
-                continue
-            out[k] = str(v)
+            if k == "meta":
+                out += [("meta", m) for m in v]
+            else:
+                out.append((k, "1" if v is True else str(v)))
         return out
+
+
+_DEFAULTS = (("sort", "started"), ("order", "desc"), ("page", 1), ("per_page", 50))
 
 
 def _reward_expr(dialect: str) -> Any:
@@ -187,12 +201,55 @@ def _epoch(dt: datetime | None) -> float | None:
     return dt.timestamp()
 
 
-def _where(f: SessionFilter, dialect: str) -> list[Any]:
+def _meta_cond(m: str, i: int, dialect: str) -> Any:
+    """The outcome metadata's ``key`` equals ``value`` (as text), or is a list holding it; or,
+    without ``=value``, is present."""
+    key, eq, value = m.partition("=")
+    key, value = key.strip(), value.strip()
+    k, v = f"mk{i}", f"mv{i}"
+    if dialect == "postgresql":
+        node = f"(sessions.outcome_metadata -> CAST(:{k} AS text))"
+        if not eq:
+            return text(f"{node} IS NOT NULL").bindparams(**{k: key})
+        sql = (
+            f"CASE WHEN json_typeof({node}) = 'array' THEN EXISTS "
+            f"(SELECT 1 FROM json_array_elements_text({node}) AS e(x) WHERE e.x = :{v}) "
+            f"ELSE (sessions.outcome_metadata ->> CAST(:{k} AS text)) = :{v} END"
+        )
+        return text(f"({sql})").bindparams(**{k: key, v: value})
+    path = "$." + '"' + key.replace('"', '""') + '"'
+    if not eq:
+        return text(f"json_type(sessions.outcome_metadata, :{k}) IS NOT NULL").bindparams(**{k: path})
+    sql = (  # json_each of a scalar is that one value; of an array, its elements
+        f"json_type(sessions.outcome_metadata, :{k}) != 'object' AND EXISTS "
+        f"(SELECT 1 FROM json_each(sessions.outcome_metadata, :{k}) WHERE CAST(value AS TEXT) = :{v})"
+    )
+    return text(f"({sql})").bindparams(**{k: path, v: value})
+
+
+_SEARCH_READY: dict[str, bool] = {}
+
+
+def search_ready(store: Store) -> bool:
+    """Whether the database has the conversation search index (migration 0009)."""
+    hit = _SEARCH_READY.get(store.url)
+    if hit is None:
+        with store.engine.connect() as conn:
+            hit = _SEARCH_READY[store.url] = search.available(conn, store.dialect)
+    return hit
+
+
+def _where(f: SessionFilter, dialect: str, fts: bool = False) -> list[Any]:
     t = Session.__table__.c
+    c = Call.__table__.c
     conds: list[Any] = []
     if f.q:
         like = f"%{f.q}%"
-        conds.append(t.id.ilike(like) | t.harness.ilike(like))
+        cond = t.id.ilike(like) | t.harness.ilike(like)
+        match = search.session_match(dialect, f.q) if fts else None
+        if match is not None:  # ... or the words are in its conversation
+            cond = cond | t.id.in_(match.columns(session_id=String))
+        conds.append(cond)
     if f.harness:
         conds.append(t.harness.is_(None) if f.harness == "none" else t.harness == f.harness)
     if f.status:
@@ -202,6 +259,12 @@ def _where(f: SessionFilter, dialect: str) -> list[Any]:
         conds.append(reward >= f.reward_min)
     if f.reward_max is not None:
         conds.append(reward <= f.reward_max)
+    if f.model:
+        conds.append(exists().where(c.session_id == t.id, c.model == f.model))
+    if f.errors:
+        conds.append(exists().where(c.session_id == t.id, (c.outcome != "ok") | c.error.is_not(None)))
+    for i, m in enumerate(f.meta):
+        conds.append(_meta_cond(m, i, dialect))
     if f.since is not None:
         conds.append(t.created_at >= _ts(f.since))
     if f.until is not None:
@@ -252,6 +315,7 @@ class SessionPage:
     total: int
     filter: SessionFilter
     harnesses: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
 
     @property
     def pages(self) -> int:
@@ -271,7 +335,7 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     """One page of sessions: filter, sort and paginate in SQL; enrich only that page's rows."""
     dialect = store.dialect
     t = Session.__table__
-    conds = _where(f, dialect)
+    conds = _where(f, dialect, search_ready(store))
     key = _sort_expr(f.sort, dialect)
     ordering = key.asc() if f.order == "asc" else key.desc()
     stmt = (
@@ -287,6 +351,10 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     count = select(func.count()).select_from(t).where(*conds)
     with store.engine.connect() as conn:
         total = int(conn.execute(count).scalar_one())
+        last = max(1, -(-total // f.per_page))
+        if f.page > last:  # past the end (a stale link, a hand-typed page): the last page
+            f.page = last
+            stmt = stmt.offset((last - 1) * f.per_page)
         rows = [
             SessionRow(
                 id=r.id,
@@ -300,8 +368,9 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
             for r in conn.execute(stmt)
         ]
     harnesses = harness_names(store) if with_harnesses else []
+    models = model_names(store) if with_harnesses else []
     _enrich(store, rows)
-    return SessionPage(rows, total, f, harnesses)
+    return SessionPage(rows, total, f, harnesses, models)
 
 
 _HARNESS_CACHE: dict[str, tuple[float, list[str]]] = {}
@@ -319,6 +388,24 @@ def harness_names(store: Store, ttl: float = 30.0) -> list[str]:
     with store.engine.connect() as conn:
         names = sorted(h for (h,) in conn.execute(select(t.c.harness).distinct()) if h)
     _HARNESS_CACHE[store.url] = (now, names)
+    return names
+
+
+_MODEL_CACHE: dict[str, tuple[float, list[str]]] = {}
+
+
+def model_names(store: Store, ttl: float = 30.0) -> list[str]:
+    """The models seen in calls (one scan of the calls table, so cached for ``ttl`` seconds)."""
+    import time
+
+    now = time.monotonic()
+    hit = _MODEL_CACHE.get(store.url)
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    c = Call.__table__
+    with store.engine.connect() as conn:
+        names = sorted(m for (m,) in conn.execute(select(c.c.model).distinct()) if m)
+    _MODEL_CACHE[store.url] = (now, names)
     return names
 
 
@@ -341,7 +428,7 @@ def _enrich(store: Store, rows: list[SessionRow]) -> None:
             n = len(c.completion_ids or ())
             row.prompt_tokens += p
             row.completion_tokens += n
-            row.context_tokens = max(row.context_tokens, p + n)
+            row.context_tokens = max(row.context_tokens, context_tokens(c) or 0)
             if c.error or c.outcome.value != "ok":
                 row.errors += 1
 
@@ -389,22 +476,41 @@ def _call_row(c: CallRecord, t0: float, span: float) -> dict[str, Any]:
     }
 
 
-def call_detail(c: CallRecord) -> dict[str, Any]:
-    """A call's full record, as the raw-JSON views show it."""
+def upstream_error(c: CallRecord) -> Any:
+    """What went wrong in a call: the proxy's error, else the error body an upstream answered
+    with (a 400's ``{"error": {...}}``, relayed as is), else None."""
+    if c.error is not None:
+        return c.error
+    if c.status_code is not None and c.status_code >= 400:
+        resp = c.response
+        if isinstance(resp, dict):
+            return resp.get("error", resp)
+        return resp if resp is not None else f"HTTP {c.status_code}"
+    return None
+
+
+def call_detail(c: CallRecord, url_base: str = "$ORCHARD_URL") -> dict[str, Any]:
+    """A call's full record, as the raw-JSON views show it; ``url_base``: where "copy as curl" points."""
+    from orchard_rec.ui.calls import curl_of, stream_events
+
     return {
         "seq": c.seq,
         "call_id": c.call_id,
         "dialect": c.dialect.value,
         "method": c.method,
         "path": c.path,
+        "status_code": c.status_code,
+        "outcome": c.outcome.value,
         "headers": dict(c.headers or {}),
         "request": c.request,
         "upstream_request": c.upstream_request,
         "response": c.response,
-        "error": c.error,
+        "error": upstream_error(c),
         "usage": c.usage,
         "metadata": dict(c.metadata or {}),
         "chat": chat_of(c),
+        "events": stream_events(c),
+        "curl": curl_of(c, url_base),
     }
 
 
@@ -590,74 +696,3 @@ def session_view(
         start=t0,
         span=span,
     )
-
-
-# -- compare two consecutive calls ---------------------------------------------------------------
-
-
-def compare_calls(store: Store, session_id: str, seq: int) -> dict[str, Any]:
-    """Call ``seq`` against the call before it: what its prompt kept, changed, dropped and added."""
-    calls = {c.seq: c for c in store.calls(session_id)}
-    if seq not in calls:
-        raise UIError(f"session {session_id!r} has no call {seq}", 404)
-    b = calls[seq]
-    prev_seqs = [s for s in calls if s is not None and s < seq]
-    a = calls[max(prev_seqs)] if prev_seqs else None
-    out: dict[str, Any] = {
-        "session_id": session_id,
-        "a": None if a is None else a.seq,
-        "b": seq,
-        "last": max(s for s in calls if s is not None),
-    }
-    msgs_b = [_msg_key(m) for m in conversation(b.request, b.dialect.value)]
-    if a is not None:
-        msgs_a = [_msg_key(m) for m in conversation(a.request, a.dialect.value)]
-        ans = response_turn(a.response, a.dialect.value)
-        if ans is not None:
-            msgs_a.append(_msg_key(ans))
-    else:
-        msgs_a = []
-    ops = []
-    sm = difflib.SequenceMatcher(a=msgs_a, b=msgs_b, autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        ops.append({"op": tag, "a": msgs_a[i1:i2], "b": msgs_b[j1:j2]})
-    out["messages"] = ops
-    held = None if a is None or a.prompt_ids is None else list(a.prompt_ids) + list(a.completion_ids or ())
-    sent = None if b.prompt_ids is None else list(b.prompt_ids)
-    if held is not None and sent is not None:
-        pos = _first_mismatch(held, sent)
-        if pos == len(held):
-            verdict = "extends"
-        elif len(sent) < len(held) and pos == len(sent):
-            verdict = "prefix (fork or retry)"
-        elif len(sent) < len(held) * 0.8:
-            verdict = "shrinks (compaction?)"
-        else:
-            verdict = "diverges (drift or edit)"
-        lo = max(0, pos - 12)
-        out["tokens"] = {
-            "held_len": len(held),
-            "sent_len": len(sent),
-            "position": pos,
-            "verdict": verdict,
-            "start": lo,
-            "held": held[lo : pos + 24],
-            "sent": sent[lo : pos + 24],
-        }
-    else:
-        out["tokens"] = None
-    return out
-
-
-def _msg_key(m: dict[str, Any]) -> str:
-    """A message as one comparable line: role and its blocks' text."""
-    parts = []
-    for b in m.get("blocks", ()):
-        kind = b.get("kind")
-        if kind == "tool_call":
-            parts.append(f"[tool call {b.get('name')}] {b.get('text', '')}")
-        elif kind == "image":
-            parts.append("[image]")
-        else:
-            parts.append(("[" + kind + "] " if kind != "text" else "") + str(b.get("text", "")))
-    return f"{m.get('role')}: " + "\n".join(parts)

@@ -61,9 +61,9 @@ class Taps:
     def tap_spool(self, spool: Spool) -> None:
         append = spool.append_lines
 
-        def tapped(lines: Any) -> int:
+        def tapped(lines: Any, **kw: Any) -> int:
             self.lines += list(lines)
-            return append(lines)
+            return append(lines, **kw)
 
         spool.append_lines = tapped  # type: ignore[method-assign]
 

@@ -4,8 +4,9 @@
   says degraded and /metrics shows the spool depth; when it returns the spool is replayed,
   each call exactly once.
 - SQLite locked by another writer: responses are not held up; the records land after.
-- kill -9 under load with the default durability (``wal``, group commit): every call whose
-  response the client fully received is in the database after a restart (replayed from the spool).
+- kill -9 under load with the default durability (``process``: the spool line written, not yet
+  fsync'd, before the last byte): every call whose response the client fully received is in the
+  database after a restart (replayed from the spool), none twice.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path
     port = free_port()
     proc = serve_process(port, upstream.url, db, "--spool", str(spool))  # no --durability: the default
     base = f"http://127.0.0.1:{port}"
-    assert json.loads(_get(base + "/healthz")[1])["durability"] == "wal"  # the default
+    assert json.loads(_get(base + "/healthz")[1])["durability"] == "process"  # the default
     completed: set[str] = set()
     attempted = 0
 
@@ -154,6 +155,8 @@ def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path
         assert not missing, f"{len(missing)} of {len(completed)} completed calls lost"
         ids = [r.call_id for r in store.calls()]
         assert len(ids) == len(set(ids))
+        texts = [r.request["messages"][0]["content"] for r in store.calls()]
+        assert len(texts) == len(set(texts)), "a call recorded twice"  # each request text is unique
     finally:
         restarted.terminate()
         restarted.wait(30)

@@ -64,7 +64,7 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
     cfg = ProxyConfig(
         upstream=upstream_url, db=db, mode=mode, spool=str(tmp / "w.spool"), db_writer="process", **kw
     )
-    assert cfg.durability == "wal"  # the default
+    assert cfg.durability == "process"  # the default
     with BackgroundServer(lambda: build_app(cfg)) as proxy:
         rec = proxy.app[RECORDER]
         spool_batch = rec._spool_batch

@@ -220,7 +220,7 @@ def test_filters_and_pagination_over_10k_sessions(
     p.wait_for_url("**harness=codex**")
     assert p.get_attribute("#total", "data-total") == str(expect["codex"])
     rows = p.eval_on_selector_all(
-        "tbody tr[data-session-id] td:nth-child(2)", "els => els.map(e => e.innerText)"
+        "tbody tr[data-session-id] td:nth-child(3)", "els => els.map(e => e.innerText)"
     )
     assert set(rows) == {"codex"}
     p.select_option("select[name=status]", "failed")
