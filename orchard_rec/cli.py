@@ -701,6 +701,27 @@ def serve(
     ui_resend: bool = typer.Option(
         False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
     ),
+    policy_refresh: float = typer.Option(
+        1.0,
+        "--policy-refresh",
+        min=0,
+        help="Seconds between asks of the server's policy version (GET /weight_info, vLLM with VLLM_SERVER_DEV_MODE=1); 0: only the trainer's word (POST /v1/orchard/policy).",
+    ),
+    tito_endpoint: Literal["completions", "generate"] = typer.Option(
+        "completions",
+        "--tito-endpoint",
+        help="tito with vLLM: /v1/completions, or /inference/v1/generate (vllm serve --enable-scale-out: per-token weight_versions, aborted generations continued).",
+    ),
+    cache_salt: Literal["off", "policy"] = typer.Option(
+        "off",
+        "--cache-salt",
+        help="policy: send cache_salt = the current policy version with chat/completions calls (no prefix cache across weight updates).",
+    ),
+    routed_experts: bool = typer.Option(
+        False,
+        "--routed-experts",
+        help="MoE routing replay: record the routed_experts the server answers (vLLM --enable-return-routed-experts), token and tito mode.",
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
@@ -765,6 +786,10 @@ def serve(
         tool_parser=tool_parser,
         ui=ui,
         ui_resend=ui_resend,
+        policy_refresh=policy_refresh,
+        tito_endpoint=tito_endpoint,
+        cache_salt=cache_salt,
+        routed_experts=routed_experts,
     )
     if ui_resend and not ui:
         raise usage_error("--ui-resend goes with --ui")
@@ -1540,6 +1565,23 @@ def export(
         help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
     ),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    policy_version: int | None = typer.Option(
+        None, "--policy-version", help="The trainer's current policy version V (with --max-staleness K)."
+    ),
+    max_staleness: int | None = typer.Option(
+        None, "--max-staleness", min=0, help="Tokens sampled by versions older than V - K are stale."
+    ),
+    min_policy_version: int | None = typer.Option(
+        None, "--min-policy-version", help="Tokens sampled by versions older than this are stale."
+    ),
+    stale: Literal["drop", "mask"] = typer.Option(
+        "drop", "--stale", help="drop samples holding stale tokens, or mask those tokens (loss mask 0)."
+    ),
+    aborted: Literal["drop", "keep"] = typer.Option(
+        "drop",
+        "--aborted",
+        help="Generations the server aborted for a weight update (finish reason abort): left out, or kept with their partial tokens.",
+    ),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1602,6 +1644,15 @@ def export(
         )
     from orchard_rec.pipeline import SelectionStats
 
+    if (policy_version is None) != (max_staleness is None):
+        raise usage_error(
+            "--policy-version and --max-staleness go together", "e.g. --policy-version 12 --max-staleness 2"
+        )
+    from orchard_rec.policy import Staleness
+    from orchard_rec.selection.staleness import StalenessStats
+
+    floor = Staleness(policy_version, max_staleness, min_policy_version)
+    stale_stats = StalenessStats()
     sel_stats = SelectionStats()
     options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
     if processor is not None:
@@ -1664,6 +1715,10 @@ def export(
             auxiliary=auxiliary,
             require_teacher=require_teacher,
             check=lambda p: _check_output(p, db, force),
+            aborted=aborted,
+            staleness=floor if floor.floor is not None else None,
+            stale=stale,
+            staleness_stats=stale_stats,
         )
     where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or str(out)
     selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
@@ -1679,6 +1734,7 @@ def export(
                 ("--filter", filters),
                 ("--require-teacher", require_teacher),
                 ("--no-auxiliary", auxiliary is False),
+                ("--policy-version/--max-staleness/--min-policy-version", floor.floor is not None),
             )
             if on
         ]
@@ -1693,6 +1749,8 @@ def export(
         )
     if selection_line:
         typer.echo(selection_line, err=True)
+    if floor.floor is not None:
+        typer.echo(f"staleness: {stale_stats.summary()}", err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )

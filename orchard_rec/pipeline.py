@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from orchard_rec.errors import UsageError
+from orchard_rec.policy import Staleness
 from orchard_rec.reconstruct import (
     CreditPolicy,
     Generation,
@@ -50,6 +51,7 @@ from orchard_rec.reconstruct import (
 from orchard_rec.reconstruct.merge import template_turn_end
 from orchard_rec.records import Outcome
 from orchard_rec.selection import BarSpec, FilterChain, bar_select
+from orchard_rec.selection.staleness import StaleMode, StalenessStats, apply_staleness
 from orchard_rec.storage.store import SessionSummary, Store
 
 __all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward", "select_group"]
@@ -167,10 +169,22 @@ def iter_samples(
     require_teacher: bool = False,
     auxiliary: bool = True,
     image_token: int | None = None,
+    aborted: str = "drop",
+    staleness: Staleness | None = None,
+    stale: StaleMode = "drop",
+    staleness_stats: StalenessStats | None = None,
 ) -> Iterator[Sample]:
     """``auxiliary=False`` leaves out the samples of harnesses' side conversations (``metadata.auxiliary``).
     ``image_token``: a VLM's image placeholder id (default: the tokenizer's, ``image_token_id``);
-    samples with images then carry ``metadata.image_spans``."""
+    samples with images then carry ``metadata.image_spans``. ``aborted``: generations the
+    server cut for a weight update (finish reason ``abort``) are left out (``drop``) or kept.
+    ``staleness``: the policy-version floor (``selection.staleness``); samples with stale tokens
+    are dropped or have them masked (``stale``), counted in ``staleness_stats``."""
+    if aborted not in ("drop", "keep"):
+        raise UsageError(f"--aborted is keep or drop (got {aborted!r})")
+    if stale not in ("drop", "mask"):
+        raise UsageError(f"--stale is drop or mask (got {stale!r})")
+    stale_stats = staleness_stats if staleness_stats is not None else StalenessStats()
     policy = credit_policy(credit) if isinstance(credit, str) else credit
     if image_token is None:
         image_token = image_token_id(tokenizer)
@@ -217,7 +231,7 @@ def iter_samples(
             for c in calls:
                 if not c.dialect.is_generation:
                     continue
-                g = generation_of(c, tokenizer)
+                g = generation_of(c, tokenizer, aborted=aborted)
                 if g is None:
                     skipped.append(c.call_id)
                 else:
@@ -242,6 +256,8 @@ def iter_samples(
         if not auxiliary and s.metadata.get("auxiliary"):
             return False
         if statuses and s.status not in statuses:
+            return False
+        if staleness is not None and not apply_staleness(s, staleness, stale, stale_stats):
             return False
         if teacher is not None:
             s.teacher = teacher(s)

@@ -58,7 +58,8 @@ class CallOutcome(str, enum.Enum):
     FAILED = "failed"
     """The upstream could not be reached or broke the protocol; the proxy answered 5xx."""
     ABORTED = "aborted"
-    """The client went away before the answer was complete; what had arrived is kept."""
+    """The client went away before the answer was complete; what had arrived is kept. (A
+    generation the server aborted, for a weight update, is ``ok`` with ``finish_reason`` ``abort``.)"""
     REJECTED = "rejected"
     """The proxy refused the request itself (bad input); never forwarded."""
 
@@ -120,6 +121,13 @@ class CallRecord:
     """1-based position in its session, assigned by storage when the call is committed (None before)."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """What the proxy decided about the call (token-in/token-out: ``{"tito": {"branch", "fresh", ...}}``)."""
+    policy_versions: tuple[tuple[str, int, int], ...] | None = None
+    """Which weights sampled the completion: ``(version, start, end)`` spans over
+    ``completion_ids`` (``orchard_rec.policy``; ``"unknown"`` where an update could not be
+    placed); None when no version was known."""
+    routed_experts: bytes | None = None
+    """MoE routing replay (``--routed-experts``): the experts the server routed each token to,
+    packed by ``orchard_rec.routing`` (rows over prompt + completion, less the last token)."""
 
 
 SESSION_STATUSES = ("completed", "truncated", "aborted", "failed")

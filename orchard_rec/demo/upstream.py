@@ -92,6 +92,12 @@ class DemoUpstream:
         """Streams the client (the proxy) hung up on before the end."""
         self.headers: list[dict[str, str]] = []
         """The request headers (names lower-cased) of every body in ``log``, in the same order."""
+        self.weight_version = "default"
+        """vLLM's weight label (``VLLM_SERVER_DEV_MODE=1``: ``GET /weight_info``,
+        ``POST /update_weight_version``); ``/inference/v1/generate`` reports it as ``weight_versions``."""
+        self.abort_next: tuple[int, str] | None = None
+        """``(n, version)``: the next ``/inference/v1/generate`` is aborted after ``n`` tokens, as
+        ``/pause?mode=abort`` would, and the weights are then labelled ``version`` (a test's update)."""
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -469,6 +475,7 @@ class DemoUpstream:
             "prompt_tokens": len(ids_in),
             "completion_tokens": len(ids),
             "cached_tokens": 0,
+            "weight_version": self.weight_version,  # SGLang labels every answer (slime reads it)
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[self.model.logprob(k, i), i, None] for k, i in enumerate(ids)]
@@ -514,16 +521,22 @@ class DemoUpstream:
             prompt_ids, runs = expand(ids_in, self.image_pad, [self.image_tokens(u) for u in urls])
         messages, tools = parse_chatml(self.model.decode(ids_in))
         gen = self.model.generate(messages, tools, max_tokens=params.get("max_tokens"), prompt_ids=prompt_ids)
-        ids = gen.ids
+        ids, finish = gen.ids, "length" if gen.finish_reason == "length" else "stop"
+        if self.abort_next is not None:
+            (n, after), self.abort_next = self.abort_next, None
+            ids, finish = ids[:n], "abort"
+        spans = [{"version": self.weight_version, "start": 0, "end": len(ids)}] if ids else []
+        if finish == "abort":
+            self.weight_version = after
         want_ids = bool(body.get("return_token_ids"))
         choice: dict[str, Any] = {
             "index": 0,
-            "finish_reason": "length" if gen.finish_reason == "length" else "stop",
+            "finish_reason": finish,
             "stop_reason": None,
             "token_ids": ids,
             "routed_experts": None,
             "sampling_mask": None,
-            "weight_versions": None,
+            "weight_versions": spans,
             "logprobs": {
                 "content": [
                     {"token_id": i, "logprob": self.model.logprob(k, i), "rank": None, "top_logprobs": []}
@@ -681,7 +694,19 @@ class DemoUpstream:
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/inference/v1/generate", self.inference_generate)
         app.router.add_get("/health", _health)  # vLLM's liveness route: 200, empty
+        app.router.add_get("/weight_info", self.weight_info)
+        app.router.add_post("/update_weight_version", self.update_weight_version)
         return app
+
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})  # not logged: polled
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        self.weight_version = str(body["new_version"])
+        return web.json_response({"success": True, "new_version": self.weight_version})
 
 
 def _chat_image_urls(messages: list[dict[str, Any]]) -> list[str]:

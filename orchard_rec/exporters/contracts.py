@@ -46,6 +46,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import routing
 from orchard_rec.exporters.images import pil_images
 from orchard_rec.reconstruct import Sample, TeacherData, Turn, numeric_reward
 
@@ -156,7 +157,26 @@ def to_slime_dict(
     elif teacher_fill:
         d["teacher_log_probs"] = [0.0] * s.response_length
         d["teacher_valid_mask"] = [0] * s.response_length
+    if s.routed_experts is not None:  # R3: over tokens[:-1], as slime's rollout sets it
+        d["rollout_routed_experts"] = _slime_routing(s.routed_experts)
+    if s.policy_versions is not None:  # slime appends one version per generate call; spans per token
+        d["weight_versions"] = s.weight_versions()
+        meta["policy_versions"] = [[v, a, b] for v, a, b in s.policy_versions]
     return d
+
+
+def _slime_routing(blob: bytes) -> Any:
+    """slime's ``rollout_routed_experts``: an int32 array (len(tokens) - 1, num_layers, topk), as
+    its rollout decodes vLLM's answer (slime/rollout/*: ``np.load(...).astype(np.int32)``, then
+    ``reshape(len(sample.tokens) - 1, args.num_layers, args.moe_router_topk)``); nested lists
+    where numpy is missing."""
+    r = routing.unpack(blob)
+    try:
+        import numpy as np
+    except ImportError:
+        return r.to_lists()
+    dtype = {1: "<u1", 2: "<u2", 4: "<u4"}[r.width]
+    return np.frombuffer(r.data, dtype=dtype).astype(np.int32).reshape(r.rows, r.layers, r.topk)
 
 
 def slime_runs(samples: Iterable[Sample]) -> Iterator[tuple[Sample, int]]:
@@ -387,6 +407,8 @@ def agent_loop_fields(s: Sample, *, multi_modal: bool = True) -> dict[str, Any]:
             "call_ids": list(s.metadata.get("call_ids", [])),
             "token_source": s.metadata.get("token_source"),
             "reward_json": None if s.reward is None else orjson.dumps(s.reward).decode(),
+            # the version that sampled each response token (None on observations), for off-policy correction
+            "policy_versions": s.versions_per_token(),
         },
         "multi_modal_data": {"images": pil_images(s)} if multi_modal and s.images else None,
     }

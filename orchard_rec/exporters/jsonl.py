@@ -4,7 +4,11 @@ Row: ``session_id, index, group_index, tokens, response_length, loss_mask`` (len
 response_length, over ``tokens[-response_length:]``), ``rollout_log_probs`` (same length,
 0.0 where mask 0), ``reward, status, metadata`` (call ids, ``token_source``, mismatch
 decisions, turn spans as ``[call_id, start, end]`` in response coordinates), and
-``token_weights`` when the credit policy set them.
+``token_weights`` when the credit policy set them, and ``policy_versions`` when versions were
+recorded: ``[[version, start, end], ...]`` spans over the generated positions in response
+coordinates (``unknown`` where an update could not be placed; observations have none), and
+``routed_experts`` (MoE routing replay): ``{"dtype", "shape": [len(tokens) - 1, layers, top-k],
+"data": base64 of the little-endian ids}``.
 
 Images: a sample that shows images has ``images``, its image references in order
 (``digest`` = SHA-256 of the bytes, ``mime``, ``width``, ``height``; ``url`` for a remote image),

@@ -20,6 +20,8 @@ Schema (zstd, row groups of 512 samples):
 | teacher_valid_mask | list<int8>, null | 1 where the teacher scored the token |
 | teacher_topk_ids / teacher_topk_logprobs | list<list<...>>, null | the teacher's top-k per response token |
 | teacher | string, null | the teacher's model name |
+| policy_versions | list<string>, null | the policy version that sampled each response token (null on observations; ``unknown`` where an update could not be placed); null when no version was recorded |
+| routed_experts | binary, null | MoE routing replay (``--routed-experts``): ``.npy`` bytes, shape (len(tokens) - 1, layers, top-k), uint8/uint16 (``np.load(io.BytesIO(b))``) |
 | images | list<struct<bytes, path>> | only when the export has images: the sample's images in order, a ``datasets`` ``List(Image())`` feature (``columnar``); ``load_dataset`` gives PIL images |
 """
 
@@ -32,6 +34,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from orchard_rec import routing
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.columnar import write_parquet
 from orchard_rec.exporters.teacher_columns import TEACHER_FIELDS, teacher_columns
@@ -54,6 +57,8 @@ SCHEMA = pa.schema(
         ("status", pa.string()),
         ("metadata_json", pa.string()),
         *TEACHER_FIELDS,
+        ("policy_versions", pa.list_(pa.string())),
+        ("routed_experts", pa.binary()),
     ]
 )
 
@@ -74,6 +79,10 @@ def _row(s: Sample) -> dict[str, Any]:
         "status": str(s.status),
         "metadata_json": orjson.dumps(d["metadata"]).decode(),
         **teacher_columns(s),
+        "policy_versions": s.versions_per_token(),
+        "routed_experts": None
+        if s.routed_experts is None
+        else routing.to_npy(routing.unpack(s.routed_experts)),
     }
 
 

@@ -14,6 +14,8 @@ extra field GRPO reads as its tool mask (trl/trainer/grpo_trainer.py).
 Both carry ``teacher_logprobs`` + ``teacher_mask`` (GKD-style distillation) when
 ``orchard-rec teacher`` scored the sample (null otherwise): aligned to ``input_ids`` for
 ``trl``, to ``completion_ids`` for ``trl-grpo``.
+Both carry ``policy_versions``: the policy version that sampled each generated token (null on
+the prompt and observations), for off-policy correction; null when no version was recorded.
 Both load with ``datasets.load_dataset("parquet", data_files=...)``.
 
 Images: an ``images`` column (``datasets`` ``List(Image())``, PIL images once loaded; present
@@ -51,6 +53,7 @@ TRL_SCHEMA = pa.schema(
         ("session_id", pa.string()),
         ("index", pa.int64()),
         *TRL_TEACHER_FIELDS,
+        ("policy_versions", pa.list_(pa.string())),
     ]
 )
 
@@ -65,6 +68,7 @@ GRPO_SCHEMA = pa.schema(
         ("session_id", pa.string()),
         ("index", pa.int64()),
         *TRL_TEACHER_FIELDS,
+        ("policy_versions", pa.list_(pa.string())),
     ]
 )
 
@@ -79,6 +83,7 @@ def _sft_row(s: Sample) -> dict[str, Any]:
         "session_id": s.session_id,
         "index": s.index,
         **trl_teacher_columns(s, full=True),
+        "policy_versions": _versions(s, full=True),
     }
 
 
@@ -97,7 +102,18 @@ def _grpo_row(s: Sample) -> dict[str, Any]:
         "session_id": s.session_id,
         "index": s.index,
         **trl_teacher_columns(s, full=False),
+        "policy_versions": _versions(s, full=False),
     }
+
+
+def _versions(s: Sample, *, full: bool) -> list[str | None] | None:
+    """The version of each generated token (None elsewhere), aligned to ``input_ids`` (``full``)
+    or ``completion_ids``; None when the sample has no versions."""
+    per = s.versions_per_token()
+    if per is None:
+        return None
+    head: list[str | None] = [None] * s.prompt_length if full else []
+    return head + per
 
 
 class TrlExporter:

@@ -70,6 +70,7 @@ VERL_SCHEMA = pa.schema(
                     ("call_ids", pa.list_(pa.string())),
                     ("token_source", pa.string()),
                     ("reward_json", pa.string()),
+                    ("policy_versions", pa.list_(pa.string())),
                 ]
             ),
         ),

@@ -11,8 +11,10 @@ arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/to
 sessions), ``recorder`` (the writer threads; ``dbthread`` its database thread), ``dbproc`` (under ``process`` and ``machine``, the database writer in a
 process of its own: records built and written off the event loop's GIL), ``logs`` (log lines and
 the access log, shared with that process), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and
-``tochat``), ``fleet`` (several upstreams: the
-sans-io picker, consistent hashing with bounded loads, health checks, safe retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
+``tochat``), ``versions`` (the policy version in force and each call's fence: asynchronous RL),
+``partial`` (tito's generations aborted for a weight update, continued after ``/resume``), ``fleet``
+(several upstreams: the sans-io picker, consistent hashing with bounded loads, health checks, safe
+retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 
@@ -21,7 +23,7 @@ a call's raw material, written as what is new relative to its session's earlier 
 
 May import: ``orchard_rec.protocol`` (every wire shape), ``errors``, ``records``, ``storage``,
 ``tokenizer``, ``harnesses`` (who is calling, and probes, from the plug-ins' own data), ``ui``
-(mounted with ``--ui``). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
+(mounted with ``--ui``), ``policy`` and ``rlwire`` (policy versions, the servers' RL wire). Never ``reconstruct``, ``exporters``, ``trainers``, ``intercept`` or ``demo``.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -57,7 +57,7 @@ from orchard_rec.protocol import error_body, is_anthropic
 from orchard_rec.protocol.anthropic import MessagesStream, chat_to_messages
 from orchard_rec.protocol.responses import ResponsesStream, chat_to_responses
 from orchard_rec.protocol.sse import DONE_FRAME, encode
-from orchard_rec.proxy import idcut, reqparse, tochat
+from orchard_rec.proxy import idcut, partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of
@@ -72,7 +72,6 @@ from orchard_rec.proxy.tito import (
     chat_of,
     client_error,
     parse_generation,
-    read_upstream,
     server_prompt,
     synth_chunks,
     upstream_request,
@@ -80,6 +79,7 @@ from orchard_rec.proxy.tito import (
     wire_body,
 )
 from orchard_rec.proxy.tito_history import StoreHistory
+from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.outcome import as_json as outcome_as_json
 from orchard_rec.storage.outcome import change_from_json
@@ -96,6 +96,7 @@ UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
 FLEET = web.AppKey("fleet", Fleet)
+POLICY = web.AppKey("policy", PolicyTracker)
 UPSTREAM_CHECK_S = float(os.environ.get("ORCHARD_UPSTREAM_CHECK_S", "10"))
 """How often the background check asks each upstream whether it answers (``GET <upstream>/models``)."""
 
@@ -115,6 +116,7 @@ _HOP = frozenset(
         "accept-encoding",
         "content-encoding",  # aiohttp decoded the body we read; the upstream gets it plain
         "x-orchard-session",
+        POLICY_HEADER,
     }
 )
 _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"})
@@ -295,8 +297,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
         call.identify(request.headers)
+        if dialect.is_generation and app[POLICY].tracking:
+            cap.metadata["policy"] = app[POLICY].sent(request.headers, trusted(cfg, _presented_key(request)))
+        if dialect.is_generation and cfg.routed_experts:
+            cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
         raw = await _read_body(request)
-        body = call.read(raw, request.headers.get("content-type"), cfg.mode)
+        body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
         if cfg.mode == "tito" and dialect in _TOKEN_RENDERED:
             return await _relay_tito(request, cap, body)
         return await _relay(request, call, raw)
@@ -314,6 +320,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     finally:
         if not cap.submitted:
             cap.done_at = time.time()
+            app[POLICY].close(cap.metadata)
             recorder.submit(cap)
         metrics.observe_call(
             dialect.value,
@@ -331,16 +338,19 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cfg = app[CONFIG]
     tito = app[TITO]
     chat = chat_of(cap.dialect, body)
+    if (salt := app[POLICY].salt(cfg)) is not None and "cache_salt" not in chat:
+        chat = {**chat, "cache_salt": salt}
     messages, tools = chat["messages"], chat.get("tools")
     key = cap.session_id
     plan = await asyncio.to_thread(tito.plan, key, messages, tools)
     prompt, branch, version, decision, rendered = plan[:5]
     images = [u for u, _ in plan.images]  # a VLM's images go with the ids (tito.py)
+    generate = cfg.tito_endpoint == "generate"
     if images:  # the server expands them: what it ran is recorded (``server_prompt``), not these
-        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images)
+        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images, generate=generate)
         wire = orjson.dumps(up_body)
     else:  # the prompt's ``Ids`` in the body (the record's prompt by identity), its JSON kept
-        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images)
+        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images, generate=generate)
         wire = wire_body(up_body, prompt, plan.json)
     cap.upstream_request = up_body
     cap.upstream_raw = wire
@@ -384,7 +394,10 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
-    ids, lps, finish, text = read_upstream(cfg.upstream_kind, obj)
+    url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
+    link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
+    gen = await partial.settle(cfg, cap, obj, up_body, prompt, link)  # an abort: go on after /resume
+    ids, lps, finish, text = gen.ids, gen.lps, gen.finish, gen.text
     seen = server_prompt(obj, prompt) if images else prompt  # the server's expanded image runs
     answer = parse_generation(
         tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,
@@ -412,6 +425,8 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
     if images:
         cap.metadata["tito"]["images"] = len(images)
+    if gen.parts:
+        cap.metadata["tito"]["parts"] = gen.parts
     cap.tokens = (seen, ids, lps, finish)
     if cap.dialect is Dialect.RESPONSES:
         client_obj: Any = chat_to_responses(chat_obj, body)
@@ -457,6 +472,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         # A session's call is in the database before the client has it, so whichever replica
         # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
         cap.done_at = time.time()
+        app[POLICY].close(cap.metadata)
         await app[RECORDER].durable(cap, committed=key is not None)
         tito.acknowledge(key)
     await resp.prepare(request)
@@ -489,6 +505,7 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability != "async":
                 cap.done_at = time.time()
+                app[POLICY].close(cap.metadata)
                 await app[RECORDER].durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
@@ -498,17 +515,10 @@ async def _relay(request: web.Request, call: Call, raw: bytes) -> web.StreamResp
 
 
 def _open(request: web.Request, cap: Capture, method: str, url_of: Any, **kw: Any) -> Any:
-    """The upstream's response, from the server the fleet picks for the call's session (recorded as
-    the call's ``metadata.upstream``); ``--routing-header`` carries the session id."""
-    app = request.app
+    """The upstream's response from the server the fleet picks for the call's session (``fleet.py``)."""
+    app, sid = request.app, cap.session_id
     header = app[CONFIG].routing_header
-    if header and cap.session_id:
-        kw["headers"][header] = cap.session_id
-
-    def record(url: str) -> None:
-        cap.metadata["upstream"] = url
-
-    return open_upstream(app[FLEET], app[UPSTREAM], cap.session_id, method, url_of, record, **kw)
+    return open_upstream(app[FLEET], app[UPSTREAM], sid, method, url_of, cap.metadata, header, **kw)
 
 
 @contextlib.contextmanager
@@ -547,6 +557,7 @@ async def _relay_stream(
                 if relay.ended and wal and not cap.submitted:
                     relay.sending(len(out))
                     cap.done_at = time.time()
+                    request.app[POLICY].close(cap.metadata)
                     await request.app[RECORDER].durable(cap)  # recorded before the client has the end
                     await resp.write(out)
                 else:
@@ -559,6 +570,7 @@ async def _relay_stream(
         if wal and not cap.submitted:
             relay.sending(len(tail))
             cap.done_at = time.time()
+            request.app[POLICY].close(cap.metadata)
             await request.app[RECORDER].durable(cap)
             if tail:
                 await resp.write(tail)
@@ -605,19 +617,11 @@ def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
 
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
-    servers = request.app[FLEET].figures()
-    first = servers[0]
-    reachable = any(s["healthy"] for s in servers)
-    status = "ok" if rec.healthy and reachable else "degraded"
+    upstream = request.app[FLEET].summary()
     body = {
-        "status": status,
-        "upstream": {
-            "url": first["url"],
-            "reachable": None if first["checked_at"] is None and len(servers) == 1 else reachable,
-            "checked_at": first["checked_at"],
-            "error": first["error"],
-        },
-        "upstreams": servers,
+        "status": "ok" if rec.healthy and upstream["reachable"] is not False else "degraded",
+        "upstream": upstream,
+        "upstreams": request.app[FLEET].figures(),
         "queue_depth": rec.depth,
         "queued_bytes": rec.queued_bytes,
         "max_queue_bytes": request.app[CONFIG].max_queue_bytes,
@@ -630,6 +634,7 @@ async def healthz(request: web.Request) -> web.Response:
         "spool_sync": rec.sync_stats(),
         "db_writer": rec.writer_state,
         "caches": cache_stats(request.app),
+        "policy": request.app[POLICY].state(),
     }
     if rec.last_error:
         body["error"] = rec.last_error
@@ -682,6 +687,12 @@ def _ui_tokenizer(name: str | None) -> Any:
     return load_tokenizer(name)
 
 
+async def policy_handler(request: web.Request) -> web.Response:
+    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``)."""
+    _authorize(request, None, admin=True)
+    return web.json_response(request.app[POLICY].answer(request.method, await request.read()))
+
+
 async def openapi_handler(request: web.Request) -> web.Response:
     return web.json_response(openapi_spec())
 
@@ -709,6 +720,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         writer=config.db_writer if owned_store and not in_memory else "thread",
     )
     app[RECORDER] = recorder
+    app[POLICY] = PolicyTracker()
     app[METRICS] = Metrics(
         lambda: recorder.depth,
         lambda: recorder.spool_depth,
@@ -747,13 +759,18 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         # the proxy's own upstream credential, as on every call (never a client's)
         auth = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
         every = config.health_interval or UPSTREAM_CHECK_S
-        checks = asyncio.create_task(
-            watch(app[FLEET], app[UPSTREAM], every, auth, min(5.0, config.connect_timeout + 2))
-        )
+        tasks = [
+            asyncio.create_task(
+                watch(app[FLEET], app[UPSTREAM], every, auth, min(5.0, config.connect_timeout + 2))
+            )
+        ]
+        if config.policy_refresh > 0:
+            tasks.append(asyncio.create_task(app[POLICY].poll(app[UPSTREAM], config)))
         yield
-        checks.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await checks
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await app[UPSTREAM].close()
         await asyncio.to_thread(recorder.close)
         if owned_store:
@@ -764,6 +781,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_post("/sessions/{sid}/outcome", post_outcome)
     app.router.add_get("/openapi.json", openapi_handler)
+    app.router.add_route("*", "/v1/orchard/policy", policy_handler)
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     if config.ui:

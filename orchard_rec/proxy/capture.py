@@ -8,6 +8,7 @@ its writer thread, never on the event loop.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 from array import array
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import policy, routing
 from orchard_rec.protocol import assemble, extract_tokens
 from orchard_rec.protocol.sse import parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
@@ -168,6 +170,13 @@ class Capture:
         _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
+        completion_t = None if completion is None else tuple(completion)
+        metadata, versions = _versions(self.metadata, completion_t)
+        routed = None
+        if metadata.get("routed_experts") is True:
+            metadata = {k: v for k, v in metadata.items() if k != "routed_experts"}
+            sent = self.upstream_request if self.upstream_request is not None else self.request
+            routed = _routing(upstream_obj, events, sent)
         model = None
         if isinstance(self.request, dict) and isinstance(self.request.get("model"), str):
             model = self.request["model"][:256]
@@ -195,13 +204,60 @@ class Capture:
             error=self.error,
             usage=usage if isinstance(usage, dict) else None,
             prompt_ids=prompt,  # type: ignore[arg-type]  # ``Ids``: a sequence, equal to the tuple
-            completion_ids=None if completion is None else tuple(completion),
+            completion_ids=completion_t,
             completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            metadata=self.metadata,
+            metadata=metadata,
+            policy_versions=versions,
+            routed_experts=routed,
         )
+
+
+def _routing(answer: Any, events: list[Any] | None, upstream_request: Any) -> bytes | None:
+    """The packed ``routed_experts`` of choice 0 (a stream's: the last event that carries it);
+    None when the server sent none or something that is not vLLM's ``.npy`` (never a crash)."""
+    found = None
+    for obj in [answer, *(e[1] for e in events or () if isinstance(e, list) and len(e) == 2)]:
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        c0 = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        if c0 is not None and isinstance(c0.get("routed_experts"), str):
+            found = c0["routed_experts"]
+    if found is None:
+        return None
+    start = (
+        upstream_request.get("routed_experts_prompt_start") if isinstance(upstream_request, dict) else None
+    )
+    try:
+        return routing.pack(routing.from_npy_b64(found, start if isinstance(start, int) else 0))
+    except (ValueError, KeyError, SyntaxError, TypeError, struct.error):
+        return None
+
+
+def _versions(
+    metadata: dict[str, Any], completion: tuple[int, ...] | None
+) -> tuple[dict[str, Any], tuple[policy.Span, ...] | None]:
+    """The record's metadata and version spans from what the response path noted under
+    ``metadata["policy"]``: the server's own ``spans`` (tito: vLLM's ``weight_versions``, SGLang's
+    ``weight_version``), else the call's fence (``sent``/``done``, ``moved`` when the version
+    changed and changed back in between). The spans go to their own column; the fence stays in
+    the metadata only where the spans do not say it all: a straddle, or a call recorded without
+    ids (passthrough: its spans are made at reconstruction, over the template's ids)."""
+    fence = metadata.get("policy")
+    if not isinstance(fence, dict):
+        return metadata, None
+    rest = {k: v for k, v in metadata.items() if k != "policy"}
+    spans = fence.get("spans")
+    if spans is not None:
+        return rest, policy.from_json(spans)
+    if completion is None:
+        return metadata, None
+    moved = fence.get("moved") or fence.get("sent") != fence.get("done")
+    found = policy.fence_spans(
+        fence.get("sent"), policy.UNKNOWN if moved else fence.get("done"), len(completion)
+    )
+    return (metadata if moved else rest), None if found is None else tuple(found)
 
 
 def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: bool) -> None:

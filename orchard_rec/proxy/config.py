@@ -71,6 +71,19 @@ class ProxyConfig(BaseModel):
     """Keys for the admin routes (outcomes); when none is set, the first api key without a prefix."""
     upstream_key: str | None = Field(None, repr=False)
     """The upstream's credential, held by the proxy: sent upstream instead of the client's headers."""
+    policy_refresh: float = Field(1.0, ge=0)
+    """Seconds between asks of the server's policy version (``GET /weight_info``, vLLM with
+    ``VLLM_SERVER_DEV_MODE=1``; ``proxy.versions``); 0: never ask, only the trainer's word."""
+    tito_endpoint: Literal["completions", "generate"] = "completions"
+    """Tito with vLLM: ``/v1/completions`` with token-id prompts, or ``/inference/v1/generate``
+    (``vllm serve --enable-scale-out``), whose answers carry per-token ``weight_versions`` and
+    whose aborted generations (``/pause?mode=abort``) tito continues after ``/resume``."""
+    cache_salt: Literal["off", "policy"] = "off"
+    """``policy``: inject ``cache_salt`` = the current policy version into chat and completions
+    requests (no KV computed by older weights is reused after an update); not shown to the client."""
+    routed_experts: bool = False
+    """MoE routing replay: record the ``routed_experts`` the server answers (vLLM
+    ``--enable-return-routed-experts``) compactly (``orchard_rec.routing``), token and tito mode."""
     ui: bool = False
     """Mount the read-only trajectory viewer (``orchard_rec.ui``) at ``/ui``; behind the admin key
     when keys are configured."""

@@ -95,12 +95,13 @@ class Call:
         if is_websocket(headers):
             raise UpgradeRequired(WEBSOCKET_REFUSAL)
 
-    def read(self, raw: bytes, content_type: str | None, mode: str) -> Any:
+    def read(self, raw: bytes, content_type: str | None, mode: str, salt: str | None = None) -> Any:
         """What they sent: the parsed body (a dialect error when malformed), the session it implies,
-        and in token ``mode`` the plan (``self.plan``) of what goes upstream instead."""
+        and in token ``mode`` the plan (``self.plan``) of what goes upstream instead (with
+        ``cache_salt`` = ``salt`` when given)."""
         cap = self.cap
         body = take_body(cap, raw, content_type)
-        self.plan = plan = plan_for(mode, cap.dialect, body, cap.session_id, cap.bytes_in)
+        self.plan = plan = plan_for(mode, cap.dialect, body, cap.session_id, cap.bytes_in, salt)
         if plan is not None:
             cap.upstream_request = plan.body
             cap.upstream_dialect = plan.upstream

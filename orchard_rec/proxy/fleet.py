@@ -222,6 +222,18 @@ class Fleet:
     def figures(self) -> list[dict[str, Any]]:
         return [s.figures() for s in self.servers]
 
+    def summary(self) -> dict[str, Any]:
+        """``/healthz``'s ``upstream``: the first server's URL, check time and error, and whether any
+        server takes calls (``reachable``: None until a lone server's first check)."""
+        first = self.servers[0]
+        unknown = first.checked_at is None and len(self.servers) == 1
+        return {
+            "url": first.url,
+            "reachable": None if unknown else any(s.healthy for s in self.servers),
+            "checked_at": first.checked_at,
+            "error": first.error,
+        }
+
     def collector(self) -> Collector:
         return _FleetCollector(self)
 
@@ -267,27 +279,31 @@ async def open_upstream(
     key: str | None,
     method: str,
     url_of: Callable[[str], str],
-    record: Callable[[str], None],
+    metadata: dict[str, Any],
+    routing_header: str | None = None,
     **kw: Any,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """The response of the server ``fleet`` picks for session ``key`` (``url_of(base)``: the URL
-    there). ``record(url)`` is told each server tried. A connection that cannot be made ejects the
-    server and tries the next; any other failure is the call's and propagates."""
+    there), recorded as ``metadata["upstream"]`` (the call's); ``routing_header`` carries ``key``.
+    A server that never had the call (``never_started``) is ejected and the next one tried; any
+    other failure is the call's and propagates."""
+    if routing_header and key:
+        kw["headers"][routing_header] = key
     tried: list[Upstream] = []
     while True:
         s = fleet.pick(key, tried)
         assert s is not None  # pick is None only once every server was tried, and then we raised
-        record(s.url)
+        metadata["upstream"] = s.url
         fleet.begin(s)
         try:
             try:
                 resp = await client.request(method, url_of(s.url), **kw)
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                if not never_started(exc):
-                    raise
-                fleet.failed(s, f"{type(exc).__name__}: {exc}")
+                retry = never_started(exc)
+                if retry or isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+                    fleet.failed(s, f"{type(exc).__name__}: {exc}")  # passive ejection
                 tried.append(s)
-                if len(tried) >= len(fleet.servers):
+                if not retry or len(tried) >= len(fleet.servers):
                     raise
                 continue
             async with resp:

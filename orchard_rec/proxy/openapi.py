@@ -128,6 +128,22 @@ def openapi_spec() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/orchard/policy": {  # asynchronous RL: the trainer's policy version (proxy.versions)
+            "get": {
+                "operationId": "policy",
+                "responses": {"200": {"description": "version, source, learned_at"}},
+            },
+            "post": {
+                "operationId": "set_policy",
+                "requestBody": _body(
+                    {"version": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}, ["version"]
+                ),
+                "responses": {
+                    "200": {"description": "version, source, learned_at"},
+                    "400": {"description": "invalid"},
+                },
+            },
+        },
     }
     for prefix, params in (("", []), ("/s/{session_id}", [_SID])):
         tag = "session_" if prefix else ""

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from orchard_rec import rlwire
 from orchard_rec.errors import BadRequest, UpstreamProtocolError, cache_stats, env_megabytes
 from orchard_rec.protocol import template_message, to_chat
 from orchard_rec.protocol.images import decode_data_url
@@ -927,17 +928,23 @@ def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) 
     return out
 
 
-GENERATE_PATH = "inference/v1/generate"
+GENERATE_PATH = rlwire.GENERATE_PATH
 """vLLM's token-in endpoint (``--enable-scale-out``), under the server root, not ``/v1``."""
 
 
 def upstream_request(
-    kind: str, chat: dict[str, Any], prompt: Sequence[int], images: list[str] | None = None
+    kind: str,
+    chat: dict[str, Any],
+    prompt: Sequence[int],
+    images: list[str] | None = None,
+    *,
+    generate: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """``(path, body)`` for the upstream's token endpoint; ``images``: the prompt's image URLs
-    in order (vLLM's ``/inference/v1/generate`` with ``content_parts``)."""
+    in order (vLLM's ``/inference/v1/generate`` with ``content_parts``); ``generate``: vLLM's
+    ``/inference/v1/generate`` without images too (its answers carry ``weight_versions``)."""
     max_tokens = chat.get("max_completion_tokens") or chat.get("max_tokens") or 4096
-    if images:
+    if images or (generate and kind == "vllm"):
         if kind != "vllm":
             raise BadRequest(
                 "tito sends images only to vLLM (/inference/v1/generate, vllm serve --enable-scale-out): "
@@ -947,10 +954,16 @@ def upstream_request(
         for k in ("temperature", "top_p", "top_k", "stop", "seed"):
             if chat.get(k) is not None:
                 sp[k] = chat[k]
+        if chat.get("cache_salt") is not None:  # a request field, not a sampling parameter
+            out_salt: dict[str, Any] = {"cache_salt": chat["cache_salt"]}
+        else:
+            out_salt = {}
+        out: dict[str, Any] = {"model": chat.get("model"), "token_ids": prompt}
+        if images:
+            out["content_parts"] = [{"type": "image_url", "url": u} for u in images]
         return GENERATE_PATH, {
-            "model": chat.get("model"),
-            "token_ids": prompt,
-            "content_parts": [{"type": "image_url", "url": u} for u in images],
+            **out,
+            **out_salt,
             "sampling_params": sp,
             "return_token_ids": True,
             "stream": False,
@@ -975,7 +988,7 @@ def upstream_request(
         "skip_special_tokens": False,
         "stream": False,
     }
-    for k in ("temperature", "top_p", "top_k", "stop", "seed"):
+    for k in ("temperature", "top_p", "top_k", "stop", "seed", "cache_salt"):
         if chat.get(k) is not None:
             body[k] = chat[k]
     return "completions", body

@@ -58,6 +58,8 @@ class Plan:
         the client's own bytes (``{..., "return_token_ids": true, ...}``) instead of re-encoding."""
         if client is upstream and client_body and not ({"return_token_ids", "logprobs"} & client_body.keys()):
             extra = {k: body[k] for k in ("return_token_ids", "logprobs")}
+            if "cache_salt" in body and "cache_salt" not in client_body:
+                extra["cache_salt"] = body["cache_salt"]
             self.suffix = b"," + orjson.dumps(extra)[1:]
 
     def upstream_bytes(self, raw: bytes | None) -> bytes:
@@ -248,10 +250,25 @@ class StreamFilter:
 
 
 def plan_for(
-    mode: str, dialect: Dialect, body: Any, session: str | None = None, size: int = 0
+    mode: str,
+    dialect: Dialect,
+    body: Any,
+    session: str | None = None,
+    size: int = 0,
+    salt: str | None = None,
 ) -> Plan | None:
     """The token-mode plan for a call, or None to relay it natively. ``session`` (and the body's
-    ``size`` in bytes): translations reuse the session's previous one (``proxy.tochat``)."""
+    ``size`` in bytes): translations reuse the session's previous one (``proxy.tochat``).
+    ``salt``: a ``cache_salt`` to send (``--cache-salt policy``) unless the client set its own."""
+    plan = _plan(mode, dialect, body, session, size)
+    if plan is not None and salt is not None and "cache_salt" not in body:
+        plan.body = {**plan.body, "cache_salt": salt}  # a translation's dict may be cached: a copy
+        if plan.suffix is not None:
+            plan.suffix = plan.suffix[:-1] + b',"cache_salt":' + orjson.dumps(salt) + b"}"
+    return plan
+
+
+def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int) -> Plan | None:
     if mode != "token" or not isinstance(body, dict):
         return None
     if dialect is Dialect.CHAT:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from orchard_rec import policy
 from orchard_rec.protocol.images import ImageRef, images_of
 from orchard_rec.reconstruct.retokenize import retokenize
 from orchard_rec.reconstruct.sample import TokenSource
@@ -42,6 +43,11 @@ class Generation:
     (``calls.metadata.auxiliary``, set by its plug-in); None for the agent's own."""
     images: tuple[ImageRef, ...] = ()
     """The images of the prompt, in the order the chat template placed them (``images_of``)."""
+    versions: tuple[policy.Span, ...] | None = None
+    """Which weights sampled the completion: spans over ``completion_ids`` (``orchard_rec.policy``),
+    None when the proxy knew no version."""
+    routed_experts: bytes | None = None
+    """MoE routing over prompt + completion less the last token (``orchard_rec.routing.pack``)."""
 
     def __post_init__(self) -> None:
         logprobs = self.completion_logprobs
@@ -51,11 +57,18 @@ class Generation:
             )
 
 
-def generation_of(call: CallRecord, tokenizer: Any = None) -> Generation | None:
+ABORT = "abort"
+"""The finish reason of a generation the server cut (``/pause?mode=abort``): partial tokens."""
+
+
+def generation_of(call: CallRecord, tokenizer: Any = None, *, aborted: str = "drop") -> Generation | None:
     """The generation a call recorded, or None when it has none: not a generation route, not
-    finished (outcome other than ``ok``), or recorded without ids and no ``tokenizer`` (a Hugging
-    Face tokenizer with a chat template) to give them."""
+    finished (outcome other than ``ok``), cut by the server (finish reason ``abort``, unless
+    ``aborted="keep"``), or recorded without ids and no ``tokenizer`` (a Hugging Face tokenizer
+    with a chat template) to give them."""
     if not call.dialect.is_generation or call.outcome is not CallOutcome.OK:
+        return None
+    if call.finish_reason == ABORT and aborted != "keep":
         return None
     source = TokenSource.SERVER
     if call.prompt_ids is None or call.completion_ids is None:
@@ -73,10 +86,27 @@ def generation_of(call: CallRecord, tokenizer: Any = None) -> Generation | None:
         source=source,
         auxiliary=str((call.metadata or {}).get("auxiliary") or "") or None,
         images=tuple(images_of(call.dialect, call.request)),
+        versions=_versions(call, len(call.completion_ids)),
+        routed_experts=call.routed_experts if source is TokenSource.SERVER else None,
     )
 
 
-def generations_of(calls: Iterable[CallRecord], tokenizer: Any = None) -> tuple[list[Generation], list[str]]:
+def _versions(call: CallRecord, n: int) -> tuple[policy.Span, ...] | None:
+    """The call's stored spans; for a call recorded without ids (passthrough), its fence over
+    the ids the template gave it."""
+    if call.policy_versions is not None:
+        return tuple(call.policy_versions)
+    fence = (call.metadata or {}).get("policy")
+    if not isinstance(fence, dict):
+        return None
+    done = policy.UNKNOWN if fence.get("moved") else fence.get("done")
+    spans = policy.fence_spans(fence.get("sent"), done, n)
+    return None if spans is None else tuple(spans)
+
+
+def generations_of(
+    calls: Iterable[CallRecord], tokenizer: Any = None, *, aborted: str = "drop"
+) -> tuple[list[Generation], list[str]]:
     """``(generations in causal order, ids of the generation calls left out)``.
 
     Causal order: a call sent after another's answer arrived was received after it, so calls
@@ -88,7 +118,7 @@ def generations_of(calls: Iterable[CallRecord], tokenizer: Any = None) -> tuple[
     for call in sorted(calls, key=lambda c: (c.received_at, c.seq or 0)):
         if not call.dialect.is_generation:
             continue
-        g = generation_of(call, tokenizer)
+        g = generation_of(call, tokenizer, aborted=aborted)
         if g is None:
             skipped.append(call.call_id)
         else:

@@ -52,6 +52,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from orchard_rec import routing
 from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct.credit import AssistantCredit, CreditPolicy
 from orchard_rec.reconstruct.generation import Generation, generations_of
@@ -218,7 +219,14 @@ def reconstruct(
                 target = b
         if target is not None:
             target.append_observation(prompt[len(target.tokens) :])
-            target.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+            target.append_generation(
+                g.completion_ids,
+                g.completion_logprobs,
+                g.call_id,
+                g.finish_reason,
+                g.versions,
+                g.routed_experts,
+            )
             target.sources.add(g.source)
             target.images = list(g.images)
             continue
@@ -231,8 +239,11 @@ def reconstruct(
                     known = b.metadata.setdefault("realign_spans", [])
                     known.extend(list(sp) for sp in drifted if list(sp) not in known)
                 b.append_observation(prompt[cut:])
-                b.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+                b.append_generation(
+                    g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions
+                )
                 b.metadata.setdefault("realigned", []).append(g.call_id)
+                b.routed_seen = b.routed_seen or g.routed_experts is not None  # not what the server ran
                 b.sources.add(g.source)
                 b.images = list(g.images)
                 continue
@@ -249,7 +260,9 @@ def reconstruct(
         if g.auxiliary is not None:
             nb.metadata["auxiliary"] = True
             nb.metadata["auxiliary_kind"] = g.auxiliary
-        nb.append_generation(g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason)
+        nb.append_generation(
+            g.completion_ids, g.completion_logprobs, g.call_id, g.finish_reason, g.versions, g.routed_experts
+        )
         nb.sources.add(g.source)
         nb.images = list(g.images)
         builders.append(nb)
@@ -259,6 +272,8 @@ def reconstruct(
         s = b.build()
         s.index = k
         s.status = SampleStatus.TRUNCATED if b.last_finish in _TRUNCATED else SampleStatus.COMPLETED
+        if b.last_finish == "abort":  # kept with --aborted keep: the server cut its last generation
+            s.status = SampleStatus.ABORTED
         s.metadata["call_ids"] = list(b.call_ids)
         source = b.sources.pop() if len(b.sources) == 1 else TokenSource.MIXED
         s.metadata["token_source"] = source.value
@@ -266,6 +281,10 @@ def reconstruct(
         s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
         if b.missing_logprobs:
             s.metadata["missing_logprobs"] = True
+        if s.routed_experts is not None and routing.covers(s.routed_experts) != len(s.tokens) - 1:
+            s.routed_experts = None  # the rows do not start at the sample's first token
+        if b.routed_seen and s.routed_experts is None:  # realigned, or its last call had none
+            s.metadata["routed_experts_missing"] = True
         if image_token is not None and (s.images or image_token in s.tokens):
             spans = image_runs(s.tokens, image_token)
             s.metadata["image_spans"] = spans
@@ -291,15 +310,18 @@ def reconstruct_session(
     outcome: Outcome | None = None,
     session_id: str | None = None,
     tokenizer: Any = None,
+    aborted: str = "drop",
 ) -> list[Sample]:
     """Samples of one session's recorded calls, in order of their first call.
 
     ``tokenizer`` (a Hugging Face tokenizer with a chat template) gives ids to calls
     recorded without them; without one, such calls are skipped. ``session_id`` defaults to
-    the calls' own.
+    the calls' own. ``aborted``: ``drop`` (default) leaves generations the server cut (finish
+    reason ``abort``, a weight update) out, listed in ``skipped_calls``; ``keep`` takes their
+    partial tokens like any other's.
     """
     calls = list(calls)
-    generations, skipped = generations_of(calls, tokenizer)
+    generations, skipped = generations_of(calls, tokenizer, aborted=aborted)
     sid = session_id or next((c.session_id for c in calls if c.session_id), None) or ""
     return reconstruct(
         generations,

@@ -14,11 +14,13 @@ no file we write needs orchard-rec to be read back.
 
 from __future__ import annotations
 
+import base64
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchard_rec import policy, routing
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import Outcome
 
@@ -155,6 +157,31 @@ class Sample:
     outcome: Outcome | None = None
     """The session's outcome as reconstruction was given it (its metadata: ``exit_status``, gold
     fields, ...; its ``step_values``); never part of the jsonl row."""
+    policy_versions: list[policy.Span] | None = None
+    """Which weights sampled each generated token: ``(version, start, end)`` spans in response
+    coordinates over the generated positions only (observations have none); ``"unknown"`` where
+    a generation had no version or an update could not be placed. None: no version was known."""
+
+    routed_experts: bytes | None = None
+    """MoE routing replay: the experts the server routed each of ``tokens[:-1]`` to
+    (``orchard_rec.routing.pack``), from the sample's last call when its prompt + completion are
+    exactly the sample's tokens (extension, split, fork); None otherwise, with
+    ``metadata.routed_experts_missing`` when a call of the sample had routing (a realigned sample:
+    its tokens are not what the server ran)."""
+
+    def versions_per_token(self) -> list[str | None] | None:
+        """One entry per response token: its version, None on observations (not sampled)."""
+        if self.policy_versions is None:
+            return None
+        out: list[str | None] = [None] * self.response_length
+        for v, s, e in self.policy_versions:
+            out[s:e] = [v] * (min(e, self.response_length) - s)
+        return out
+
+    def weight_versions(self) -> list[str]:
+        """slime's ``Sample.weight_versions``: the versions that sampled the response, in order
+        (slime appends one per generate call; a generation that straddled an update gives each)."""
+        return [v for v, _, _ in self.policy_versions or ()]
 
     @property
     def sample_key(self) -> str:
@@ -207,6 +234,15 @@ class Sample:
             d["images"] = [im.to_dict() for im in self.images]
         if self.teacher is not None:
             d.update(self.teacher.to_dict())
+        if self.policy_versions is not None:
+            d["policy_versions"] = policy.to_json(self.policy_versions)
+        if self.routed_experts is not None:
+            r = routing.unpack(self.routed_experts)
+            d["routed_experts"] = {
+                "dtype": r.dtype,
+                "shape": [r.rows, r.layers, r.topk],
+                "data": base64.b64encode(r.data).decode(),
+            }
         return d
 
     @classmethod
@@ -228,7 +264,22 @@ class Sample:
             metadata=meta,
             teacher=TeacherData.from_dict(d),
             images=[ImageRef.from_dict(i) for i in d.get("images") or ()],
+            policy_versions=_spans(d.get("policy_versions")),
+            routed_experts=_routing(d.get("routed_experts")),
         )
+
+
+def _routing(value: Any) -> bytes | None:
+    if not isinstance(value, dict):
+        return None
+    rows, layers, topk = value["shape"]
+    width = {"uint8": 1, "uint16": 2, "uint32": 4}[value["dtype"]]
+    return routing.pack(routing.Routing(rows, layers, topk, width, base64.b64decode(value["data"])))
+
+
+def _spans(value: Any) -> list[policy.Span] | None:
+    spans = policy.from_json(value)
+    return None if spans is None else list(spans)
 
 
 class SampleBuilder:
@@ -244,10 +295,14 @@ class SampleBuilder:
         "missing_logprobs",
         "prompt_ends",
         "prompt_length",
+        "routed",
+        "routed_seen",
         "session_id",
         "sources",
         "tokens",
         "turns",
+        "versions",
+        "versions_known",
     )
 
     def __init__(self, session_id: str, prompt_ids: Sequence[int]) -> None:
@@ -267,6 +322,12 @@ class SampleBuilder:
         """Where the ids came from: ``server`` and/or ``retokenized``."""
         self.images: list[ImageRef] = []
         """The images of the last merged prompt (it contains every earlier one's)."""
+        self.versions: list[policy.Span] = []
+        """Version spans over the generated positions, in response coordinates."""
+        self.versions_known = False
+        self.routed: bytes | None = None
+        """The last generation's routing, when it covers the sample's tokens exactly."""
+        self.routed_seen = False
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -279,7 +340,11 @@ class SampleBuilder:
         logprobs: Sequence[float] | None,
         call_id: str,
         finish_reason: str | None = None,
+        versions: Sequence[policy.Span] | None = None,
+        routed: bytes | None = None,
     ) -> None:
+        """``routed``: the call's routing, given only when its prompt + ``ids`` are exactly this
+        sample's tokens afterwards (the merge knows: not after a realignment)."""
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"call {call_id}: {len(logprobs)} logprobs for {len(ids)} generated tokens")
         start = len(self.tokens) - self.prompt_length
@@ -292,6 +357,21 @@ class SampleBuilder:
         else:
             self.log_probs.extend(map(float, logprobs))
         self.turns.append(Turn(call_id, start, start + len(ids), finish_reason))
+        self.routed = routed
+        self.routed_seen = self.routed_seen or routed is not None
+        if versions is None:
+            own = [(policy.UNKNOWN, 0, len(ids))] if ids else []
+        else:
+            self.versions_known = True
+            own = policy.slice_spans(versions, 0, len(ids))
+            covered = own[-1][2] if own else 0
+            if covered < len(ids):  # spans that stop short: the rest is not known
+                own.append((policy.UNKNOWN, covered, len(ids)))
+        for v, s, e in policy.shift(own, start):
+            if self.versions and self.versions[-1][0] == v and self.versions[-1][2] == s:
+                self.versions[-1] = (v, self.versions[-1][1], e)
+            else:
+                self.versions.append((v, s, e))
         self.call_ids.append(call_id)
         self.last_finish = finish_reason
 
@@ -314,4 +394,6 @@ class SampleBuilder:
             turns=list(self.turns),
             metadata=dict(self.metadata),
             images=list(self.images),
+            policy_versions=list(self.versions) if self.versions_known else None,
+            routed_experts=self.routed,
         )

@@ -129,6 +129,11 @@ class Call(Base):
     bytes_out: Mapped[int] = mapped_column(BigInteger, default=0)
     call_metadata: Mapped[Json] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
     """What the proxy decided about the call (token-in/token-out branch, ...)."""
+    policy_versions: Mapped[Json]
+    """Which weights sampled the completion: ``[[version, start, end], ...]`` over
+    ``completion_ids`` (``orchard_rec.policy``); None when the proxy knew no version."""
+    routed_experts: Mapped[Bytes]
+    """MoE routing (``--routed-experts``): ``orchard_rec.routing.pack``, uint8/uint16 zstd."""
 
 
 class Blob(Base):

@@ -37,6 +37,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from orchard_rec import policy
 from orchard_rec.errors import env_megabytes
 from orchard_rec.protocol.images import ImageRef
 from orchard_rec.records import (
@@ -362,6 +363,8 @@ class Store:
         if self._insert_sql is None:
             table = Call.__table__
             cols = list(table.columns)
+            if not _has_column(db.connection(), "calls", "policy_versions"):  # a 0007 database
+                cols = [c for c in cols if c.name not in ("policy_versions", "routed_experts")]
             sqlite = self.dialect == "sqlite"
             marks = ["?" if sqlite else ("%s::json" if isinstance(c.type, JSON) else "%s") for c in cols]
             names = ", ".join(self.engine.dialect.identifier_preparer.quote(c.name) for c in cols)
@@ -687,6 +690,14 @@ def _sqlite_readonly_creator(url: str) -> Any:
     return connect
 
 
+def _has_column(conn: Any, table: str, column: str) -> bool:
+    """Whether the database's ``table`` has ``column`` (a writer on an older schema, in tests of
+    the migrations, leaves out the columns it lacks)."""
+    from sqlalchemy import inspect
+
+    return column in {c["name"] for c in inspect(conn).get_columns(table)}
+
+
 def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA query_only=ON")
@@ -729,6 +740,8 @@ def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, An
         "bytes_in": r.bytes_in,
         "bytes_out": r.bytes_out,
         "metadata": dict(r.metadata) if r.metadata else None,
+        "policy_versions": policy.to_json(r.policy_versions),
+        "routed_experts": r.routed_experts,
         **stored,
     }
 
@@ -753,6 +766,8 @@ _LIGHT_COLUMNS = (
     "finish_reason",
     "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
     "usage",  # small: a call's size when no ids were recorded (passthrough)
+    "policy_versions",
+    "routed_experts",
 )
 
 
@@ -781,6 +796,8 @@ def _light_record(c: Any, reader: Reader) -> CallRecord:
         seq=c.seq,
         metadata=c.metadata or {},
         usage=c.usage,
+        policy_versions=policy.from_json(c.policy_versions),
+        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
     )
 
 
@@ -814,4 +831,6 @@ def _record(c: Call, reader: Reader) -> CallRecord:
         bytes_out=c.bytes_out,
         seq=c.seq,
         metadata=c.call_metadata or {},
+        policy_versions=policy.from_json(c.policy_versions),
+        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
     )

@@ -10,7 +10,11 @@
   the samples get the teacher's log-probs live (``teacher_log_probs`` as Orchard's OPD
   reads them, ``teacher_valid_mask``): ``args.orchard_teacher_kind`` (``sglang`` default,
   or ``vllm``), ``orchard_teacher_top_k``, ``orchard_teacher_max_len``,
-  ``orchard_teacher_truncation``.
+  ``orchard_teacher_truncation``. Asynchronous RL: ``args.orchard_policy_version`` with
+  ``args.orchard_max_staleness`` (and/or ``orchard_min_policy_version``) drops samples holding
+  tokens of older policy versions, or masks those tokens (``orchard_stale``: ``drop`` default,
+  ``mask``), as ``export --policy-version/--max-staleness/--stale`` does, and logs what it did;
+  ``orchard_aborted`` (``drop`` default, ``keep``) decides on generations the server aborted.
 - ``async generate(args, sample, sampling_params)`` for ``--custom-generate-function-path``
   (slime/rollout/sglang_rollout.py awaits it with these three arguments): runs one harness
   session (``args.orchard_harness``, default ``codex``) through a recording proxy whose
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -33,14 +38,23 @@ from typing import Any
 
 from orchard_rec.exporters.contracts import slime_runs, slime_sample_class, to_slime_dict
 from orchard_rec.pipeline import iter_samples
+from orchard_rec.policy import Staleness
 from orchard_rec.reconstruct import Sample
+from orchard_rec.selection.staleness import StalenessStats
 from orchard_rec.storage.store import Store
 
 __all__ = ["generate", "generate_rollout", "to_slime_sample"]
 
+log = logging.getLogger("orchard_rec.trainers.slime")
+
 
 def _opt(args: Any, name: str, default: Any = None) -> Any:
     return getattr(args, name, None) if getattr(args, name, None) is not None else default
+
+
+def _int(args: Any, name: str) -> int | None:
+    v = _opt(args, name)
+    return None if v is None else int(v)
 
 
 def to_slime_sample(s: Sample, group_id: int | None = None) -> Any:
@@ -55,16 +69,28 @@ def generate_rollout(
     batch = int(_opt(args, "rollout_batch_size", 1))
     store = Store(db)
     try:
+        floor = Staleness(
+            _int(args, "orchard_policy_version"),
+            _int(args, "orchard_max_staleness"),
+            _int(args, "orchard_min_policy_version"),
+        )
+        stale_stats = StalenessStats()
         samples = iter_samples(
             store,
             group_by=_opt(args, "orchard_group_by", "session"),
             on_mismatch=_opt(args, "orchard_on_mismatch", "split"),
             credit=_opt(args, "orchard_credit", "assistant"),
+            aborted=_opt(args, "orchard_aborted", "drop"),
+            staleness=floor if floor.floor is not None else None,
+            stale=_opt(args, "orchard_stale", "drop"),
+            staleness_stats=stale_stats,
         )
         groups = (
             list(g) for _, g in itertools.groupby(slime_runs(samples), key=lambda sr: sr[0].group_index)
         )
         wanted = list(itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch))
+        if floor.floor is not None:
+            log.info("orchard-rec rollout %s: staleness: %s", rollout_id, stale_stats.summary())
         teacher_url = _opt(args, "orchard_teacher_url")
         if teacher_url:
             from orchard_rec.teacher import TeacherConfig, score_live

@@ -569,6 +569,8 @@ def _sample_tokens(s: Sample) -> dict[str, Any]:
         + [float(x) if kind[p + k] == 2 else None for k, x in enumerate(s.rollout_log_probs)],
         "kind": kind,
         "w": None if s.token_weights is None else [None] * p + list(s.token_weights),
+        # the policy version that sampled each generated token (asynchronous RL), drawn as a band
+        "v": None if (per := s.versions_per_token()) is None else [None] * p + per,
     }
 
 

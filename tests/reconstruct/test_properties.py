@@ -4,7 +4,9 @@
     with mask 1 on exactly those positions and aligned logprobs;
 (2) no mask-1 position that the model did not generate;
 (3) linear sessions give one sample with tokens = last prompt + last completion;
-(4) the first call's prompt ids are the first sample's prompt.
+(4) the first call's prompt ids are the first sample's prompt;
+(5) each generated token carries its call's policy version (``None`` on observations), through
+    merges, splits, forks and realignment.
 Sessions mix extension, drift (a re-tokenized earlier turn), forks (same prompt twice)
 and interleaved sub-agents; both mismatch policies are checked.
 """
@@ -18,6 +20,7 @@ from factories import call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchard_rec.policy import per_token
 from orchard_rec.reconstruct import Sample, reconstruct_session
 from orchard_rec.records import CallRecord
 
@@ -58,12 +61,15 @@ def sessions(draw: st.DrawFn, linear_only: bool = False) -> Session:
         if action != "extend" or len(lines) > 1:
             linear = False
         completion = draw(ids) + [9]
+        v, cut = len(calls), draw(st.integers(0, len(completion)))
+        versions = draw(st.sampled_from([None, ((f"v{v}", 0, cut), (f"v{v + 1}", cut, len(completion)))]))
         calls.append(
             call(
                 "s",
                 prompt_ids=prompt,
                 completion_ids=completion,
                 logprobs=[-(i % 7) / 10 - 0.01 for i in completion],
+                policy_versions=None if versions is None else tuple(x for x in versions if x[1] < x[2]),
             )
         )
         prompts.append(prompt)
@@ -80,11 +86,19 @@ def _check_invariants(session: Session, samples: list[Sample]) -> None:
         assert s.response_ids[t.start : t.end] == list(c.completion_ids)  # type: ignore[arg-type]
         assert s.loss_mask[t.start : t.end] == [1] * len(c.completion_ids)  # type: ignore[arg-type]
         assert s.rollout_log_probs[t.start : t.end] == list(c.completion_logprobs)  # type: ignore[arg-type]
+        # (5)
+        per = s.versions_per_token()
+        if per is not None:
+            assert per[t.start : t.end] == per_token(c.policy_versions, t.end - t.start)
+        else:
+            assert c.policy_versions is None
     # (2)
     for s in samples:
         generated = {i for t in s.turns for i in range(t.start, t.end)}
         assert {i for i, m in enumerate(s.loss_mask) if m} <= generated
         assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
+        per = s.versions_per_token()
+        assert per is None or {i for i, v in enumerate(per) if v is not None} == generated
     # (4)
     assert samples[0].prompt_ids == list(session.calls[0].prompt_ids)  # type: ignore[arg-type]
 

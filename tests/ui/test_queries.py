@@ -98,7 +98,7 @@ def test_search_inside_conversations(db_url: str) -> None:
 def test_the_migration_indexes_what_was_recorded_before(db_url: str) -> None:
     from orchard_rec.storage import Store, migrate
 
-    migrate.upgrade(db_url, "0007")
+    migrate.upgrade(db_url, "0008")
     rldata.build(db_url, upgrade=False)  # written without the index
     migrate.upgrade(db_url)
     migrate.check(db_url)

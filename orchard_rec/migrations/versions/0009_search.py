@@ -6,7 +6,7 @@ index. Not in the ORM models (``env.py`` leaves ``search_*`` out of ``alembic ch
 ``storage.search`` reads and writes them. Calls recorded before are indexed here, per session.
 
 Revision ID: 0009
-Revises: 0007 (to become 0008 when 0008_policy_versions is merged before it)
+Revises: 0008
 Create Date: 2026-12-06
 """
 
@@ -15,8 +15,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0009"
-# written beside 0008_policy_versions: when both are merged, this becomes "0008"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -247,12 +247,21 @@
       return lp > -0.1 ? 0 : lp > -0.5 ? 1 : lp > -1 ? 2 : lp > -2.5 ? 3 : 4;
     }
     var SPECIAL = /^<[|\/]?[^<>\s]{1,24}[|]?>$/;
+    /* Policy versions (asynchronous RL): a band over the generated tokens, one colour per
+       version in order of appearance (6 colours, then again), "u" for unknown. */
+    function versionBand(s, v) {
+      if (v === "unknown") return "u";
+      if (!s.vOrder) s.vOrder = {};
+      if (!(v in s.vOrder)) s.vOrder[v] = Object.keys(s.vOrder).length % 6;
+      return s.vOrder[v];
+    }
     function tokenHTML(s, k) {
       var id = s.ids[k];
       var text = vocab[id];
       var kind = s.kind[k];
       var cls = "t k" + kind + " m" + s.mask[k];
       if (kind === 2 && s.lp[k] != null) cls += " h" + bucket(s.lp[k]);
+      if (s.v && s.v[k] != null) cls += " pv" + versionBand(s, s.v[k]);
       var shown;
       if (text === undefined) { cls += " raw"; shown = "\u27e8" + id + "\u27e9"; }
       else {
@@ -278,6 +287,7 @@
         tip.innerHTML = "<b>#" + k + "</b> id <b>" + s.ids[k] + "</b><br>" + kinds[s.kind[k]] + (s.mask[k] ? " · <span class=good>trained</span>" : " · not trained") +
           (lp != null ? "<br>logprob " + lp.toFixed(4) + " (p " + Math.exp(lp).toFixed(3) + ")" : "") +
           (w != null ? "<br>credit weight " + (+w).toFixed(3) : "") +
+          (s.v && s.v[k] != null ? "<br>policy version <b>" + esc(s.v[k]) + "</b>" : "") +
           (vocab[s.ids[k]] !== undefined ? "<br><code>" + esc(JSON.stringify(vocab[s.ids[k]])) + "</code>" : "");
         var r = t.getBoundingClientRect();
         tip.hidden = false;

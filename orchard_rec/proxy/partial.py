@@ -1,0 +1,172 @@
+"""Tito's partial rollouts: a generation the server aborted for a weight update, continued.
+
+A trainer that pauses vLLM with ``/pause?mode=abort`` cuts every running generation: the server
+answers ``finish_reason: "abort"`` with the tokens so far (and their ``weight_versions``). In tito
+mode the proxy holds the exact ids, so it continues the generation after ``/resume`` from the
+prompt plus those tokens, with what is left of ``max_tokens``, and gives the client one
+uninterrupted answer (tito answers the client after the whole generation, stream or not). The
+record holds every part: the ids and log-probs concatenated, the parts' sizes and finishes in
+``metadata["tito"]["parts"]``, and each part's version spans shifted to its place.
+
+Waiting for ``/resume``: vLLM's ``GET /is_paused`` is asked every ``POLL_S`` (a server without it
+counts as resumed); a new request sent while paused would wait in vLLM's queue anyway. At most
+``MAX_PARTS`` parts: a server that keeps aborting gets its last answer relayed as it is.
+Any abort the server reports is continued (``/abort_requests`` too: the proxy cannot tell them
+apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from orchard_rec import policy, rlwire
+from orchard_rec.errors import UpstreamProtocolError
+from orchard_rec.proxy.capture import Capture
+from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.tito import read_upstream
+
+__all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted", "settle"]
+
+MAX_PARTS = 8
+POLL_S = 0.05
+
+
+@dataclass
+class Link:
+    """How to reach the token endpoint again: the app's session, the URL, the headers, and the
+    app's mapping of upstream errors (a context manager)."""
+
+    session: aiohttp.ClientSession
+    url: str
+    headers: dict[str, str]
+    errors: Callable[[], AbstractContextManager[None]]
+
+    async def send(self, wire: bytes) -> tuple[int, bytes]:
+        with self.errors():
+            async with self.session.post(self.url, data=wire, headers=self.headers) as up:
+                return up.status, await up.read()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass
+class Generated:
+    """One generation, however many parts it took."""
+
+    ids: list[int]
+    lps: list[float] | None
+    finish: str
+    text: str | None
+    spans: tuple[policy.Span, ...] | None
+    status: int = 200
+    data: bytes = b""
+    """The last part's answer as the server sent it."""
+    obj: Any = None
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    """``[{"tokens": n, "finish": "abort"}, ...]``: one entry per part, when there was more than one."""
+
+    @classmethod
+    def of(
+        cls, kind: str, obj: Any, ids: list[int], lps: list[float] | None, finish: str, text: str | None
+    ) -> Generated:
+        """A first part, as ``tito.read_upstream`` read it, with the answer's version spans."""
+        return cls(ids, lps, finish, text, rlwire.spans_in(kind, obj, len(ids)), obj=obj)
+
+
+async def settle(
+    cfg: ProxyConfig, cap: Capture, obj: Any, body: dict[str, Any], prompt: Sequence[int], link: Link
+) -> Generated:
+    """The generation a token endpoint's answer ``obj`` holds, continued when it was aborted; its
+    version spans noted for the record (``metadata["policy"]["spans"]``), and when continued the
+    last part's answer is what the record parses."""
+    gen = Generated.of(cfg.upstream_kind, obj, *read_upstream(cfg.upstream_kind, obj))
+    if rlwire.abort_finish(cfg.upstream_kind, obj):
+        gen = await continue_aborted(cfg, body, prompt, gen, link)
+        if gen.status < 400:
+            cap.body, cap.id_cut = gen.data, None
+    if gen.spans is not None and isinstance(cap.metadata.get("policy"), dict):
+        cap.metadata["policy"]["spans"] = policy.to_json(gen.spans)
+    return gen
+
+
+def _next_body(kind: str, body: dict[str, Any], prompt: Sequence[int], ids: Sequence[int]) -> dict[str, Any]:
+    """The same request, from ``prompt + ids``, for what is left of its token budget."""
+    ids_in = [*prompt, *ids]
+    if kind == "sglang":
+        sp = dict(body["sampling_params"])
+        sp["max_new_tokens"] = max(1, int(sp.get("max_new_tokens") or 1) - len(ids))
+        return {**body, "input_ids": ids_in, "sampling_params": sp}
+    if "sampling_params" in body:  # vLLM /inference/v1/generate
+        sp = dict(body["sampling_params"])
+        sp["max_tokens"] = max(1, int(sp.get("max_tokens") or 1) - len(ids))
+        return {**body, "token_ids": ids_in, "sampling_params": sp}
+    return {**body, "prompt": ids_in, "max_tokens": max(1, int(body.get("max_tokens") or 1) - len(ids))}
+
+
+async def _resumed(link: Link, root: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not await rlwire.is_paused(link.session, root, link.headers):
+                return
+        except Exception:  # a server without /is_paused: take it as resumed
+            return
+        await asyncio.sleep(POLL_S)
+
+
+async def continue_aborted(
+    cfg: ProxyConfig, body: dict[str, Any], prompt: Sequence[int], first: Generated, link: Link
+) -> Generated:
+    """``first`` (an aborted part) continued until a part ends otherwise, or ``MAX_PARTS``."""
+    kind, root = cfg.upstream_kind, rlwire.server_root(cfg.upstream)
+    ids, lps = list(first.ids), None if first.lps is None else list(first.lps)
+    spans: list[policy.Span] | None = None if first.spans is None else list(first.spans)
+    parts = [{"tokens": len(first.ids), "finish": "abort"}]
+    last = first
+    budget_left = True
+    while rlwire.abort_finish(kind, last.obj) and len(parts) < MAX_PARTS and budget_left:
+        await _resumed(link, root, cfg.read_timeout)
+        nxt = _next_body(kind, body, prompt, ids)
+        status, data = await link.send(orjson.dumps(nxt))
+        if status >= 400:
+            return Generated(ids, lps, "abort", None, _spans(spans), status, data, None, parts)
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
+        more, more_lps, finish, _ = read_upstream(kind, obj)
+        got = rlwire.spans_in(kind, obj, len(more))
+        spans = None if spans is None or got is None else spans + policy.shift(got, len(ids))
+        lps = None if lps is None or more_lps is None else lps + more_lps
+        ids += more
+        aborted = rlwire.abort_finish(kind, obj)
+        parts.append({"tokens": len(more), "finish": "abort" if aborted else finish})
+        last = Generated(more, more_lps, finish, None, got, status, data, obj)
+        budget_left = bool(more) or not aborted
+    finish = "abort" if rlwire.abort_finish(kind, last.obj) else last.finish
+    # the server's text of the parts is not joined (a character may straddle the cut): decoded whole
+    return Generated(ids, lps, finish, None, _spans(spans), last.status, last.data, last.obj, parts)
+
+
+def _spans(spans: list[policy.Span] | None) -> tuple[policy.Span, ...] | None:
+    return None if spans is None else tuple(_merge(spans))
+
+
+def _merge(spans: list[policy.Span]) -> list[policy.Span]:
+    """Adjacent spans of one version joined (a part that went on with the same weights)."""
+    out: list[policy.Span] = []
+    for v, s, e in spans:
+        if s == e:
+            continue
+        if out and out[-1][0] == v and out[-1][2] == s:
+            out[-1] = (v, out[-1][1], e)
+        else:
+            out.append((v, s, e))
+    return out
