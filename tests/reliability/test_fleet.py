@@ -227,3 +227,43 @@ def test_kill_one_upstream_under_load_then_restart_it(tmp_path: Path) -> None:
     )
     print(*(f for fs in failed.values() for f in fs), sep="\n")
     print(f"failed in flight: {total_failed}; re-admitted after {readmitted:.2f} s")
+
+
+def test_a_reset_after_the_server_had_the_call_is_never_retried(
+    upstream_factory, proxy_factory, sqlite_url
+) -> None:  # type: ignore[no-untyped-def]
+    """The server read the whole request, then its connection reset before any byte came back: it
+    may have started generating, so the call fails (502, the client's dialect) and is NOT sent to
+    the other server; the server is ejected, and the session's next call goes to the other."""
+    from aiohttp import web
+
+    from orchard_rec.proxy.server import BackgroundServer
+
+    started: list[str] = []
+
+    async def dies(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":  # its health check passes
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        started.append(request.path)
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", dies)
+    with BackgroundServer(app) as bad:
+        good = upstream_factory()
+        urls = [bad.url + "/v1", good.url]
+        proxy = proxy_factory(urls[0], sqlite_url, fleet=(urls[1],), health_interval=60)
+        ring = Fleet(urls)
+        sid = next(f"r-{k}" for k in range(100) if ring.home(f"r-{k}").url == urls[0])
+        client = _client(proxy.url, sid)
+        with pytest.raises(openai.InternalServerError) as err:
+            _turn(client, [{"role": "user", "content": "hi"}], stream=False)
+        assert err.value.status_code == 502 and urls[0] in err.value.message
+        assert started == ["/v1/chat/completions"] and not good.fake.log  # run once, never twice
+        assert _turn(client, [{"role": "user", "content": "hi"}], stream=False)  # now on the other
+        assert len(good.fake.log) == 1 and len(started) == 1
+        h = json.loads(urllib.request.urlopen(proxy.url + "/healthz").read())
+        assert [u["healthy"] for u in h["upstreams"]] == [False, True] and h["upstreams"][0]["failures"] == 1
