@@ -505,6 +505,23 @@ def _check_upstream(upstream: str, option: str = "--upstream", *, openai_style: 
     return u
 
 
+def _fleet_urls(given: list[str] | None, path: Path | None) -> list[str]:
+    """``--upstream`` values (each may be a comma-separated list) and ``--upstreams-file`` lines."""
+    urls = [u.strip() for v in given or () for u in v.split(",") if u.strip()]
+    if path is not None:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise usage_error(f"--upstreams-file {path}: cannot read it ({exc})") from None
+        urls += [ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()]
+    if not urls:
+        raise usage_error(
+            "serve needs an upstream: --upstream URL (repeatable), --upstreams-file PATH or ORCHARD_UPSTREAM",
+            "e.g. --upstream http://127.0.0.1:8000/v1",
+        )
+    return list(dict.fromkeys(urls))
+
+
 def _check_port(host: str, port: int, option: str = "--host") -> None:
     """The address is this machine's and the port free (port 0: the address only)."""
     import errno
@@ -572,8 +589,30 @@ def _proxy_config(**kw: Any) -> ProxyConfig:
 
 @app.command()
 def serve(
-    upstream: str = typer.Option(
-        ..., "--upstream", envvar="ORCHARD_UPSTREAM", help="Model server base URL including /v1."
+    upstream: list[str] | None = typer.Option(
+        None,
+        "--upstream",
+        envvar="ORCHARD_UPSTREAM",
+        help="Model server base URL including /v1 (repeatable: a fleet; env: comma-separated).",
+    ),
+    upstreams_file: Path | None = typer.Option(
+        None, "--upstreams-file", help="More upstreams: one URL per line (# comments)."
+    ),
+    route: Literal["session", "least-busy", "round-robin"] = typer.Option(
+        "session", "--route", help="Fleet routing: session (sticky, bounded load), least-busy, round-robin."
+    ),
+    route_epsilon: float = typer.Option(
+        0.5,
+        "--route-epsilon",
+        help="session: a server may hold up to ceil((1+eps) x average) calls in flight.",
+    ),
+    routing_header: str | None = typer.Option(
+        None,
+        "--routing-header",
+        help="Also send the session id upstream in this header (e.g. X-SMG-Routing-Key).",
+    ),
+    health_interval: float | None = typer.Option(
+        None, "--health-interval", help="Seconds between upstream health checks (default 10)."
     ),
     db: str = DbOpt,
     host: str = HostOpt,
@@ -700,7 +739,12 @@ def serve(
             " wal will be removed. The default, process, survives the proxy's crash at write(2) speed."
         )
         durability = "machine"
-    upstream = _check_upstream(upstream, openai_style=not (mode == "tito" and upstream_kind == "sglang"))
+    urls = _fleet_urls(upstream, upstreams_file)
+    urls = [_check_upstream(u, openai_style=not (mode == "tito" and upstream_kind == "sglang")) for u in urls]
+    if health_interval is not None and health_interval <= 0:
+        raise usage_error(
+            f"--health-interval {health_interval:g}: must be above 0", "the default is 10 (seconds)"
+        )
     if mode == "tito" and not tokenizer:
         raise usage_error(
             "--mode tito needs --tokenizer", "the model's Hugging Face tokenizer folder (or 'demo')"
@@ -717,7 +761,12 @@ def serve(
                 f"--upstream-key-env: the environment variable {upstream_key_env} is empty or unset"
             )
     cfg = _proxy_config(
-        upstream=upstream,
+        upstream=urls[0],
+        fleet=tuple(urls[1:]),
+        route=route,
+        route_epsilon=route_epsilon,
+        routing_header=routing_header,
+        health_interval=health_interval,
         db=db,
         mode=mode,
         max_body_bytes=max(1, int(max_body_mb * 1024 * 1024)),

@@ -35,6 +35,7 @@ from orchard_rec.dialects.base import (
 )
 from orchard_rec.dialects.content import hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, anthropic_images
+from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.records import Dialect
 
@@ -718,6 +719,9 @@ class _Messages(WireDialect):
 
     def upstream_error(self, status: int, data: bytes) -> bytes:
         return upstream_error(status, data)
+
+    def stream_error(self, message: str) -> bytes:
+        return encode(*stream_error_event({"message": message}))
 
     def images(self, request: Any) -> list[ImageRef]:
         return anthropic_images(request) if isinstance(request, dict) else []

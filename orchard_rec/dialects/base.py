@@ -229,6 +229,14 @@ class WireDialect:
         """A chat upstream's error body as this dialect's client has it (as it is here)."""
         return data
 
+    def stream_error(self, message: str) -> bytes:
+        """An error met after the client had its status line (the server died mid-stream), as one
+        event of this dialect's stream; the client's SDK raises it (OpenAI's ``data: {"error": ...}``
+        chunk here)."""
+        return encode(
+            None, {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+        )
+
     def openapi(self) -> dict[str, dict[str, Any]]:
         """Its routes as OpenAPI path items (``proxy.openapi`` adds the ``/s/{session_id}`` copies)."""
         return {}

@@ -38,6 +38,7 @@ import orjson
 from orchard_rec.dialects.base import Route, Tokens, WireDialect, openapi_post
 from orchard_rec.dialects.content import hex_id
 from orchard_rec.dialects.images import ImageRef, image_of_url, image_ref
+from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.records import Dialect
 
@@ -565,6 +566,9 @@ class _Gemini(WireDialect):
 
     def error_body(self, exc: OrchardError) -> bytes:
         return orjson.dumps(error_object(exc.status, exc.message))
+
+    def stream_error(self, message: str) -> bytes:
+        return encode(None, error_object(500, message))  # what Google's servers send mid-stream
 
     def upstream_error(self, status: int, data: bytes) -> bytes:
         try:

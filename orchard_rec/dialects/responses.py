@@ -33,6 +33,7 @@ from orchard_rec.dialects.base import (
 )
 from orchard_rec.dialects.content import hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, responses_images
+from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest
 from orchard_rec.records import Dialect
 
@@ -780,6 +781,9 @@ class _Responses(WireDialect):
 
     def is_terminal(self, name: str | None, data: str) -> bool:
         return event_type_in(name, data, TERMINAL_EVENTS)
+
+    def stream_error(self, message: str) -> bytes:
+        return encode(*stream_error_event({"message": message, "code": "server_error"}, 0))
 
     def images(self, request: Any) -> list[ImageRef]:
         return responses_images(request) if isinstance(request, dict) else []

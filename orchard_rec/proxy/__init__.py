@@ -12,8 +12,9 @@ sessions), ``recorder`` (the writer threads; ``dbthread`` its database thread), 
 process of its own: records built and written off the event loop's GIL), ``logs`` (log lines and
 the access log, shared with that process), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and
 ``tochat``), ``versions`` (the policy version in force and each call's fence: asynchronous RL),
-``partial`` (tito's generations aborted for a weight update, continued after ``/resume``),
-``capline`` (the spool's capture lines under ``process`` and ``machine``:
+``partial`` (tito's generations aborted for a weight update, continued after ``/resume``), ``fleet``
+(several upstreams: the sans-io picker, consistent hashing with bounded loads, health checks, safe
+retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core), ``server``,
 ``config``, ``metrics``, ``openapi``.
 

@@ -59,6 +59,7 @@ from orchard_rec.proxy import idcut, partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
+from orchard_rec.proxy.fleet import Fleet, open_upstream, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
@@ -90,10 +91,10 @@ RECORDER = web.AppKey("recorder", Recorder)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
-UPSTREAM_HEALTH = web.AppKey("upstream_health", dict[str, Any])
+FLEET = web.AppKey("fleet", Fleet)
 POLICY = web.AppKey("policy", PolicyTracker)
 UPSTREAM_CHECK_S = float(os.environ.get("ORCHARD_UPSTREAM_CHECK_S", "10"))
-"""How often the background check asks the upstream whether it answers (``GET <upstream>/models``)."""
+"""How often the background check asks each upstream whether it answers (``GET <upstream>/models``)."""
 
 _HOP = frozenset(
     {
@@ -233,11 +234,15 @@ async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
         validate_session_id(sid)
     _authorize(request, sid)
     cfg = request.app[CONFIG]
-    root = cfg.upstream[:-3] if cfg.upstream.endswith("/v1") else cfg.upstream
-    url = root + path + (("?" + request.query_string) if request.query_string else "")
+    tail = path + (("?" + request.query_string) if request.query_string else "")
     scratch = Capture(Dialect.OTHER, request.method, path, None)  # never submitted
+    scratch.session_id = sid
+
+    def url_of(base: str) -> str:
+        return (base[:-3] if base.endswith("/v1") else base) + tail
+
     with _upstream_errors(scratch, cfg.upstream):
-        async with request.app[UPSTREAM].get(url, headers=_upstream_headers(request)) as up:
+        async with _open(request, scratch, "GET", url_of, headers=_upstream_headers(request)) as up:
             data = await up.read()
             return web.Response(status=up.status, body=data, headers=_client_headers(up))
     raise AssertionError("unreachable")  # pragma: no cover
@@ -361,8 +366,13 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
     with _upstream_errors(cap, cfg.upstream):
-        async with app[UPSTREAM].post(
-            upstream_url(cfg.upstream_kind, cfg.upstream, path), data=wire, headers=headers
+        async with _open(
+            request,
+            cap,
+            "POST",
+            lambda base: upstream_url(cfg.upstream_kind, base, path),
+            data=wire,
+            headers=headers,
         ) as up:
             cap.first_byte_at = time.time()
             data = await up.read()
@@ -477,9 +487,11 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
     if data is None:
         data = raw
     with _upstream_errors(cap, cfg.upstream):
-        async with app[UPSTREAM].request(
+        async with _open(
+            request,
+            cap,
             request.method,
-            upstream_address(cfg.upstream, path),
+            lambda base: upstream_address(base, path),
             data=data if data else None,
             headers=_upstream_headers(request, cap.dialect),
         ) as up:
@@ -499,9 +511,17 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _open(request: web.Request, cap: Capture, method: str, url_of: Any, **kw: Any) -> Any:
+    """The upstream's response from the server the fleet picks for the call's session (``fleet.py``)."""
+    app, sid = request.app, cap.session_id
+    header = app[CONFIG].routing_header
+    return open_upstream(app[FLEET], app[UPSTREAM], sid, method, url_of, cap.metadata, header, **kw)
+
+
 @contextlib.contextmanager
 def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
     """Map the upstream client's failures to the proxy's errors (recorded on the capture)."""
+    upstream = cap.metadata.get("upstream", upstream)
     try:
         yield
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -561,6 +581,9 @@ async def _relay_stream(
     except (TimeoutError, aiohttp.ClientError) as exc:
         # The status line is gone already: the only honest signal left is a cut stream.
         cap.fail(CallOutcome.FAILED, f"upstream stream broke: {type(exc).__name__}: {exc}")
+        where = cap.metadata.get("upstream", request.app[CONFIG].upstream)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(relay.broke(f"upstream {where} broke off the stream ({type(exc).__name__})"))
         if request.transport is not None:
             request.transport.close()
         return resp
@@ -572,29 +595,6 @@ async def _relay_stream(
 
 
 # -- service routes ------------------------------------------------------------------------------
-
-
-async def _watch_upstream(app: web.Application) -> None:
-    """Whether the upstream answers at all (any HTTP status counts), every ``UPSTREAM_CHECK_S``."""
-    cfg = app[CONFIG]
-    state = app[UPSTREAM_HEALTH]
-    url = cfg.upstream + "/models" if cfg.upstream.endswith("/v1") else cfg.upstream
-    timeout = aiohttp.ClientTimeout(total=min(5.0, cfg.connect_timeout + 2))
-    # the proxy's own upstream credential, as on every call (never a client's)
-    headers = {"Authorization": f"Bearer {cfg.upstream_key}"} if cfg.upstream_key else {}
-    while True:
-        try:
-            async with app[UPSTREAM].get(url, timeout=timeout, headers=headers) as r:
-                await r.read()
-            state.update(reachable=True, error=None)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if state.get("reachable") is not False:
-                log.warning("upstream %s does not answer: %s", cfg.upstream, type(exc).__name__)
-            state.update(reachable=False, error=f"{type(exc).__name__}: {exc}"[:300])
-        state["checked_at"] = time.time()
-        await asyncio.sleep(UPSTREAM_CHECK_S)
 
 
 def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
@@ -614,12 +614,11 @@ def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
 
 async def healthz(request: web.Request) -> web.Response:
     rec = request.app[RECORDER]
-    state: dict[str, Any] = request.app.get(UPSTREAM_HEALTH, {})
-    upstream = dict(state)
-    status = "ok" if rec.healthy and upstream.get("reachable") is not False else "degraded"
+    upstream = request.app[FLEET].summary()
     body = {
-        "status": status,
-        "upstream": {"url": request.app[CONFIG].upstream, **upstream},
+        "status": "ok" if rec.healthy and upstream["reachable"] is not False else "degraded",
+        "upstream": upstream,
+        "upstreams": request.app[FLEET].figures(),
         "queue_depth": rec.depth,
         "queued_bytes": rec.queued_bytes,
         "max_queue_bytes": request.app[CONFIG].max_queue_bytes,
@@ -728,6 +727,8 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         lambda: cache_stats(app),
         spool_sync=recorder.sync_stats,
     )
+    app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon, config.route_min_load)
+    app[METRICS].registry.register(app[FLEET].collector())
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer
 
@@ -752,8 +753,14 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         app[UPSTREAM] = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
-        app[UPSTREAM_HEALTH] = {"reachable": None, "checked_at": None, "error": None}
-        tasks = [asyncio.create_task(_watch_upstream(app))]
+        # the proxy's own upstream credential, as on every call (never a client's)
+        auth = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
+        every = config.health_interval or UPSTREAM_CHECK_S
+        tasks = [
+            asyncio.create_task(
+                watch(app[FLEET], app[UPSTREAM], every, auth, min(5.0, config.connect_timeout + 2))
+            )
+        ]
         if config.policy_refresh > 0:
             tasks.append(asyncio.create_task(app[POLICY].poll(app[UPSTREAM], config)))
         yield

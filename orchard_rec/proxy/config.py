@@ -96,6 +96,21 @@ class ProxyConfig(BaseModel):
     def _earlier_name(cls, v: object) -> object:
         return "machine" if v == "wal" else v
 
+    fleet: tuple[str, ...] = ()
+    """More upstreams beside ``upstream`` (a fleet, ``proxy/fleet.py``): every call goes to one of them."""
+    route: Literal["session", "least-busy", "round-robin"] = "session"
+    """Fleet routing: ``session`` (consistent hashing with bounded loads; calls without a session go
+    to the least busy), ``least-busy`` or ``round-robin``."""
+    route_epsilon: float = Field(0.5, gt=0)
+    """``session``: a server holds at most ``ceil((1 + epsilon) * average)`` calls in flight (0.5:
+    HAProxy's ``hash-balance-factor 150``; smaller spreads load sooner, larger keeps sessions home)."""
+    route_min_load: int = Field(8, ge=1)
+    """``session``: calls in flight a server may always hold, whatever the average (``fleet.py``)."""
+    routing_header: str | None = None
+    """Send the session id upstream in this header too (e.g. ``X-SMG-Routing-Key``)."""
+    health_interval: float | None = Field(None, gt=0)
+    """Seconds between active health checks (default: ``ORCHARD_UPSTREAM_CHECK_S``, else 10)."""
+
     @field_validator("upstream")
     @classmethod
     def _strip(cls, v: str) -> str:
@@ -103,3 +118,13 @@ class ProxyConfig(BaseModel):
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"upstream must be an http(s) URL, got {v!r}")
         return v
+
+    @field_validator("fleet")
+    @classmethod
+    def _strip_all(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(cls._strip(u) for u in v)
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """Every upstream, ``upstream`` first, each once."""
+        return tuple(dict.fromkeys((self.upstream, *self.fleet)))

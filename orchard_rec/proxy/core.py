@@ -231,3 +231,15 @@ class StreamRelay:
         """``n`` more bytes are being handed to the client."""
         self.sent += n
         self.cap.bytes_out = self.sent
+
+    def broke(self, message: str) -> bytes:
+        """The upstream's stream broke after the client had its status line (a fleet's server died):
+        the error as the client's dialect says it inside a stream (chat/completions: a ``data:
+        {"error": ...}`` chunk, which the openai SDK raises; Responses and Messages: their ``error``
+        event; ``WireDialect.stream_error``), when the client's bytes end on an event boundary; else
+        nothing (the stream is cut)."""
+        last = self.cap.chunks[-1] if self.cap.chunks else b""
+        if self.filter is None and last and not last.endswith((b"\n\n", b"\r\n\r\n")):
+            return b""
+        wire = dialects.get(self.cap.dialect)
+        return wire.stream_error(message) if wire is not None else b""

@@ -177,7 +177,7 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
             "orchard-rec proxy listening on http://%s:%d  upstream %s  database %s  mode %s  durability %s  auth %s",
             host,
             bound,
-            cfg.upstream,
+            " ".join(cfg.upstreams) + (f" (route {cfg.route})" if cfg.fleet else ""),
             _safe_db(cfg.db),
             cfg.mode,
             cfg.durability,
