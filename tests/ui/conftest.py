@@ -85,7 +85,10 @@ def ui_server() -> Iterator[Callable[..., BackgroundServer]]:
         store.close()
 
 
-@pytest.fixture(scope="session")
+# package scope, not session: while Playwright's sync API is running, the main thread has a running
+# event loop, and every later test's asyncio.run() outside tests/ui would fail ("cannot be called
+# from a running event loop"); the browser is closed when the last test of tests/ui has run.
+@pytest.fixture(scope="package")
 def browser_context() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.fail(
