@@ -181,7 +181,7 @@ class Capture:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         completion_t = None if completion is None else tuple(completion)
         metadata, versions = _versions(self.metadata, completion_t)
-        if at is not None and events is not None and len(at) == len(events):  # not a translation's
+        if at and events is not None and len(at) == len(events):  # not a translation's
             metadata = {**metadata, "event_ms": at}
         routed = None
         if metadata.get("routed_experts") is True:
@@ -228,9 +228,9 @@ class Capture:
 def _timed_events(
     chunks: list[bytes], arrivals: list[float], started: float
 ) -> tuple[list[tuple[str | None, str]], list[int] | None]:
-    """The stream's events, and when each arrived: integer ms after the request (the arrival of
-    the chunk that completed it); None when the chunks' times are not known (a line of an older
-    build)."""
+    """The stream's events, and when each arrived: whole ms after the request (the arrival of
+    the chunk that completed it, floored); None when the chunks' times are not known (a line of
+    an older build)."""
     if len(arrivals) != len(chunks):
         return parse_sse(chunks), None
     p = SSEParser()
@@ -240,12 +240,12 @@ def _timed_events(
     for chunk, t in zip(chunks, arrivals, strict=True):
         got = p.feed(chunk)
         if got:
-            ms = round((t - started) * 1000)
+            ms = round((t - started) * 1e6) // 1000  # by way of µs: as a spool line's replay says
             out += got
             at += [ms] * len(got)
     tail = p.flush()  # a last event without its blank line: complete with the last chunk
     if tail and arrivals:
-        ms = round((arrivals[-1] - started) * 1000)
+        ms = round((arrivals[-1] - started) * 1e6) // 1000
     out += tail
     at += [ms] * len(tail)
     return out, at
