@@ -274,3 +274,79 @@ def check_stored_as_written(store: Any, sid: str, live: list[CallRecord], ref_db
         assert g == w, g.call_id
     assert got[-1].prompt_ids and got[-1].completion_ids
     ref.close()
+
+
+PACED_GAP_S = 0.04
+"""The pause between the frames of ``paced_stream_upstream``'s answer."""
+PACED_SECRETS = ("cookie-SECRET", "token-SECRET", "key-SECRET", "bearer-SECRET")
+
+
+def paced_stream_upstream() -> Any:
+    """An aiohttp app answering ``POST /v1/chat/completions`` with a chat stream of 4 events plus
+    ``[DONE]``, written as 4 frames ``PACED_GAP_S`` apart (one event split over two frames, two
+    in one), and response headers that carry secrets (``PACED_SECRETS``) beside public ones."""
+    import asyncio
+
+    from aiohttp import web
+
+    def chunk(i: int, text: str, finish: str | None = None) -> bytes:
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+        obj = {
+            "id": "chatcmpl-paced",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "paced",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    e0, e1, e2, e3 = chunk(0, "one"), chunk(1, " two"), chunk(2, " three"), chunk(3, "", "stop")
+    frames = [e0, e1[:20], e1[20:] + e2, e3 + b"data: [DONE]\n\n"]
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Set-Cookie": f"sid={PACED_SECRETS[0]}; Path=/",
+                "X-Session-Token": PACED_SECRETS[1],
+                "X-Api-Key": PACED_SECRETS[2],
+                "Authorization": f"Bearer {PACED_SECRETS[3]}",
+                "X-Request-Id": "req-paced-1",
+                "X-Ratelimit-Remaining-Tokens": "9999",
+                "Openai-Processing-Ms": "7",
+                "X-Long": "v" * 5000,
+            }
+        )
+        await resp.prepare(request)
+        for i, f in enumerate(frames):
+            if i:
+                await asyncio.sleep(PACED_GAP_S)
+            await resp.write(f)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def check_paced_record(c: CallRecord) -> None:
+    """``c``, a call recorded from ``paced_stream_upstream`` through the proxy: one arrival per
+    event, in order, inside the first/last byte window, the frames' pauses between them; the
+    response headers kept without their secrets, bounded."""
+    at = c.metadata["event_ms"]
+    assert c.stream and c.events is not None and len(c.events) == 5 == len(at)
+    assert all(isinstance(ms, int) for ms in at) and at == sorted(at)
+    first, last = (c.first_byte_at - c.received_at) * 1000, (c.done_at - c.received_at) * 1000  # type: ignore[operator]
+    assert first - 1 <= at[0] and at[-1] <= last + 1, (first, at, last)
+    # event 0 in frame 0; 1 completed by frame 2 with 2; 3 and [DONE] in frame 3
+    gap = PACED_GAP_S * 1000
+    assert at[1] == at[2] and at[3] == at[4], at
+    assert at[1] - at[0] >= 2 * gap - 5 and at[3] - at[2] >= gap - 5, at
+    h = c.metadata["response_headers"]
+    assert h["x-request-id"] == "req-paced-1" and h["openai-processing-ms"] == "7"
+    assert h["x-ratelimit-remaining-tokens"] == "9999" and h["content-type"] == "text/event-stream"
+    assert len(h["x-long"]) == 512
+    assert not {"set-cookie", "x-session-token", "x-api-key", "authorization"} & set(h)
+    assert not any(s in json.dumps(dict(c.metadata)) for s in PACED_SECRETS)

@@ -183,7 +183,7 @@ class InterceptAddon:
         if held is None or held.call.cap.outcome is not CallOutcome.OK:
             return
         call, resp = held.call, flow.response
-        relay = call.response(resp.status_code, resp.headers.get("content-type"))
+        relay = call.response(resp.status_code, resp.headers.get("content-type"), resp.headers)
         if relay is not None:
             if relay.filter is not None:
                 resp.headers.pop("content-length", None)  # events are rewritten on the way

@@ -495,7 +495,7 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
             data=data if data else None,
             headers=_upstream_headers(request, cap.dialect),
         ) as up:
-            relay = call.response(up.status, up.content_type)
+            relay = call.response(up.status, up.content_type, up.headers)
             if relay is not None:
                 return await _relay_stream(request, call, relay, up)
             out = call.body(await up.read(), up.status)

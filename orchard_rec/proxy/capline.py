@@ -15,7 +15,8 @@ same session that this process spooled earlier (their *bases*):
   plus its new messages and other keys; anything else (tito) as a delta of its JSON bytes;
 - the answer (the body, or the stream's chunks joined): literal bytes, except the prompt's
   ``"prompt_token_ids":[...]`` array, written as "the base's array less its ``]``" plus the new
-  bytes when it extends the base's (as ``idcut.IdParser`` reuses a prefix);
+  bytes when it extends the base's (as ``idcut.IdParser`` reuses a prefix); a stream's line adds
+  ``"arrivals"``, ``[µs after the request, bytes]`` of each chunk (the record's ``event_ms``);
 - tito's ``tokens``: the prompt as a reference to the upstream request's ids when it is them.
 
 The parsed request is not written (``orjson.loads(raw)`` again at replay). The live path never
@@ -125,6 +126,8 @@ PARTS: tuple[str, ...] = (
     "tokens",
     "body",
     "chunks",
+    "arrivals",
+    "started",
     "id_cut",
 )
 """The slots a line holds in its own form: ``request``, ``upstream``, ``tokens``, ``answer``."""
@@ -143,12 +146,25 @@ def snapshot(cap: Capture) -> Capture:
         except AttributeError:  # a slot never set
             pass
     c.chunks = list(cap.chunks)
+    c.arrivals = list(cap.arrivals)
     c.metadata = dict(cap.metadata)
     if cap.client_events is not None:  # a translated stream's list, the filter's own
         c.client_events = list(cap.client_events)
     if c.done_at is None:
         c.done_at = time.time()
     return c
+
+
+def _chunks(answer: bytes, arrivals: Any) -> tuple[list[bytes], list[float], float]:
+    """A stream's chunks as they arrived, and when (a line of an older build: one chunk, no times)."""
+    if not arrivals or sum(n for _, n in arrivals) != len(answer):
+        return [answer], [], 0.0
+    chunks, times, pos = [], [], 0
+    for us, n in arrivals:
+        chunks.append(answer[pos : pos + n])
+        times.append(us / 1e6)
+        pos += n
+    return chunks, times, 0.0
 
 
 def is_capture_line(d: dict[str, Any]) -> bool:
@@ -315,6 +331,9 @@ class Encoder:
         d["tokens"] = self._tokens(cap)
         if cap.stream:
             answer: bytes | None = b"".join(cap.chunks)
+            if len(cap.arrivals) == len(cap.chunks):  # each chunk's arrival (µs) and length
+                t0 = cap.started
+                d["arrivals"] = [[round((t - t0) * 1e6), len(c)] for t, c in zip(cap.arrivals, cap.chunks)]
         else:
             answer = cap.body
         d["answer"] = None if answer is None else self._answer(cap, answer, sid, offers)
@@ -651,7 +670,7 @@ class Decoder:
         if d["answer"] is not None:
             answer = self._bytes(d["answer"])
             if cap.stream:
-                cap.chunks = [answer]
+                cap.chunks, cap.arrivals, cap.started = _chunks(answer, d.get("arrivals"))
             else:
                 cap.body = answer
             cut = d.get("cut")

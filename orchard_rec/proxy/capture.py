@@ -19,7 +19,7 @@ import orjson
 
 from orchard_rec import dialects, policy, routing
 from orchard_rec.dialects import assemble, extract_tokens
-from orchard_rec.dialects.sse import parse_sse
+from orchard_rec.dialects.sse import SSEParser, parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 from orchard_rec.storage import layout
@@ -30,6 +30,7 @@ __all__ = ["Capture"]
 
 class Capture:
     __slots__ = (
+        "arrivals",
         "body",
         "bytes_in",
         "bytes_out",
@@ -55,6 +56,7 @@ class Capture:
         "request_base",
         "request_raw",
         "session_id",
+        "started",
         "status_code",
         "stream",
         "submitted",
@@ -90,10 +92,15 @@ class Capture:
         self.outcome = CallOutcome.OK
         self.error: str | None = None
         self.received_at = time.time()
+        self.started = time.monotonic()
+        """``received_at`` on the monotonic clock (what ``arrivals`` count from)."""
         self.first_byte_at: float | None = None
         self.done_at: float | None = None
         self.chunks: list[bytes] = []
         """Raw stream bytes as relayed (streams only)."""
+        self.arrivals: list[float] = []
+        """When each of ``chunks`` arrived (``time.monotonic()``, one read per chunk): each event's
+        arrival is its last chunk's (``metadata["event_ms"]``)."""
         self.body: bytes | None = None
         """Raw non-stream response body as relayed."""
         self.id_cut: tuple[bytes, list[Any]] | None = None
@@ -128,11 +135,13 @@ class Capture:
         """The record (writer thread). ``ids`` parses large answers' token-id arrays (only the ids
         new to the session, when it has seen the session's previous prompt)."""
         events: list[Any] | None = None
+        at: list[int] | None = None
         upstream_obj: Any = None
         known: list[Known] = []
         if self.stream:
             parsed = []
-            for name, data in parse_sse(self.chunks):
+            sse, at = _timed_events(self.chunks, self.arrivals, self.started)
+            for name, data in sse:
                 try:
                     if ids is not None and len(data) >= MIN_BYTES:
                         obj, more = ids.load(data.encode(), self.session_id)
@@ -172,6 +181,8 @@ class Capture:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         completion_t = None if completion is None else tuple(completion)
         metadata, versions = _versions(self.metadata, completion_t)
+        if at and events is not None and len(at) == len(events):  # not a translation's
+            metadata = {**metadata, "event_ms": at}
         routed = None
         if metadata.get("routed_experts") is True:
             metadata = {k: v for k, v in metadata.items() if k != "routed_experts"}
@@ -212,6 +223,32 @@ class Capture:
             policy_versions=versions,
             routed_experts=routed,
         )
+
+
+def _timed_events(
+    chunks: list[bytes], arrivals: list[float], started: float
+) -> tuple[list[tuple[str | None, str]], list[int] | None]:
+    """The stream's events, and when each arrived: whole ms after the request (the arrival of
+    the chunk that completed it, floored); None when the chunks' times are not known (a line of
+    an older build)."""
+    if len(arrivals) != len(chunks):
+        return parse_sse(chunks), None
+    p = SSEParser()
+    out: list[tuple[str | None, str]] = []
+    at: list[int] = []
+    ms = 0
+    for chunk, t in zip(chunks, arrivals, strict=True):
+        got = p.feed(chunk)
+        if got:
+            ms = round((t - started) * 1e6) // 1000  # by way of µs: as a spool line's replay says
+            out += got
+            at += [ms] * len(got)
+    tail = p.flush()  # a last event without its blank line: complete with the last chunk
+    if tail and arrivals:
+        ms = round((arrivals[-1] - started) * 1e6) // 1000
+    out += tail
+    at += [ms] * len(tail)
+    return out, at
 
 
 def _routing(answer: Any, events: list[Any] | None, upstream_request: Any) -> bytes | None:

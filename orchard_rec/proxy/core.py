@@ -23,7 +23,7 @@ from orchard_rec import dialects
 from orchard_rec.dialects import upstream_address
 from orchard_rec.errors import OrchardError, UpgradeRequired
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.identity import validate_session_id
+from orchard_rec.proxy.identity import response_headers, validate_session_id
 from orchard_rec.proxy.request import caller, take_body
 from orchard_rec.proxy.token import Plan, StreamFilter, plan_for
 from orchard_rec.records import CallOutcome, Dialect
@@ -156,12 +156,17 @@ class Call:
 
     # -- the answer --------------------------------------------------------------------------------
 
-    def response(self, status: int, content_type: str | None) -> StreamRelay | None:
+    def response(
+        self, status: int, content_type: str | None, headers: Mapping[str, str] | None = None
+    ) -> StreamRelay | None:
         """The upstream's status line arrived: a ``StreamRelay`` for an event stream, else None
-        (then ``body`` takes the whole answer)."""
+        (then ``body`` takes the whole answer). ``headers``: the upstream's response headers,
+        recorded without secrets (``metadata["response_headers"]``)."""
         cap = self.cap
         cap.first_byte_at = time.time()
         cap.status_code = status
+        if headers is not None:
+            cap.metadata["response_headers"] = response_headers(headers)
         if "text/event-stream" in (content_type or "").lower():
             cap.stream = True
             self.relay = StreamRelay(cap, self.plan)
@@ -215,6 +220,7 @@ class StreamRelay:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes the client should get for this upstream ``chunk`` (maybe none yet)."""
         self.cap.chunks.append(chunk)
+        self.cap.arrivals.append(time.monotonic())
         out = chunk if self.filter is None else self.filter.feed(chunk)
         if out:
             self._end.feed(out)

@@ -18,7 +18,14 @@ from orchard_rec import dialects
 from orchard_rec.errors import BadRequest
 from orchard_rec.records import SESSION_ID_RULE, session_id_problem
 
-__all__ = ["SESSION_HEADER", "derive_session", "harness_of", "public_headers", "validate_session_id"]
+__all__ = [
+    "SESSION_HEADER",
+    "derive_session",
+    "harness_of",
+    "public_headers",
+    "response_headers",
+    "validate_session_id",
+]
 
 SESSION_HEADER = "X-Orchard-Session"
 _SECRET_RE = re.compile(r"authorization|api[-_]?key|cookie|token|secret|password|credential", re.I)
@@ -53,6 +60,39 @@ def public_headers(headers: Mapping[str, str]) -> dict[str, str]:
         name = _KEEP[k] if k in _KEEP else _kept(k)
         if name is not None:
             out[name] = v
+    return out
+
+
+_RESPONSE_SECRET_RE = re.compile(
+    r"authorization|api[-_]?key|cookie|token(?!s)|secret|password|credential", re.I
+)
+"""A response header that may carry a credential (``set-cookie``, ``x-session-token``...); the
+rate-limit counters (``x-ratelimit-remaining-tokens``) are not secrets."""
+RESPONSE_HEADERS_MAX = 64
+"""At most this many response headers are recorded, each name and value cut to ``_VALUE_MAX``."""
+_VALUE_MAX = 512
+_RESPONSE_KEEP: dict[str, str | None] = {}
+
+
+def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The upstream's response headers fit to store: no secrets, no transport noise, bounded
+    (``RESPONSE_HEADERS_MAX`` headers of at most ``_VALUE_MAX`` characters: ~33 kB at worst).
+    A repeated header keeps its values joined with ``, ``."""
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        name = _RESPONSE_KEEP.get(k, "")
+        if name == "":
+            low = k.lower()[:_VALUE_MAX]
+            bad = _RESPONSE_SECRET_RE.search(low) or low in dialects.secret_headers()
+            name = None if bad or low in _DROP else low
+            if len(_RESPONSE_KEEP) < 4096:  # bounded: hostile upstreams cannot grow it without limit
+                _RESPONSE_KEEP[k] = name
+        if name is None:
+            continue
+        if name in out:
+            out[name] = (out[name] + ", " + v)[:_VALUE_MAX]
+        elif len(out) < RESPONSE_HEADERS_MAX:
+            out[name] = v[:_VALUE_MAX]
     return out
 
 

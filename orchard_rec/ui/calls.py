@@ -1,8 +1,11 @@
 """One call, as a debugging tool sees it: its stream events, "copy as curl", "send again".
 
-- ``stream_events``: the server-sent events the client received, in order. Storage keeps the
-  events but not when each arrived; the call's first byte and last byte times are known, and
-  shown as the events' bounds.
+- ``stream_events``: the server-sent events the client received, in order, each with when it
+  arrived (ms after the request; the proxy records it, ``metadata["event_ms"]``) and the gap
+  since the one before; the call's first and last byte times bound them. Calls recorded before
+  the proxy kept arrival times, and translated streams (whose events the proxy made), show only
+  the bounds. (The Headers tab beside it shows the client's request headers and the upstream's
+  response headers, both as recorded: the proxy removed their secrets, ``metadata["response_headers"]``.)
 - ``curl_of``: the client's request as a shell command (to the proxy's route for its session),
   with every secret masked: the recorded
   headers never hold credentials (the proxy drops them before recording), and any header or body
@@ -53,19 +56,31 @@ def stream_events(c: CallRecord) -> dict[str, Any] | None:
     if not c.stream or c.events is None:
         return None
     fb = c.first_byte_at
+    at = (c.metadata or {}).get("event_ms")
+    if not (isinstance(at, list) and len(at) == len(c.events)):
+        at = None
+    events = []
+    for i, e in enumerate(c.events):
+        ev: dict[str, Any] = {
+            "i": i,
+            "event": e[0] if isinstance(e, list) else None,
+            "data": e[1] if isinstance(e, list) else e,
+        }
+        if at is not None:
+            ev["ms"] = at[i]
+            ev["gap_ms"] = at[i] - at[i - 1] if i else None
+        events.append(ev)
+    gaps = [e["gap_ms"] for e in events[1:]] if at is not None else []
     return {
         "count": len(c.events),
         "first_byte_ms": None if fb is None else round((fb - c.received_at) * 1000, 1),
         "done_ms": round((c.done_at - c.received_at) * 1000, 1),
-        "timing": "per-event arrival times are not recorded; the stream ran between these two",
-        "events": [
-            {
-                "i": i,
-                "event": e[0] if isinstance(e, list) else None,
-                "data": e[1] if isinstance(e, list) else e,
-            }
-            for i, e in enumerate(c.events)
-        ],
+        "timed": at is not None,
+        "max_gap_ms": max(gaps, default=None),
+        "timing": "arrival of each event, ms after the request"
+        if at is not None
+        else "per-event arrival times were not recorded for this call; the stream ran between these two",
+        "events": events,
     }
 
 

@@ -158,6 +158,9 @@ class SessionFilter(SessionQuery):
         return out
 
 
+_SHOWN_APART = ("event_ms", "response_headers")
+"""Call metadata the views show in their own places, not as metadata: the stream events'
+arrival times (``ui.calls.stream_events``) and the upstream's response headers (the Headers tab)."""
 _DEFAULTS = (("sort", "started"), ("order", "desc"), ("page", 1), ("per_page", 50))
 
 
@@ -317,7 +320,7 @@ def _call_row(c: CallRecord, t0: float, span: float) -> dict[str, Any]:
             "wait": max(0.15, 100 * (wait_end - c.received_at) / span),
             "stream": max(0.0, 100 * (c.done_at - wait_end) / span) if fb is not None else 0.0,
         },
-        "metadata": dict(c.metadata or {}),
+        "metadata": {k: v for k, v in (c.metadata or {}).items() if k not in _SHOWN_APART},
     }
 
 
@@ -338,6 +341,9 @@ def call_detail(c: CallRecord, url_base: str = "$ORCHARD_URL") -> dict[str, Any]
     """A call's full record, as the raw-JSON views show it; ``url_base``: where "copy as curl" points."""
     from orchard_rec.ui.calls import curl_of, stream_events
 
+    meta = dict(c.metadata or {})
+    shown = {k: meta.pop(k) for k in _SHOWN_APART if k in meta}
+
     return {
         "seq": c.seq,
         "call_id": c.call_id,
@@ -352,7 +358,8 @@ def call_detail(c: CallRecord, url_base: str = "$ORCHARD_URL") -> dict[str, Any]
         "response": c.response,
         "error": upstream_error(c),
         "usage": c.usage,
-        "metadata": dict(c.metadata or {}),
+        "metadata": meta,
+        "response_headers": shown.get("response_headers"),
         "chat": chat_of(c),
         "events": stream_events(c),
         "curl": curl_of(c, url_base),

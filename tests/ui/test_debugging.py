@@ -5,6 +5,7 @@ details. Every page is checked for JavaScript errors by the ``page`` fixture."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.error
 import urllib.parse
@@ -263,6 +264,50 @@ def test_per_call_events_curl_and_send_again(rl_db: str, ui_server: Any, page: A
         assert '"choices"' in fresh and "Attempt 0 done" not in fresh
         assert "content-type" in p.inner_text('[data-call-seq="2"] pre.resend-headers').lower()
         screenshot(p, "call-resend.png", full_page=True)
+
+
+def test_a_streamed_calls_event_timing_and_response_headers(
+    proxy_factory: Any, sqlite_url: str, page: Any
+) -> None:
+    """Recorded through the proxy (its own viewer, ``serve --ui``) from an upstream that paces its
+    frames and sends secret headers: each event's arrival and gap in the Stream events tab, the
+    upstream's response headers, without their secrets, in the Headers tab."""
+    import openai
+    from factories import PACED_SECRETS, check_paced_record, paced_stream_upstream
+
+    from orchard_rec.proxy import BackgroundServer
+
+    with BackgroundServer(paced_stream_upstream()) as up:
+        proxy = proxy_factory(up.url + "/v1", sqlite_url, ui=True)
+        client = openai.OpenAI(base_url=f"{proxy.url}/s/paced/v1", api_key="k", max_retries=0)
+        for _ in client.chat.completions.create(
+            model="paced", messages=[{"role": "user", "content": "hi"}], stream=True
+        ):
+            pass
+        proxy.flush()
+    (c,) = proxy.store().calls("paced")
+    check_paced_record(c)
+    at = c.metadata["event_ms"]
+    p = page.goto(proxy.url + "/ui/s/paced")
+    p.click('[data-call-seq="1"] .call-head')
+    p.click('[data-call-seq="1"] .tabs button[data-tab="events"]')
+    p.wait_for_selector('[data-call-seq="1"] table.events')
+    rows = p.locator('[data-call-seq="1"] [data-event][data-ms]')
+    assert rows.count() == 5
+    assert [int(rows.nth(i).get_attribute("data-ms")) for i in range(5)] == at
+    assert p.inner_text('[data-call-seq="1"] [data-event="1"] .ev-gap') == f"+{at[1] - at[0]}"
+    assert p.inner_text('[data-call-seq="1"] [data-event="0"] .ev-gap') == ""
+    timing = p.inner_text('[data-call-seq="1"] .events-timing')
+    longest = max(b - a for a, b in itertools.pairwise(at))
+    assert f"longest gap {longest} ms" in timing and "not recorded" not in timing
+    screenshot(p, "call-event-gaps.png", full_page=True)
+    p.click('[data-call-seq="1"] .tabs button[data-tab="meta"]')
+    p.wait_for_selector('[data-call-seq="1"] pre.response-headers')
+    shown = p.inner_text('[data-call-seq="1"] pre.response-headers')
+    assert "req-paced-1" in shown and "x-ratelimit-remaining-tokens" in shown
+    page_text = p.inner_text('[data-call-seq="1"] .tab-body')
+    assert not any(s in page_text for s in PACED_SECRETS) and "event_ms" not in page_text
+    screenshot(p, "call-response-headers.png", full_page=True)
 
 
 def test_serve_ui_resend_and_annotations_behind_the_admin_key(

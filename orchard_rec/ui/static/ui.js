@@ -169,7 +169,8 @@
         else if (tab === "meta") {
           var meta = { call_id: d.call_id, method: d.method, path: d.path, status: d.status_code, outcome: d.outcome, headers: d.headers, usage: d.usage, metadata: d.metadata };
           if (d.error != null) meta.error = d.error; /* the proxy's error, or the error body the upstream answered with */
-          out.innerHTML = '<pre class="json">' + pretty(meta) + "</pre>";
+          out.innerHTML = '<pre class="json">' + pretty(meta) + "</pre>" +
+            '<div class="sbs-title">response headers</div>' + (d.response_headers == null ? '<p class="muted">not recorded</p>' : '<pre class="json response-headers">' + pretty(d.response_headers) + "</pre>");
         }
         else if (tab === "events") out.innerHTML = renderEvents(d.events);
         else if (tab === "curl") {
@@ -188,10 +189,13 @@
     function renderEvents(ev) {
       if (!ev) return '<p class="muted">not a streamed call</p>';
       var rows = ev.events.map(function (e) {
-        return '<tr data-event="' + e.i + '"><td class="num">' + e.i + "</td><td>" + esc(e.event == null ? "message" : e.event) + '</td><td><code>' + esc(typeof e.data === "string" ? e.data : JSON.stringify(e.data)) + "</code></td></tr>";
+        var t = ev.timed ? '<td class="num ev-ms">+' + e.ms + '</td><td class="num ev-gap">' + (e.gap_ms == null ? "" : "+" + e.gap_ms) + "</td>" : "";
+        return '<tr data-event="' + e.i + '"' + (ev.timed ? ' data-ms="' + e.ms + '"' : "") + '><td class="num">' + e.i + "</td>" + t + "<td>" + esc(e.event == null ? "message" : e.event) + '</td><td><code>' + esc(typeof e.data === "string" ? e.data : JSON.stringify(e.data)) + "</code></td></tr>";
       }).join("");
-      return '<p class="sub events-timing">' + ev.count + " events · first byte +" + (ev.first_byte_ms == null ? "?" : ev.first_byte_ms) + " ms · done +" + ev.done_ms + " ms · " + esc(ev.timing) + "</p>" +
-        '<div class="events-wrap"><table class="events"><thead><tr><th>#</th><th>event</th><th>data</th></tr></thead><tbody>' + rows + "</tbody></table></div>";
+      var head = ev.timed ? "<th>ms</th><th>gap</th>" : "";
+      return '<p class="sub events-timing">' + ev.count + " events · first byte +" + (ev.first_byte_ms == null ? "?" : ev.first_byte_ms) + " ms · done +" + ev.done_ms + " ms" +
+        (ev.max_gap_ms == null ? "" : " · longest gap " + ev.max_gap_ms + " ms") + " · " + esc(ev.timing) + "</p>" +
+        '<div class="events-wrap"><table class="events"><thead><tr><th>#</th>' + head + "<th>event</th><th>data</th></tr></thead><tbody>" + rows + "</tbody></table></div>";
     }
 
     function copyText(text, note) {
