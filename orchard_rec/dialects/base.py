@@ -15,7 +15,7 @@ and bytes out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,15 +31,18 @@ __all__ = [
     "TOOL_SCHEMA",
     "ChatStream",
     "Fold",
+    "ItemFold",
     "Route",
     "Tokens",
     "WireDialect",
     "checked_to_chat",
     "event_type_in",
     "head_until_user",
+    "ids_of_type",
     "openai_type",
     "openapi_post",
     "untranslatable",
+    "upstream_message",
 ]
 
 Tokens = tuple[Any, Any, "list[float] | None", Any, Any]
@@ -121,6 +124,11 @@ class WireDialect:
     """``to_chat`` reads this dialect's requests (tito renders them; exporters read them as chat)."""
     end_marks: tuple[bytes, ...] = (b"[DONE]",)
     """Bytes without which no event ends its stream (cheap pre-filter for ``is_terminal``)."""
+    terminal_events: frozenset[str] = frozenset()
+    """Event types that end a stream (by the event's name, or unnamed by its data's ``type``), for
+    ``is_terminal``; empty: the stream ends with ``[DONE]``."""
+    finish_key: str | None = None
+    """The answer's top-level key holding the finish reason its client saw (``finish_of``), if any."""
 
     # -- routes and request -----------------------------------------------------------------------
 
@@ -203,11 +211,16 @@ class WireDialect:
 
     def finish_of(self, response: Any) -> str | None:
         """The finish reason the client saw in a translated answer (its own word for it)."""
-        return None
+        if self.finish_key is None or not isinstance(response, dict):
+            return None
+        s = response.get(self.finish_key)
+        return s if isinstance(s, str) else None
 
     def is_terminal(self, name: str | None, data: str) -> bool:
         """Whether this parsed event is the last of a stream (a client may hang up after it).
         Decided by the event, never by text inside it."""
+        if self.terminal_events:
+            return event_type_in(name, data, self.terminal_events)
         return data == "[DONE]"
 
     # -- errors -----------------------------------------------------------------------------------
@@ -280,6 +293,37 @@ def checked_to_chat(d: WireDialect, body: dict[str, Any]) -> dict[str, Any]:
         raise untranslatable(d.name, exc) from exc
 
 
+class ItemFold:
+    """A ``Fold`` for a dialect whose conversation items each translate alone (``item``), so any
+    leading run of the previous call's items is reused; ``head`` gives the messages before them
+    (the system prompt) and ``request`` the chat request around all of them."""
+
+    __slots__ = ("head", "item", "outs", "request")
+
+    def __init__(
+        self,
+        item: Callable[[Any], list[dict[str, Any]]],
+        head: Callable[[dict[str, Any]], list[dict[str, Any]]],
+        request: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]],
+    ) -> None:
+        self.item, self.head, self.request = item, head, request
+        self.outs: list[list[dict[str, Any]]] = []
+
+    def feed(self, item: Any) -> None:
+        self.outs.append(self.item(item))
+
+    def resumed(self, k: int, body: dict[str, Any]) -> ItemFold:
+        out = ItemFold(self.item, self.head, self.request)
+        out.outs = self.outs[:k]
+        return out
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = self.head(body)
+        for out in self.outs:
+            messages += out
+        return self.request(body, messages)
+
+
 def untranslatable(name: str, exc: Exception) -> BadRequest:
     return BadRequest(
         f"could not translate this {name} request to chat completions: {type(exc).__name__}: {exc}"
@@ -298,6 +342,24 @@ def head_until_user(head: list[Any], items: Sequence[Any]) -> list[Any] | None:
         if role in ("system", "developer"):
             head.append(m.get("content"))
     return None
+
+
+def ids_of_type(response: Any, items_key: str, kind: str, id_key: str) -> list[str]:
+    """``id_key`` of each item of type ``kind`` in the answer's ``items_key`` list, in order."""
+    items = response.get(items_key) or [] if isinstance(response, dict) else []
+    return [str(i[id_key]) for i in items if isinstance(i, dict) and i.get("type") == kind]
+
+
+def upstream_message(data: bytes) -> str:
+    """The message of an upstream's error body (``error.message`` or ``message``), else its text."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = None
+    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
+    msg = err.get("message") or obj.get("message")
+    return msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
 
 
 def event_type_in(name: str | None, data: str, ends: frozenset[str]) -> bool:

@@ -27,8 +27,8 @@ from orchard_rec.dialects.base import (
     Route,
     Tokens,
     WireDialect,
-    event_type_in,
     head_until_user,
+    ids_of_type,
     openapi_post,
 )
 from orchard_rec.dialects.content import hex_id, text_of
@@ -740,6 +740,8 @@ class _Responses(WireDialect):
     conversation_keys = ("input",)
     chat_view = True
     end_marks = tuple(e.encode() for e in TERMINAL_EVENTS)
+    terminal_events = TERMINAL_EVENTS
+    finish_key = "status"
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {
@@ -775,13 +777,6 @@ class _Responses(WireDialect):
     def assistant_message(self, response: Any) -> dict[str, Any] | None:
         return assistant_message(response)
 
-    def finish_of(self, response: Any) -> str | None:
-        s = response.get("status") if isinstance(response, dict) else None
-        return s if isinstance(s, str) else None
-
-    def is_terminal(self, name: str | None, data: str) -> bool:
-        return event_type_in(name, data, TERMINAL_EVENTS)
-
     def stream_error(self, message: str) -> bytes:
         return encode(*stream_error_event({"message": message, "code": "server_error"}, 0))
 
@@ -792,8 +787,7 @@ class _Responses(WireDialect):
         return opening(body)
 
     def tool_call_ids(self, response: Any) -> list[str]:
-        items = response.get("output") or [] if isinstance(response, dict) else []
-        return [str(i["call_id"]) for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+        return ids_of_type(response, "output", "function_call", "call_id")
 
 
 DIALECT = _Responses()
