@@ -28,14 +28,14 @@ from orchard_rec.dialects.base import (
     TOOL_SCHEMA,
     ItemFold,
     Route,
-    Tokens,
     WireDialect,
+    answer_tokens,
     head_until_user,
     ids_of_type,
     openapi_post,
     upstream_message,
 )
-from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, anthropic_images
 from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest, OrchardError
@@ -560,24 +560,22 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
 
 def extract_tokens(obj: Any) -> tuple[None, None, None, Any, Any]:
     """Messages carries no token ids: ``(None, None, None, stop_reason, usage)``."""
-    if not isinstance(obj, dict):
-        return None, None, None, None, None
-    return None, None, None, obj.get("stop_reason"), obj.get("usage")
+    return answer_tokens(obj, "stop_reason")
 
 
 def assistant_message(response: Any) -> dict[str, Any] | None:
     """The assistant turn a message represents, as a chat message."""
     if not isinstance(response, dict):
         return None
-    msg: dict[str, Any] = {"role": "assistant", "content": None}
     calls: list[dict[str, Any]] = []
     texts: list[str] = []
+    reasoning: str | None = None
     for b in response.get("content") or ():
         kind = b.get("type")
         if kind == "text":
             texts.append(b.get("text", ""))
         elif kind == "thinking":
-            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
+            reasoning = (reasoning or "") + b.get("thinking", "")
         elif kind == "tool_use":
             calls.append(
                 {
@@ -589,10 +587,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
                     },
                 }
             )
-    msg["content"] = "".join(texts) or None
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    return assistant_turn(texts, reasoning, calls)
 
 
 def opening(body: dict[str, Any]) -> list[Any] | None:
@@ -672,9 +667,6 @@ class _Messages(WireDialect):
 
     def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
         return assemble(events)
-
-    def extract_tokens(self, obj: Any) -> Tokens:
-        return extract_tokens(obj)
 
     def assistant_message(self, response: Any) -> dict[str, Any] | None:
         return assistant_message(response)

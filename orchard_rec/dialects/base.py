@@ -35,6 +35,7 @@ __all__ = [
     "Route",
     "Tokens",
     "WireDialect",
+    "answer_tokens",
     "checked_to_chat",
     "event_type_in",
     "head_until_user",
@@ -197,9 +198,7 @@ class WireDialect:
 
     def extract_tokens(self, obj: Any) -> Tokens:
         """``(prompt_ids, completion_ids, completion_logprobs, finish_reason, usage)`` of choice 0."""
-        if not isinstance(obj, dict):
-            return None, None, None, None, None
-        return None, None, None, None, obj.get("usage")
+        return answer_tokens(obj, self.finish_key)
 
     def injected(self, request: Any, upstream: Any) -> tuple[bool, bool]:
         """Which of (ids, logprobs) token mode added to what a native client asked for."""
@@ -269,6 +268,14 @@ class WireDialect:
         msg = self.assistant_message(response)
         calls = (msg or {}).get("tool_calls") or []
         return [str(tc.get("id")) for tc in calls if isinstance(tc, dict)]
+
+
+def answer_tokens(obj: Any, finish_key: str | None) -> tuple[None, None, None, Any, Any]:
+    """``Tokens`` of an answer that carries no token ids: its ``finish_key`` (None: no finish
+    reason) and its ``usage``."""
+    if not isinstance(obj, dict):
+        return None, None, None, None, None
+    return None, None, None, obj.get(finish_key) if finish_key else None, obj.get("usage")
 
 
 def openai_type(exc: OrchardError) -> str:

@@ -25,13 +25,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from orchard_rec.dialects.base import (
     TOOL_SCHEMA,
     Route,
-    Tokens,
     WireDialect,
+    answer_tokens,
     head_until_user,
     ids_of_type,
     openapi_post,
 )
-from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, responses_images
 from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest
@@ -635,26 +635,22 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
 
 def extract_tokens(obj: Any) -> tuple[None, None, None, Any, Any]:
     """Responses carries no token ids: ``(None, None, None, status, usage)``."""
-    if not isinstance(obj, dict):
-        return None, None, None, None, None
-    return None, None, None, obj.get("status"), obj.get("usage")
+    return answer_tokens(obj, "status")
 
 
 def assistant_message(response: Any) -> dict[str, Any] | None:
     """The assistant turn a Responses object represents, as a chat message."""
     if not isinstance(response, dict):
         return None
-    msg: dict[str, Any] = {"role": "assistant", "content": None}
     calls: list[dict[str, Any]] = []
     texts: list[str] = []
+    reasoning: str | None = None
     for item in response.get("output") or ():
         kind = item.get("type")
         if kind == "message":
             texts.append(text_of(item.get("content")))
         elif kind == "reasoning":
-            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (
-                text_of(item.get("content")) or text_of(item.get("summary"))
-            )
+            reasoning = (reasoning or "") + (text_of(item.get("content")) or text_of(item.get("summary")))
         elif kind == "function_call":
             calls.append(
                 {
@@ -674,10 +670,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
                     },
                 }
             )
-    msg["content"] = "".join(texts) or None
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    return assistant_turn(texts, reasoning, calls)
 
 
 def opening(body: dict[str, Any]) -> list[Any] | None:
@@ -770,9 +763,6 @@ class _Responses(WireDialect):
 
     def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
         return assemble(events)
-
-    def extract_tokens(self, obj: Any) -> Tokens:
-        return extract_tokens(obj)
 
     def assistant_message(self, response: Any) -> dict[str, Any] | None:
         return assistant_message(response)
