@@ -19,6 +19,7 @@ from orchard_rec.dialects.base import (
     Route,
     Tokens,
     WireDialect,
+    head_until_user,
     openai_type,
     openapi_post,
 )
@@ -171,17 +172,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
 def opening(body: dict[str, Any]) -> list[Any] | None:
     """What every call of one conversation repeats: system/developer messages up to the first user message."""
     items: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
-    head: list[Any] = []
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "user":
-            head.append(m.get("content"))
-            return head
-        if role in ("system", "developer"):
-            head.append(m.get("content"))
-    return None
+    return head_until_user([], items)
 
 
 def injected(request: Any, upstream: Any) -> tuple[bool, bool]:
