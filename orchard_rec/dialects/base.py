@@ -36,6 +36,7 @@ __all__ = [
     "Tokens",
     "WireDialect",
     "answer_tokens",
+    "assemble_chunks",
     "checked_to_chat",
     "event_type_in",
     "head_until_user",
@@ -276,6 +277,47 @@ def answer_tokens(obj: Any, finish_key: str | None) -> tuple[None, None, None, A
     if not isinstance(obj, dict):
         return None, None, None, None, None
     return None, None, None, obj.get(finish_key) if finish_key else None, obj.get("usage")
+
+
+def assemble_chunks(
+    events: list[tuple[str | None, Any]],
+    kind: str,
+    new_choice: Callable[[int], dict[str, Any]],
+    add_choice: Callable[[dict[str, Any], dict[str, Any]], None],
+    add_chunk: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    done: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any] | None:
+    """An OpenAI stream's chunks as the object (``object: kind``) a non-stream call returns: the first
+    chunk's id, created and model, the last usage, and per index a choice started by ``new_choice``,
+    fed each streamed choice by ``add_choice`` and closed by ``done``; ``add_chunk`` reads what else
+    a chunk carries into the object. None without a chunk."""
+    chunks = [d for _, d in events if isinstance(d, dict)]
+    if not chunks:
+        return None
+    first = chunks[0]
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": kind,
+        "created": first.get("created"),
+        "model": first.get("model"),
+    }
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for ch in chunks:
+        if add_chunk is not None:
+            add_chunk(out, ch)
+        if ch.get("usage"):
+            usage = ch["usage"]
+        for c in ch.get("choices") or ():
+            idx = c.get("index", 0)
+            acc = choices.get(idx)
+            if acc is None:
+                acc = choices[idx] = new_choice(idx)
+            add_choice(acc, c)
+    out["choices"] = [choices[i] if done is None else done(choices[i]) for i in sorted(choices)]
+    if usage is not None:
+        out["usage"] = usage
+    return out
 
 
 def openai_type(exc: OrchardError) -> str:
