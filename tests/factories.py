@@ -86,6 +86,41 @@ def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
     assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
 
 
+def run_marker_task(harness, proxy, session_id: str | None, tmp_path: Path, run: str = ""):  # type: ignore[no-untyped-def]
+    """``harness`` once on ``MARKER_TASK`` through ``proxy`` (``fake-model``; work dir and home
+    ``work<run>`` and ``home<run>`` under ``tmp_path``), asserted to exit 0; the proxy flushed after."""
+    from orchard_rec.harnesses import run_harness
+
+    res = run_harness(
+        harness,
+        proxy.url,
+        session_id,
+        [MARKER_TASK],
+        model="fake-model",
+        workdir=tmp_path / f"work{run}",
+        home=tmp_path / f"home{run}",
+        timeout=300,
+    )
+    assert res.exit_code == 0, res.stderr[-3000:]
+    proxy.flush()
+    return res
+
+
+def check_plain_url_run(harness, proxy, store, sid: str, tmp_path: Path) -> list[CallRecord]:  # type: ignore[no-untyped-def]
+    """``harness`` run again with the proxy's plain base URL (no session in it): its calls (all but
+    ``sid``'s), asserted to be one session of their own, under the harness's name, that reconstructs
+    into one sample keeping invariants 1, 2 and 4."""
+    from orchard_rec.reconstruct import reconstruct_session
+
+    run_marker_task(harness, proxy, None, tmp_path, "2")
+    other: list[CallRecord] = [c for c in store.calls() if c.session_id != sid]
+    assert len(other) >= 2 and len({c.session_id for c in other}) == 1
+    assert {c.harness for c in other} == {harness.name}
+    [sample] = reconstruct_session(other, on_mismatch=harness.on_mismatch)
+    check_invariants(other, [sample])
+    return other
+
+
 def run_threads(fn: Callable[[int], object], n: int) -> None:
     """``fn(0)`` ... ``fn(n - 1)``, each in its own thread, all released at once by a barrier (so
     they really overlap); returns when all are done, and fails the test with the first exception
