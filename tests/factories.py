@@ -53,6 +53,22 @@ def call(
     )
 
 
+def two_session_store(url: str, first: str = "alpha", second: str = "beta"):  # type: ignore[no-untyped-def]
+    """A migrated store at ``url`` holding one call of each of two sessions (``first``: 2 prompt and
+    2 completion tokens, ``second``: 1 and 1, with logprobs), left open for more writes."""
+    from orchard_rec.storage import Store
+
+    store = Store(url)
+    store.upgrade()
+    store.write_batch(
+        [
+            call(first, prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2]),
+            call(second, prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
+        ]
+    )
+    return store
+
+
 def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
     """Invariants 1, 2 and 4 of reconstruction over recorded calls and their samples."""
     for (
