@@ -38,6 +38,7 @@ __all__ = [
     "answer_tokens",
     "assemble_chunks",
     "checked_to_chat",
+    "event_object",
     "event_type_in",
     "head_until_user",
     "ids_of_type",
@@ -415,13 +416,19 @@ def event_type_in(name: str | None, data: str, ends: frozenset[str]) -> bool:
     """Whether an event is one of ``ends``: by its name, or (unnamed) by its data object's ``type``."""
     if name is not None:
         return name in ends
+    obj = event_object(data)
+    return obj is not None and obj.get("type") in ends
+
+
+def event_object(data: str) -> dict[str, Any] | None:
+    """An event's data as the JSON object it holds, or None (not an object, or not JSON)."""
     if not data.startswith("{"):
-        return False
+        return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") in ends
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 MESSAGE_SCHEMA = {

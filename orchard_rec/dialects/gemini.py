@@ -35,7 +35,15 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.dialects.base import ItemFold, Route, Tokens, WireDialect, openapi_post, upstream_message
+from orchard_rec.dialects.base import (
+    ItemFold,
+    Route,
+    Tokens,
+    WireDialect,
+    event_object,
+    openapi_post,
+    upstream_message,
+)
 from orchard_rec.dialects.content import hex_id
 from orchard_rec.dialects.images import ImageRef, image_of_url, image_ref
 from orchard_rec.dialects.sse import encode
@@ -533,13 +541,8 @@ class _Gemini(WireDialect):
         return f if isinstance(f, str) else None
 
     def is_terminal(self, name: str | None, data: str) -> bool:
-        if not data.startswith("{"):
-            return False
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-        return isinstance(obj, dict) and bool(_candidate(obj).get("finishReason"))
+        obj = event_object(data)
+        return obj is not None and bool(_candidate(obj).get("finishReason"))
 
     def error_body(self, exc: OrchardError) -> bytes:
         return orjson.dumps(error_object(exc.status, exc.message))
