@@ -22,7 +22,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from run import HERE, ROOT, Target, closed_loop, cpu_seconds, free_port, wait_http
+from run import HERE, ROOT, Target, closed_loop, cpu_seconds, free_port, stop, wait_http
 
 
 def _serve(name: str, upstream: str, work: Path, tracking: str) -> Target:
@@ -78,13 +78,7 @@ def main() -> None:
         }
         print(json.dumps(out))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 if __name__ == "__main__":

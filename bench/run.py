@@ -60,6 +60,17 @@ def wait_http(url: str, timeout: float = 90) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def stop(procs: list[subprocess.Popen]) -> None:  # type: ignore[type-arg]
+    """Terminates every process, then waits for each (killed after 30 s)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()
@@ -384,13 +395,7 @@ def main() -> None:
             t.results["rss"] = rss_mb(t.proc.pid) if t.proc else 0.0
             t.results["recorded"] = recorded(t)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         if pg is not None:
             pg.cleanup()  # type: ignore[attr-defined]
     toolkit = None

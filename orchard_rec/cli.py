@@ -280,6 +280,9 @@ CreditOpt = typer.Option(
     "--credit",
     help="Which generated tokens train: assistant (all), last-turn, turn-weights, or value (rising steps).",
 )
+SpoolOpt = typer.Option(
+    None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
+)
 HostOpt = typer.Option("127.0.0.1", "--host", help="Address to listen on (one of this machine's).")
 
 
@@ -658,9 +661,7 @@ def serve(
         envvar="ORCHARD_DB_WRITER",
         help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
     ),
-    spool: str | None = typer.Option(
-        None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
-    ),
+    spool: str | None = SpoolOpt,
     max_inflight: int = typer.Option(
         4096, "--max-inflight", help="Calls in flight before 429 (0: no limit)."
     ),
@@ -2045,9 +2046,7 @@ def intercept(
         None, "--upstream-ca", help="PEM bundle to verify upstream hosts with (default: the system's)."
     ),
     ssl_insecure: bool = typer.Option(False, "--ssl-insecure", help="Do not verify upstream certificates."),
-    spool: str | None = typer.Option(
-        None, "--spool", help="Spool file (default: beside a SQLite db, else .orchard-spool/)."
-    ),
+    spool: str | None = SpoolOpt,
     print_ca: bool = typer.Option(
         False,
         "--print-ca",

@@ -53,6 +53,22 @@ def call(
     )
 
 
+def two_session_store(url: str, first: str = "alpha", second: str = "beta"):  # type: ignore[no-untyped-def]
+    """A migrated store at ``url`` holding one call of each of two sessions (``first``: 2 prompt and
+    2 completion tokens, ``second``: 1 and 1, with logprobs), left open for more writes."""
+    from orchard_rec.storage import Store
+
+    store = Store(url)
+    store.upgrade()
+    store.write_batch(
+        [
+            call(first, prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2]),
+            call(second, prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
+        ]
+    )
+    return store
+
+
 def check_invariants(calls, samples) -> None:  # type: ignore[no-untyped-def]
     """Invariants 1, 2 and 4 of reconstruction over recorded calls and their samples."""
     for (
@@ -84,6 +100,41 @@ def check_steps(store, sid: str) -> None:  # type: ignore[no-untyped-def]
     assert step.command is not None and "echo orchard > marker.txt" in step.command
     assert "marker.txt" in step.edits and step.output is not None
     assert not step.failed and step.exit_code in (0, None)  # Claude Code says a code only on failure
+
+
+def run_marker_task(harness, proxy, session_id: str | None, tmp_path: Path, run: str = ""):  # type: ignore[no-untyped-def]
+    """``harness`` once on ``MARKER_TASK`` through ``proxy`` (``fake-model``; work dir and home
+    ``work<run>`` and ``home<run>`` under ``tmp_path``), asserted to exit 0; the proxy flushed after."""
+    from orchard_rec.harnesses import run_harness
+
+    res = run_harness(
+        harness,
+        proxy.url,
+        session_id,
+        [MARKER_TASK],
+        model="fake-model",
+        workdir=tmp_path / f"work{run}",
+        home=tmp_path / f"home{run}",
+        timeout=300,
+    )
+    assert res.exit_code == 0, res.stderr[-3000:]
+    proxy.flush()
+    return res
+
+
+def check_plain_url_run(harness, proxy, store, sid: str, tmp_path: Path) -> list[CallRecord]:  # type: ignore[no-untyped-def]
+    """``harness`` run again with the proxy's plain base URL (no session in it): its calls (all but
+    ``sid``'s), asserted to be one session of their own, under the harness's name, that reconstructs
+    into one sample keeping invariants 1, 2 and 4."""
+    from orchard_rec.reconstruct import reconstruct_session
+
+    run_marker_task(harness, proxy, None, tmp_path, "2")
+    other: list[CallRecord] = [c for c in store.calls() if c.session_id != sid]
+    assert len(other) >= 2 and len({c.session_id for c in other}) == 1
+    assert {c.harness for c in other} == {harness.name}
+    [sample] = reconstruct_session(other, on_mismatch=harness.on_mismatch)
+    check_invariants(other, [sample])
+    return other
 
 
 def run_threads(fn: Callable[[int], object], n: int) -> None:

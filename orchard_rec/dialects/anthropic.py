@@ -26,14 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchard_rec.dialects.base import (
     MESSAGE_SCHEMA,
     TOOL_SCHEMA,
+    ItemFold,
     Route,
-    Tokens,
     WireDialect,
-    event_type_in,
+    answer_tokens,
     head_until_user,
+    ids_of_type,
     openapi_post,
+    upstream_message,
 )
-from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, anthropic_images
 from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest, OrchardError
@@ -558,24 +560,22 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
 
 def extract_tokens(obj: Any) -> tuple[None, None, None, Any, Any]:
     """Messages carries no token ids: ``(None, None, None, stop_reason, usage)``."""
-    if not isinstance(obj, dict):
-        return None, None, None, None, None
-    return None, None, None, obj.get("stop_reason"), obj.get("usage")
+    return answer_tokens(obj, "stop_reason")
 
 
 def assistant_message(response: Any) -> dict[str, Any] | None:
     """The assistant turn a message represents, as a chat message."""
     if not isinstance(response, dict):
         return None
-    msg: dict[str, Any] = {"role": "assistant", "content": None}
     calls: list[dict[str, Any]] = []
     texts: list[str] = []
+    reasoning: str | None = None
     for b in response.get("content") or ():
         kind = b.get("type")
         if kind == "text":
             texts.append(b.get("text", ""))
         elif kind == "thinking":
-            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + b.get("thinking", "")
+            reasoning = (reasoning or "") + b.get("thinking", "")
         elif kind == "tool_use":
             calls.append(
                 {
@@ -587,10 +587,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
                     },
                 }
             )
-    msg["content"] = "".join(texts) or None
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    return assistant_turn(texts, reasoning, calls)
 
 
 def opening(body: dict[str, Any]) -> list[Any] | None:
@@ -618,39 +615,7 @@ def error_kind(status: int) -> str:
 
 def upstream_error(status: int, data: bytes) -> bytes:
     """A chat upstream's error as Anthropic's error shape (its message kept)."""
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        parsed = None
-    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
-    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
-    msg = err.get("message") or obj.get("message")
-    kind = error_kind(status)
-    text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
-    return orjson.dumps(error_object(kind, text))
-
-
-class _MessagesFold:
-    """Each message translates alone: any leading run of the previous call's messages is reused."""
-
-    __slots__ = ("outs",)
-
-    def __init__(self) -> None:
-        self.outs: list[list[dict[str, Any]]] = []
-
-    def feed(self, item: Any) -> None:
-        self.outs.append(message_to_chat(item))
-
-    def resumed(self, k: int, body: dict[str, Any]) -> _MessagesFold:
-        out = _MessagesFold()
-        out.outs = self.outs[:k]
-        return out
-
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        messages = system_to_chat(body)
-        for out in self.outs:
-            messages += out
-        return chat_request(body, messages)
+    return orjson.dumps(error_object(error_kind(status), upstream_message(data)))
 
 
 class _Stream(MessagesStream):
@@ -665,6 +630,8 @@ class _Messages(WireDialect):
     secret_headers = frozenset({"x-api-key"})
     chat_view = True
     end_marks = tuple(e.encode() for e in TERMINAL_EVENTS)
+    terminal_events = TERMINAL_EVENTS
+    finish_key = "stop_reason"
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {
@@ -689,8 +656,8 @@ class _Messages(WireDialect):
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return to_chat(body)
 
-    def fold(self, body: dict[str, Any]) -> _MessagesFold:
-        return _MessagesFold()
+    def fold(self, body: dict[str, Any]) -> ItemFold:
+        return ItemFold(message_to_chat, system_to_chat, chat_request)
 
     def from_chat(self, chat: dict[str, Any], req: dict[str, Any], path: str = "") -> dict[str, Any]:
         return chat_to_messages(chat, req)
@@ -701,18 +668,8 @@ class _Messages(WireDialect):
     def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
         return assemble(events)
 
-    def extract_tokens(self, obj: Any) -> Tokens:
-        return extract_tokens(obj)
-
     def assistant_message(self, response: Any) -> dict[str, Any] | None:
         return assistant_message(response)
-
-    def finish_of(self, response: Any) -> str | None:
-        s = response.get("stop_reason") if isinstance(response, dict) else None
-        return s if isinstance(s, str) else None
-
-    def is_terminal(self, name: str | None, data: str) -> bool:
-        return event_type_in(name, data, TERMINAL_EVENTS)
 
     def error_body(self, exc: OrchardError) -> bytes:
         return error_body(exc)
@@ -730,8 +687,7 @@ class _Messages(WireDialect):
         return opening(body)
 
     def tool_call_ids(self, response: Any) -> list[str]:
-        blocks = response.get("content") or [] if isinstance(response, dict) else []
-        return [str(b["id"]) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+        return ids_of_type(response, "content", "tool_use", "id")
 
 
 DIALECT = _Messages()

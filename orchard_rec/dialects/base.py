@@ -15,7 +15,7 @@ and bytes out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,15 +31,21 @@ __all__ = [
     "TOOL_SCHEMA",
     "ChatStream",
     "Fold",
+    "ItemFold",
     "Route",
     "Tokens",
     "WireDialect",
+    "answer_tokens",
+    "assemble_chunks",
     "checked_to_chat",
+    "event_object",
     "event_type_in",
     "head_until_user",
+    "ids_of_type",
     "openai_type",
     "openapi_post",
     "untranslatable",
+    "upstream_message",
 ]
 
 Tokens = tuple[Any, Any, "list[float] | None", Any, Any]
@@ -121,6 +127,11 @@ class WireDialect:
     """``to_chat`` reads this dialect's requests (tito renders them; exporters read them as chat)."""
     end_marks: tuple[bytes, ...] = (b"[DONE]",)
     """Bytes without which no event ends its stream (cheap pre-filter for ``is_terminal``)."""
+    terminal_events: frozenset[str] = frozenset()
+    """Event types that end a stream (by the event's name, or unnamed by its data's ``type``), for
+    ``is_terminal``; empty: the stream ends with ``[DONE]``."""
+    finish_key: str | None = None
+    """The answer's top-level key holding the finish reason its client saw (``finish_of``), if any."""
 
     # -- routes and request -----------------------------------------------------------------------
 
@@ -189,9 +200,7 @@ class WireDialect:
 
     def extract_tokens(self, obj: Any) -> Tokens:
         """``(prompt_ids, completion_ids, completion_logprobs, finish_reason, usage)`` of choice 0."""
-        if not isinstance(obj, dict):
-            return None, None, None, None, None
-        return None, None, None, None, obj.get("usage")
+        return answer_tokens(obj, self.finish_key)
 
     def injected(self, request: Any, upstream: Any) -> tuple[bool, bool]:
         """Which of (ids, logprobs) token mode added to what a native client asked for."""
@@ -203,11 +212,16 @@ class WireDialect:
 
     def finish_of(self, response: Any) -> str | None:
         """The finish reason the client saw in a translated answer (its own word for it)."""
-        return None
+        if self.finish_key is None or not isinstance(response, dict):
+            return None
+        s = response.get(self.finish_key)
+        return s if isinstance(s, str) else None
 
     def is_terminal(self, name: str | None, data: str) -> bool:
         """Whether this parsed event is the last of a stream (a client may hang up after it).
         Decided by the event, never by text inside it."""
+        if self.terminal_events:
+            return event_type_in(name, data, self.terminal_events)
         return data == "[DONE]"
 
     # -- errors -----------------------------------------------------------------------------------
@@ -258,6 +272,55 @@ class WireDialect:
         return [str(tc.get("id")) for tc in calls if isinstance(tc, dict)]
 
 
+def answer_tokens(obj: Any, finish_key: str | None) -> tuple[None, None, None, Any, Any]:
+    """``Tokens`` of an answer that carries no token ids: its ``finish_key`` (None: no finish
+    reason) and its ``usage``."""
+    if not isinstance(obj, dict):
+        return None, None, None, None, None
+    return None, None, None, obj.get(finish_key) if finish_key else None, obj.get("usage")
+
+
+def assemble_chunks(
+    events: list[tuple[str | None, Any]],
+    kind: str,
+    new_choice: Callable[[int], dict[str, Any]],
+    add_choice: Callable[[dict[str, Any], dict[str, Any]], None],
+    add_chunk: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    done: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any] | None:
+    """An OpenAI stream's chunks as the object (``object: kind``) a non-stream call returns: the first
+    chunk's id, created and model, the last usage, and per index a choice started by ``new_choice``,
+    fed each streamed choice by ``add_choice`` and closed by ``done``; ``add_chunk`` reads what else
+    a chunk carries into the object. None without a chunk."""
+    chunks = [d for _, d in events if isinstance(d, dict)]
+    if not chunks:
+        return None
+    first = chunks[0]
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": kind,
+        "created": first.get("created"),
+        "model": first.get("model"),
+    }
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for ch in chunks:
+        if add_chunk is not None:
+            add_chunk(out, ch)
+        if ch.get("usage"):
+            usage = ch["usage"]
+        for c in ch.get("choices") or ():
+            idx = c.get("index", 0)
+            acc = choices.get(idx)
+            if acc is None:
+                acc = choices[idx] = new_choice(idx)
+            add_choice(acc, c)
+    out["choices"] = [choices[i] if done is None else done(choices[i]) for i in sorted(choices)]
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
 def openai_type(exc: OrchardError) -> str:
     """The OpenAI dialects' word for an error (``error.type``), from its status and family."""
     s = exc.status
@@ -280,6 +343,37 @@ def checked_to_chat(d: WireDialect, body: dict[str, Any]) -> dict[str, Any]:
         raise untranslatable(d.name, exc) from exc
 
 
+class ItemFold:
+    """A ``Fold`` for a dialect whose conversation items each translate alone (``item``), so any
+    leading run of the previous call's items is reused; ``head`` gives the messages before them
+    (the system prompt) and ``request`` the chat request around all of them."""
+
+    __slots__ = ("head", "item", "outs", "request")
+
+    def __init__(
+        self,
+        item: Callable[[Any], list[dict[str, Any]]],
+        head: Callable[[dict[str, Any]], list[dict[str, Any]]],
+        request: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]],
+    ) -> None:
+        self.item, self.head, self.request = item, head, request
+        self.outs: list[list[dict[str, Any]]] = []
+
+    def feed(self, item: Any) -> None:
+        self.outs.append(self.item(item))
+
+    def resumed(self, k: int, body: dict[str, Any]) -> ItemFold:
+        out = ItemFold(self.item, self.head, self.request)
+        out.outs = self.outs[:k]
+        return out
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = self.head(body)
+        for out in self.outs:
+            messages += out
+        return self.request(body, messages)
+
+
 def untranslatable(name: str, exc: Exception) -> BadRequest:
     return BadRequest(
         f"could not translate this {name} request to chat completions: {type(exc).__name__}: {exc}"
@@ -300,17 +394,41 @@ def head_until_user(head: list[Any], items: Sequence[Any]) -> list[Any] | None:
     return None
 
 
+def ids_of_type(response: Any, items_key: str, kind: str, id_key: str) -> list[str]:
+    """``id_key`` of each item of type ``kind`` in the answer's ``items_key`` list, in order."""
+    items = response.get(items_key) or [] if isinstance(response, dict) else []
+    return [str(i[id_key]) for i in items if isinstance(i, dict) and i.get("type") == kind]
+
+
+def upstream_message(data: bytes) -> str:
+    """The message of an upstream's error body (``error.message`` or ``message``), else its text."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = None
+    obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    err = obj["error"] if isinstance(obj.get("error"), dict) else {}
+    msg = err.get("message") or obj.get("message")
+    return msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
+
+
 def event_type_in(name: str | None, data: str, ends: frozenset[str]) -> bool:
     """Whether an event is one of ``ends``: by its name, or (unnamed) by its data object's ``type``."""
     if name is not None:
         return name in ends
+    obj = event_object(data)
+    return obj is not None and obj.get("type") in ends
+
+
+def event_object(data: str) -> dict[str, Any] | None:
+    """An event's data as the JSON object it holds, or None (not an object, or not JSON)."""
     if not data.startswith("{"):
-        return False
+        return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") in ends
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 MESSAGE_SCHEMA = {

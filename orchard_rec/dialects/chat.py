@@ -19,6 +19,8 @@ from orchard_rec.dialects.base import (
     Route,
     Tokens,
     WireDialect,
+    assemble_chunks,
+    head_until_user,
     openai_type,
     openapi_post,
 )
@@ -65,79 +67,67 @@ def error_body(exc: OrchardError) -> bytes:
     return orjson.dumps(error_object(exc))
 
 
-def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
-    chunks = [d for _, d in events if isinstance(d, dict)]
-    if not chunks:
-        return None
-    first = chunks[0]
-    out: dict[str, Any] = {
-        "id": first.get("id"),
-        "object": "chat.completion",
-        "created": first.get("created"),
-        "model": first.get("model"),
+def _new_choice(idx: int) -> dict[str, Any]:
+    return {
+        "index": idx,
+        "message": {"role": "assistant", "content": None},
+        "finish_reason": None,
+        "_tools": {},
     }
-    choices: dict[int, dict[str, Any]] = {}
-    usage = None
-    for ch in chunks:
-        if ch.get("prompt_token_ids") is not None and "prompt_token_ids" not in out:
-            v = ch["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
-            out["prompt_token_ids"] = list(v) if isinstance(v, list) else v
-        if ch.get("usage"):
-            usage = ch["usage"]
-        if ch.get("system_fingerprint") is not None:  # vLLM sends it in the last chunk only
-            out["system_fingerprint"] = ch["system_fingerprint"]
-        for c in ch.get("choices") or ():
-            idx = c.get("index", 0)
-            acc = choices.setdefault(
-                idx,
-                {
-                    "index": idx,
-                    "message": {"role": "assistant", "content": None},
-                    "finish_reason": None,
-                    "_tools": {},
-                },
-            )
-            delta = c.get("delta") or {}
-            msg = acc["message"]
-            if delta.get("role"):
-                msg["role"] = delta["role"]
-            for key in ("content", "reasoning_content", "reasoning", "refusal"):
-                piece = delta.get(key)
-                if piece:
-                    msg[key] = (msg.get(key) or "") + piece
-            for tc in delta.get("tool_calls") or ():
-                t = acc["_tools"].setdefault(
-                    tc.get("index", 0),
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-                )
-                if tc.get("id"):
-                    t["id"] = tc["id"]
-                if tc.get("type"):
-                    t["type"] = tc["type"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
-                    t["function"]["name"] += fn["name"]
-                if fn.get("arguments"):
-                    t["function"]["arguments"] += fn["arguments"]
-            lp = c.get("logprobs")
-            if lp and lp.get("content"):
-                acc.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
-            if c.get("token_ids") is not None:
-                acc.setdefault("token_ids", []).extend(c["token_ids"])
-            if c.get("finish_reason") is not None:
-                acc["finish_reason"] = c["finish_reason"]
-            if c.get("stop_reason") is not None:
-                acc["stop_reason"] = c["stop_reason"]
-    out["choices"] = []
-    for idx in sorted(choices):
-        acc = choices[idx]
-        tools = acc.pop("_tools")
-        if tools:
-            acc["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
-        out["choices"].append(acc)
-    if usage is not None:
-        out["usage"] = usage
-    return out
+
+
+def _add_chunk(out: dict[str, Any], ch: dict[str, Any]) -> None:
+    if ch.get("prompt_token_ids") is not None and "prompt_token_ids" not in out:
+        v = ch["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
+        out["prompt_token_ids"] = list(v) if isinstance(v, list) else v
+    if ch.get("system_fingerprint") is not None:  # vLLM sends it in the last chunk only
+        out["system_fingerprint"] = ch["system_fingerprint"]
+
+
+def _add_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
+    delta = c.get("delta") or {}
+    msg = acc["message"]
+    if delta.get("role"):
+        msg["role"] = delta["role"]
+    for key in ("content", "reasoning_content", "reasoning", "refusal"):
+        piece = delta.get(key)
+        if piece:
+            msg[key] = (msg.get(key) or "") + piece
+    for tc in delta.get("tool_calls") or ():
+        t = acc["_tools"].setdefault(
+            tc.get("index", 0),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if tc.get("id"):
+            t["id"] = tc["id"]
+        if tc.get("type"):
+            t["type"] = tc["type"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            t["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            t["function"]["arguments"] += fn["arguments"]
+    lp = c.get("logprobs")
+    if lp and lp.get("content"):
+        acc.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
+    if c.get("token_ids") is not None:
+        acc.setdefault("token_ids", []).extend(c["token_ids"])
+    if c.get("finish_reason") is not None:
+        acc["finish_reason"] = c["finish_reason"]
+    if c.get("stop_reason") is not None:
+        acc["stop_reason"] = c["stop_reason"]
+
+
+def _done(acc: dict[str, Any]) -> dict[str, Any]:
+    tools = acc.pop("_tools")
+    if tools:
+        acc["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
+    return acc
+
+
+def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
+    """The chat completion a non-stream call would have returned, from a stream's parsed chunks."""
+    return assemble_chunks(events, "chat.completion", _new_choice, _add_choice, _add_chunk, _done)
 
 
 def extract_tokens(obj: Any) -> tuple[Any, Any, list[float] | None, Any, Any]:
@@ -171,17 +161,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
 def opening(body: dict[str, Any]) -> list[Any] | None:
     """What every call of one conversation repeats: system/developer messages up to the first user message."""
     items: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
-    head: list[Any] = []
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "user":
-            head.append(m.get("content"))
-            return head
-        if role in ("system", "developer"):
-            head.append(m.get("content"))
-    return None
+    return head_until_user([], items)
 
 
 def injected(request: Any, upstream: Any) -> tuple[bool, bool]:

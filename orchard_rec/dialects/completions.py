@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchard_rec.dialects.base import Route, Tokens, WireDialect, openapi_post
+from orchard_rec.dialects.base import Route, Tokens, WireDialect, assemble_chunks, openapi_post
 from orchard_rec.records import Dialect
 
 __all__ = ["DIALECT", "CompletionsRequest", "assemble", "extract_tokens", "injected", "opening"]
@@ -28,45 +28,32 @@ class CompletionsRequest(BaseModel):
     logprobs: Any = None
 
 
+def _new_choice(idx: int) -> dict[str, Any]:
+    return {"index": idx, "text": "", "finish_reason": None}
+
+
+def _add_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
+    acc["text"] += c.get("text") or ""
+    if c.get("prompt_token_ids") is not None and "prompt_token_ids" not in acc:
+        v = c["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
+        acc["prompt_token_ids"] = list(v) if isinstance(v, list) else v
+    if c.get("token_ids") is not None:
+        acc.setdefault("token_ids", []).extend(c["token_ids"])
+    lp = c.get("logprobs")
+    if lp:
+        dst = acc.setdefault(
+            "logprobs", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        )
+        for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            if lp.get(k):
+                dst[k].extend(lp[k])
+    if c.get("finish_reason") is not None:
+        acc["finish_reason"] = c["finish_reason"]
+
+
 def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
-    chunks = [d for _, d in events if isinstance(d, dict)]
-    if not chunks:
-        return None
-    first = chunks[0]
-    out: dict[str, Any] = {
-        "id": first.get("id"),
-        "object": "text_completion",
-        "created": first.get("created"),
-        "model": first.get("model"),
-    }
-    choices: dict[int, dict[str, Any]] = {}
-    usage = None
-    for ch in chunks:
-        if ch.get("usage"):
-            usage = ch["usage"]
-        for c in ch.get("choices") or ():
-            idx = c.get("index", 0)
-            acc = choices.setdefault(idx, {"index": idx, "text": "", "finish_reason": None})
-            acc["text"] += c.get("text") or ""
-            if c.get("prompt_token_ids") is not None and "prompt_token_ids" not in acc:
-                v = c["prompt_token_ids"]  # a list copied; the writer's immutable ``Ids`` as it is
-                acc["prompt_token_ids"] = list(v) if isinstance(v, list) else v
-            if c.get("token_ids") is not None:
-                acc.setdefault("token_ids", []).extend(c["token_ids"])
-            lp = c.get("logprobs")
-            if lp:
-                dst = acc.setdefault(
-                    "logprobs", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-                )
-                for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                    if lp.get(k):
-                        dst[k].extend(lp[k])
-            if c.get("finish_reason") is not None:
-                acc["finish_reason"] = c["finish_reason"]
-    out["choices"] = [choices[i] for i in sorted(choices)]
-    if usage is not None:
-        out["usage"] = usage
-    return out
+    """The completion a non-stream call would have returned, from a stream's parsed chunks."""
+    return assemble_chunks(events, "text_completion", _new_choice, _add_choice)
 
 
 def extract_tokens(obj: Any) -> tuple[Any, Any, list[float] | None, Any, Any]:

@@ -7,12 +7,23 @@ from typing import Any
 
 import orjson
 
-__all__ = ["hex_id", "template_message", "template_text", "text_of"]
+__all__ = ["assistant_turn", "hex_id", "template_message", "template_text", "text_of"]
 
 
 def hex_id() -> str:
     """A fresh id suffix (``resp_``, ``msg_``, ``call_`` ... are the dialect's prefixes)."""
     return uuid.uuid4().hex
+
+
+def assistant_turn(texts: list[str], reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat assistant message from an answer's text pieces, its reasoning (None: it had none) and
+    its tool calls (chat's ``tool_calls`` shape)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if reasoning is not None:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
 
 
 def text_of(content: Any) -> str:

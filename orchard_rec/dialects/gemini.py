@@ -35,7 +35,15 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.dialects.base import Route, Tokens, WireDialect, openapi_post
+from orchard_rec.dialects.base import (
+    ItemFold,
+    Route,
+    Tokens,
+    WireDialect,
+    event_object,
+    openapi_post,
+    upstream_message,
+)
 from orchard_rec.dialects.content import hex_id
 from orchard_rec.dialects.images import ImageRef, image_of_url, image_ref
 from orchard_rec.dialects.sse import encode
@@ -469,29 +477,6 @@ def _images(request: dict[str, Any]) -> list[ImageRef]:
     return out
 
 
-class _GeminiFold:
-    """Each content translates alone: any leading run of the previous call's contents is reused."""
-
-    __slots__ = ("outs",)
-
-    def __init__(self) -> None:
-        self.outs: list[list[dict[str, Any]]] = []
-
-    def feed(self, item: Any) -> None:
-        self.outs.append(content_to_chat(item))
-
-    def resumed(self, k: int, body: dict[str, Any]) -> _GeminiFold:
-        out = _GeminiFold()
-        out.outs = self.outs[:k]
-        return out
-
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        messages = system_to_chat(body)
-        for out in self.outs:
-            messages += out
-        return chat_request(body, messages)
-
-
 class _Gemini(WireDialect):
     name = Dialect("gemini")
     routes = (
@@ -528,8 +513,8 @@ class _Gemini(WireDialect):
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return to_chat(body)
 
-    def fold(self, body: dict[str, Any]) -> _GeminiFold:
-        return _GeminiFold()
+    def fold(self, body: dict[str, Any]) -> ItemFold:
+        return ItemFold(content_to_chat, system_to_chat, chat_request)
 
     def from_chat(self, chat: dict[str, Any], req: dict[str, Any], path: str = "") -> dict[str, Any]:
         return chat_to_gemini(chat, self.model_of(path, req))
@@ -556,13 +541,8 @@ class _Gemini(WireDialect):
         return f if isinstance(f, str) else None
 
     def is_terminal(self, name: str | None, data: str) -> bool:
-        if not data.startswith("{"):
-            return False
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-        return isinstance(obj, dict) and bool(_candidate(obj).get("finishReason"))
+        obj = event_object(data)
+        return obj is not None and bool(_candidate(obj).get("finishReason"))
 
     def error_body(self, exc: OrchardError) -> bytes:
         return orjson.dumps(error_object(exc.status, exc.message))
@@ -571,15 +551,7 @@ class _Gemini(WireDialect):
         return encode(None, error_object(500, message))  # what Google's servers send mid-stream
 
     def upstream_error(self, status: int, data: bytes) -> bytes:
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            parsed = None
-        obj: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
-        err = obj["error"] if isinstance(obj.get("error"), dict) else {}
-        msg = err.get("message") or obj.get("message")
-        text = msg if isinstance(msg, str) else data[:2000].decode("utf-8", "replace")
-        return orjson.dumps(error_object(status, text))
+        return orjson.dumps(error_object(status, upstream_message(data)))
 
     def images(self, request: Any) -> list[ImageRef]:
         return _images(request) if isinstance(request, dict) else []

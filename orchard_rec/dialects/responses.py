@@ -25,13 +25,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from orchard_rec.dialects.base import (
     TOOL_SCHEMA,
     Route,
-    Tokens,
     WireDialect,
-    event_type_in,
+    answer_tokens,
     head_until_user,
+    ids_of_type,
     openapi_post,
 )
-from orchard_rec.dialects.content import hex_id, text_of
+from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, responses_images
 from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest
@@ -635,26 +635,22 @@ def assemble(events: list[tuple[str | None, Any]]) -> dict[str, Any] | None:
 
 def extract_tokens(obj: Any) -> tuple[None, None, None, Any, Any]:
     """Responses carries no token ids: ``(None, None, None, status, usage)``."""
-    if not isinstance(obj, dict):
-        return None, None, None, None, None
-    return None, None, None, obj.get("status"), obj.get("usage")
+    return answer_tokens(obj, "status")
 
 
 def assistant_message(response: Any) -> dict[str, Any] | None:
     """The assistant turn a Responses object represents, as a chat message."""
     if not isinstance(response, dict):
         return None
-    msg: dict[str, Any] = {"role": "assistant", "content": None}
     calls: list[dict[str, Any]] = []
     texts: list[str] = []
+    reasoning: str | None = None
     for item in response.get("output") or ():
         kind = item.get("type")
         if kind == "message":
             texts.append(text_of(item.get("content")))
         elif kind == "reasoning":
-            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + (
-                text_of(item.get("content")) or text_of(item.get("summary"))
-            )
+            reasoning = (reasoning or "") + (text_of(item.get("content")) or text_of(item.get("summary")))
         elif kind == "function_call":
             calls.append(
                 {
@@ -674,10 +670,7 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
                     },
                 }
             )
-    msg["content"] = "".join(texts) or None
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    return assistant_turn(texts, reasoning, calls)
 
 
 def opening(body: dict[str, Any]) -> list[Any] | None:
@@ -740,6 +733,8 @@ class _Responses(WireDialect):
     conversation_keys = ("input",)
     chat_view = True
     end_marks = tuple(e.encode() for e in TERMINAL_EVENTS)
+    terminal_events = TERMINAL_EVENTS
+    finish_key = "status"
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {
@@ -769,18 +764,8 @@ class _Responses(WireDialect):
     def assemble(self, events: list[tuple[str | None, Any]]) -> Any:
         return assemble(events)
 
-    def extract_tokens(self, obj: Any) -> Tokens:
-        return extract_tokens(obj)
-
     def assistant_message(self, response: Any) -> dict[str, Any] | None:
         return assistant_message(response)
-
-    def finish_of(self, response: Any) -> str | None:
-        s = response.get("status") if isinstance(response, dict) else None
-        return s if isinstance(s, str) else None
-
-    def is_terminal(self, name: str | None, data: str) -> bool:
-        return event_type_in(name, data, TERMINAL_EVENTS)
 
     def stream_error(self, message: str) -> bytes:
         return encode(*stream_error_event({"message": message, "code": "server_error"}, 0))
@@ -792,8 +777,7 @@ class _Responses(WireDialect):
         return opening(body)
 
     def tool_call_ids(self, response: Any) -> list[str]:
-        items = response.get("output") or [] if isinstance(response, dict) else []
-        return [str(i["call_id"]) for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+        return ids_of_type(response, "output", "function_call", "call_id")
 
 
 DIALECT = _Responses()

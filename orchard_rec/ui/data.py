@@ -9,7 +9,8 @@ session's page reads its calls with ``Store.calls`` and its samples with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -230,36 +231,28 @@ def list_sessions(store: Store, f: SessionFilter, *, with_harnesses: bool = Fals
     return SessionPage(rows, total, f, harnesses, models)
 
 
-_HARNESS_CACHE: dict[str, tuple[float, list[str]]] = {}
+_NAMES_CACHE: dict[tuple[str, str], tuple[float, list[str]]] = {}
+
+
+def _cached_names(store: Store, kind: str, ttl: float, scan: Callable[[Store], list[str]]) -> list[str]:
+    """``scan(store)`` (a full-table scan), kept for ``ttl`` seconds per database and ``kind``."""
+    now = time.monotonic()
+    hit = _NAMES_CACHE.get((store.url, kind))
+    if hit is not None and now - hit[0] < ttl:
+        return hit[1]
+    names = scan(store)
+    _NAMES_CACHE[(store.url, kind)] = (now, names)
+    return names
 
 
 def harness_names(store: Store, ttl: float = 30.0) -> list[str]:
     """The harnesses seen (one full scan of the sessions table, so cached for ``ttl`` seconds)."""
-    import time
-
-    now = time.monotonic()
-    hit = _HARNESS_CACHE.get(store.url)
-    if hit is not None and now - hit[0] < ttl:
-        return hit[1]
-    names = queries.harness_names(store)
-    _HARNESS_CACHE[store.url] = (now, names)
-    return names
-
-
-_MODEL_CACHE: dict[str, tuple[float, list[str]]] = {}
+    return _cached_names(store, "harness", ttl, queries.harness_names)
 
 
 def model_names(store: Store, ttl: float = 30.0) -> list[str]:
     """The models seen in calls (one scan of the calls table, so cached for ``ttl`` seconds)."""
-    import time
-
-    now = time.monotonic()
-    hit = _MODEL_CACHE.get(store.url)
-    if hit is not None and now - hit[0] < ttl:
-        return hit[1]
-    names = queries.model_names(store)
-    _MODEL_CACHE[store.url] = (now, names)
-    return names
+    return _cached_names(store, "model", ttl, queries.model_names)
 
 
 def _loads(v: Any) -> Any:

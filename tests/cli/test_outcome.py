@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import call
+from factories import call, two_session_store
 
 from orchard_rec.records import Outcome
 from orchard_rec.storage import Store
@@ -28,14 +28,7 @@ from tests.cli.test_mistakes import assert_short, cli
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'orchard.db'}"
-    store = Store(url)
-    store.upgrade()
-    store.write_batch(
-        [
-            call("my-run", prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2]),
-            call("other", prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
-        ]
-    )
+    store = two_session_store(url, "my-run", "other")
     store.close()
     return url
 

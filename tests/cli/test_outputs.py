@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from factories import call
+from factories import call, two_session_store
 
 from orchard_rec.exporters.base import atomic_output, output_set
 from orchard_rec.outputs import OutputRefused, check_output
@@ -33,14 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'orchard.db'}"
-    store = Store(url)
-    store.upgrade()
-    store.write_batch(
-        [
-            call("alpha", prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2]),
-            call("beta", prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
-        ]
-    )
+    store = two_session_store(url)
     store.close()
     return url
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from factories import call
+from factories import two_session_store
 
 from orchard_rec.errors import BadRequest
 from orchard_rec.proxy.identity import validate_session_id
@@ -22,14 +22,7 @@ from tests.cli.test_mistakes import assert_short, cli
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'orchard.db'}"
-    store = Store(url)
-    store.upgrade()
-    store.write_batch(
-        [
-            call("alpha", prompt_ids=[1, 2], completion_ids=[3, 4], logprobs=[-0.1, -0.2]),
-            call("beta", prompt_ids=[5], completion_ids=[6], logprobs=[-0.3]),
-        ]
-    )
+    store = two_session_store(url)
     store.update_outcome("alpha", OutcomeChange({"reward": {"tests": 1, "style": 0.5}}))
     store.update_outcome("beta", OutcomeChange({"reward": {"tests": 0}}))
     store.close()

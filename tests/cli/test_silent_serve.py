@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import call, free_port
+from factories import call, free_port, post_status
 
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.proxy.server import BackgroundServer
@@ -34,17 +34,6 @@ from tests.cli.test_mistakes import assert_short, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.network
-
-
-def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def _serve(tmp_path: Path, upstream: str, db: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
@@ -106,7 +95,7 @@ def test_stop_reports_the_calls_waiting_in_the_spool_in_one_line_warnings(tmp_pa
         with sqlite3.connect(tmp_path / "orchard.db") as con:  # the database goes bad under the proxy
             con.execute("DROP TABLE sessions")
         for i in range(3):
-            assert _post(f"{base}/s/run-{i}/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})[0] == 200  # fmt: skip
+            assert post_status(f"{base}/s/run-{i}/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})[0] == 200  # fmt: skip
         time.sleep(1.5)
     finally:
         up.stop()
@@ -129,9 +118,9 @@ def test_streamed_last_call_tokens_agree(tmp_path: Path, upstream, proxy_factory
     db = f"sqlite:///{tmp_path / 'orchard.db'}"
     proxy = proxy_factory(upstream.url, db, mode="token")
     msgs = [{"role": "user", "content": "hi"}]
-    assert _post(f"{proxy.url}/s/run/v1/chat/completions", {"model": "m", "messages": msgs})[0] == 200
+    assert post_status(f"{proxy.url}/s/run/v1/chat/completions", {"model": "m", "messages": msgs})[0] == 200
     msgs += [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more please"}]
-    status, _ = _post(
+    status, _ = post_status(
         f"{proxy.url}/s/run/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True}
     )
     assert status == 200
@@ -220,7 +209,7 @@ def test_serve_ui_decodes_with_the_tokenizer_redirects_and_logs_its_url(tmp_path
     p, base = _serve(tmp_path, up.url + "/v1", db, "--ui", "--tokenizer", "demo")
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "tell me about orchards"}]}
-        assert _post(f"{base}/s/run/v1/chat/completions", body)[0] == 200
+        assert post_status(f"{base}/s/run/v1/chat/completions", body)[0] == 200
         time.sleep(1.0)
 
         class NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -15,9 +15,9 @@ import itertools
 from pathlib import Path
 
 import pytest
-from factories import MARKER_TASK, check_invariants, check_steps
+from factories import check_invariants, check_plain_url_run, check_steps, run_marker_task
 
-from orchard_rec.harnesses import GEMINI_CLI, install, run_harness
+from orchard_rec.harnesses import GEMINI_CLI, install
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
 
@@ -30,19 +30,8 @@ def test_gemini_cli_runs_through_serve_in_token_mode_as_one_exact_sample(
     install(GEMINI_CLI)
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
     sid = "gemini-run"
-    res = run_harness(
-        GEMINI_CLI,
-        proxy.url,
-        sid,
-        [MARKER_TASK],
-        model="fake-model",
-        workdir=tmp_path / "work",
-        home=tmp_path / "home",
-        timeout=300,
-    )
-    assert res.exit_code == 0, res.stderr[-3000:]
+    res = run_marker_task(GEMINI_CLI, proxy, sid, tmp_path)
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"  # the tool really ran
-    proxy.flush()
     store = proxy.store()
     calls = store.calls(sid)
     assert store.count_calls() == len(calls) >= 2
@@ -64,23 +53,7 @@ def test_gemini_cli_runs_through_serve_in_token_mode_as_one_exact_sample(
     assert len(sample.turns) == len(calls)
     check_steps(store, sid)
     # again with the plain base URL: one new session, named by the run's opening
-    res = run_harness(
-        GEMINI_CLI,
-        proxy.url,
-        None,
-        [MARKER_TASK],
-        model="fake-model",
-        workdir=tmp_path / "work2",
-        home=tmp_path / "home2",
-        timeout=300,
-    )
-    assert res.exit_code == 0, res.stderr[-3000:]
-    proxy.flush()
-    other = [c for c in store.calls() if c.session_id != sid]
-    assert len(other) >= 2 and len({c.session_id for c in other}) == 1
-    assert {c.harness for c in other} == {"gemini-cli"}
-    [sample] = reconstruct_session(other, on_mismatch=GEMINI_CLI.on_mismatch)
-    check_invariants(other, [sample])
+    check_plain_url_run(GEMINI_CLI, proxy, store, sid, tmp_path)
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     for f in db.parent.glob(db.name + "*"):
         assert b"orchard-gemini-key" not in f.read_bytes()  # GEMINI_API_KEY, sent as x-goog-api-key

@@ -11,9 +11,9 @@ registry into the cache folder on first use; the test run does it before the fir
 from __future__ import annotations
 
 import pytest
-from factories import MARKER_TASK, check_invariants, check_steps
+from factories import MARKER_TASK, check_invariants, check_plain_url_run, check_steps, run_marker_task
 
-from orchard_rec.harnesses import CLAUDE_CODE, CODEX, OPENCLAW, install, run_harness
+from orchard_rec.harnesses import CLAUDE_CODE, CODEX, OPENCLAW, install
 from orchard_rec.reconstruct import reconstruct_session
 from orchard_rec.records import CallOutcome
 
@@ -27,19 +27,8 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
     install(harness)
     proxy = proxy_factory(upstream.url, sqlite_url, mode="token")
     sid = f"{harness.name}-run"
-    res = run_harness(
-        harness,
-        proxy.url,
-        sid,
-        [MARKER_TASK],
-        model="fake-model",
-        workdir=tmp_path / "work",
-        home=tmp_path / "home",
-        timeout=300,
-    )
-    assert res.exit_code == 0, res.stderr[-3000:]
+    res = run_marker_task(harness, proxy, sid, tmp_path)
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"  # the tool really ran
-    proxy.flush()
     store = proxy.store()
     calls = store.calls(sid)
     assert store.count_calls() == len(calls) >= 2  # every call of the run is in this one session
@@ -60,24 +49,8 @@ def test_real_harness_completes_a_tool_task_through_the_proxy(
     if harness.on_mismatch == "split":  # (3): its prompts extend each other exactly
         assert sample.tokens == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
     # again with the plain base URL: the harness's own session id names one new session
-    res = run_harness(
-        harness,
-        proxy.url,
-        None,
-        [MARKER_TASK],
-        model="fake-model",
-        workdir=tmp_path / "work2",
-        home=tmp_path / "home2",
-        timeout=300,
-    )
-    assert res.exit_code == 0, res.stderr[-3000:]
-    proxy.flush()
-    other = [c for c in store.calls() if c.session_id != sid]
-    assert len(other) >= 2 and len({c.session_id for c in other}) == 1
+    other = check_plain_url_run(harness, proxy, store, sid, tmp_path)
     assert other[0].session_id.startswith(f"h-{harness.name}-")  # type: ignore[union-attr]
-    assert {c.harness for c in other} == {harness.name}
-    [sample] = reconstruct_session(other, on_mismatch=harness.on_mismatch)
-    check_invariants(other, [sample])
 
 
 @pytest.mark.harness
@@ -145,19 +118,8 @@ def test_codex_through_tito_is_one_exact_sample(
     install(CODEX)
     up = upstream_factory(drift=True)
     proxy = proxy_factory(up.url, sqlite_url, mode="tito", tokenizer="demo")
-    res = run_harness(
-        CODEX,
-        proxy.url,
-        "codex-tito",
-        [MARKER_TASK],
-        model="fake-model",
-        workdir=tmp_path / "work",
-        home=tmp_path / "home",
-        timeout=300,
-    )
-    assert res.exit_code == 0, res.stderr[-3000:]
+    res = run_marker_task(CODEX, proxy, "codex-tito", tmp_path)
     assert (res.workdir / "marker.txt").read_text().strip() == "orchard"
-    proxy.flush()
     calls = proxy.store().calls("codex-tito")
     assert len(calls) >= 2 and [c.metadata["tito"]["fresh"] for c in calls] == [True] + [False] * (
         len(calls) - 1

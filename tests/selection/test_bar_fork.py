@@ -10,23 +10,15 @@ order (``n_samples_per_prompt_max`` = the attempts recorded).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchard_rec.selection import bar_select
+from tests.selection.test_bar import Run
 
 CASES = json.loads((Path(__file__).parent / "fork_bar_cases.json").read_text())
-
-
-@dataclass
-class Run:
-    i: int
-    reward: Any
-    status: str
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def runs(attempts: list[list[Any]]) -> list[Run]:
