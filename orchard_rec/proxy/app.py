@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
 import os
@@ -62,7 +61,7 @@ from orchard_rec.proxy.fleet import Fleet, open_upstream, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
-from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.tito import TitoSessions, upstream_url
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.titocall import TitoCall
@@ -111,13 +110,6 @@ _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"}) | dialects.s
 _RESP_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
 )
-
-
-def default_spool(db_url: str) -> Path:
-    """Beside a SQLite file (``orchard.db.spool``); else ``.orchard-spool/<hash of url>.jsonl`` here."""
-    if db_url.startswith("sqlite:///") and not db_url.endswith(":memory:"):
-        return Path(db_url[len("sqlite:///") :] + ".spool")
-    return Path(".orchard-spool") / (hashlib.sha256(db_url.encode()).hexdigest()[:16] + ".jsonl")
 
 
 # -- middleware: errors in the caller's dialect ----------------------------------------------
