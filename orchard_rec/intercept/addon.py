@@ -5,16 +5,21 @@ with cheap appends on mitmproxy's event loop), the ``Recorder`` writer thread th
 it into a ``CallRecord`` and stores it, session and harness identity from the headers,
 and, when ``upstream_override`` sends the calls to a local model server, the token-mode
 ``Plan`` (ids and logprobs injected upstream, removed again for the client; Responses and
-Messages translated to chat and back).
+Messages translated to chat and back) or tito's ``TitoCall`` (the session's exact ids).
 
 Flow of one call through mitmproxy's hooks:
-- ``request`` (body complete): recognise host and path (the four dialects and models),
-  parse the body, tag the session, re-route and rewrite for token mode;
-- ``responseheaders``: stream the body through a callable (every response, SSE or not,
-  unless token mode must rewrite a non-stream JSON body): chunks reach the client as
-  they arrive, a copy is kept for the record;
-- ``response`` / ``error``: the call is complete, or failed, or the client went away:
-  submit it to the recorder (never blocks).
+- ``request`` (body complete): recognise host and path (the dialects and models),
+  parse the body, tag the session, re-route and rewrite for token mode; in tito mode the
+  core's ``TitoCall`` plans the prompt's exact ids (off the event loop) and the request
+  becomes the token endpoint's;
+- ``responseheaders``: stream an event stream through a callable (the core's ``StreamRelay``):
+  chunks reach the client as they arrive, a copy is kept for the record; a whole body too
+  under ``async`` durability; else mitmproxy buffers it (token mode rewrites it, tito makes
+  the client's answer from the token endpoint's);
+- ``response`` / ``error``: the call is complete, or failed, or the client went away: by
+  default (``durability`` process or machine) the async ``response`` hook awaits the call's
+  spool line before mitmproxy releases the answer (a buffered body, or a stream's end);
+  else it is submitted to the recorder (never blocks).
 Everything else — other hosts (tunnelled without decryption via ``allow_hosts``) and
 other paths on these hosts — passes untouched and unrecorded.
 

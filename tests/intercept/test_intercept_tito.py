@@ -104,7 +104,8 @@ def test_an_answered_call_survives_kill_9_by_default(
     text = "".join(
         c.choices[0].delta.content or ""
         for c in client.chat.completions.create(
-            model="m", messages=[*msgs, {"role": "assistant", "content": whole.choices[0].message.content}]
+            model="m",
+            messages=[*msgs, {"role": "assistant", "content": whole.choices[0].message.content}]
             + [{"role": "user", "content": "and again"}],
             stream=True,
         )
