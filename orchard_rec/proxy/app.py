@@ -273,6 +273,8 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     path = dialects.redact_query(route + (("?" + request.query_string) if request.query_string else ""))
     call = Call(dialect, request.method, path, request.headers)
     cap = call.cap
+    if (worker := app[CONFIG].worker) is not None:  # ``serve --workers N``: which process took it
+        cap.metadata["worker"] = {"index": worker, "pid": os.getpid()}
     recorder = app[RECORDER]
     metrics = app[METRICS]
     recorder.begin()
@@ -633,6 +635,8 @@ async def healthz(request: web.Request) -> web.Response:
         "caches": cache_stats(request.app),
         "policy": request.app[POLICY].state(),
     }
+    if request.app[CONFIG].worker is not None:  # ``serve --workers N``: the one that answered
+        body["worker"] = {"index": request.app[CONFIG].worker, "pid": os.getpid()}
     if rec.last_error:
         body["error"] = rec.last_error
     if rec.spool_rejected and rec.spool is not None:
