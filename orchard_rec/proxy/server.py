@@ -164,6 +164,8 @@ def run_forever(
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, on_signal)
+        # a worker of ``serve --workers`` blocks them until here: one that came while it started is handled now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         await _serve(app, host, port, stop, _tuned(ready), shutdown_timeout, reuse_port=reuse_port)
 
     with asyncio.Runner(loop_factory=loop_factory) as r:

@@ -134,6 +134,9 @@ def _worker(cfg: ProxyConfig, host: str, port: int, shutdown_timeout: float) -> 
     from orchard_rec.proxy.server import serve_proxy
 
     os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the parent, which forwards it once
+    # held until the event loop handles them (``run_forever``): a SIGTERM while this worker starts
+    # (its spool replaying) is a graceful stop, not the default's sudden death
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):
