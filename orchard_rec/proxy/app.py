@@ -699,7 +699,13 @@ async def openapi_handler(request: web.Request) -> web.Response:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+    body = request.app[METRICS].render()
+    cfg = request.app[CONFIG]
+    if cfg.peers and cfg.worker is not None and "worker" not in request.query:  # ``serve --workers N``
+        from orchard_rec.proxy.workers import gather_metrics
+
+        body = await gather_metrics(cfg.peers, cfg.worker, body)
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 # -- lifecycle -------------------------------------------------------------------------------------

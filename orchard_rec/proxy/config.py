@@ -94,6 +94,9 @@ class ProxyConfig(BaseModel):
     worker: int | None = Field(None, ge=0)
     """This process is worker ``worker`` of ``serve --workers N`` (``proxy.workers``): every call
     it records says so in ``metadata["worker"]`` (``{"index", "pid"}``). None: the only process."""
+    peers: tuple[str, ...] = ()
+    """``serve --workers N``: every worker's private Unix socket, by index (``worker``'s own among
+    them), where ``/metrics`` asks the others for theirs (``proxy.workers.gather_metrics``)."""
 
     @field_validator("durability", mode="before")
     @classmethod

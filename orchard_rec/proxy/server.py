@@ -56,9 +56,14 @@ async def _serve(
     shutdown_timeout: float,
     ssl_context: Any = None,
     reuse_port: bool = False,
+    unix_path: str | None = None,
 ) -> None:
     runner = _runner(app, shutdown_timeout)
     await runner.setup()
+    if unix_path is not None:  # a worker's private socket (``proxy.workers``: /metrics of them all)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unix_path)  # left by a worker killed before
+        await web.UnixSite(runner, unix_path).start()
     site = web.TCPSite(
         runner,
         host,
@@ -135,6 +140,7 @@ def run_forever(
     shutdown_timeout: float = 30.0,
     on_stop: Callable[[], None] | None = None,
     reuse_port: bool = False,
+    unix_path: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed).
 
@@ -166,7 +172,9 @@ def run_forever(
                 loop.add_signal_handler(sig, on_signal)
         # a worker of ``serve --workers`` blocks them until here: one that came while it started is handled now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-        await _serve(app, host, port, stop, _tuned(ready), shutdown_timeout, reuse_port=reuse_port)
+        await _serve(
+            app, host, port, stop, _tuned(ready), shutdown_timeout, reuse_port=reuse_port, unix_path=unix_path
+        )
 
     with asyncio.Runner(loop_factory=loop_factory) as r:
         r.run(main())
@@ -228,6 +236,7 @@ def serve_proxy(
         shutdown_timeout=shutdown_timeout,
         on_stop=on_stop,
         reuse_port=reuse_port,
+        unix_path=cfg.peers[cfg.worker] if cfg.peers and cfg.worker is not None else None,
     )
     waiting = recorder.spool_depth
     if waiting and recorder.spool is not None:

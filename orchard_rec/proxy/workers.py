@@ -19,8 +19,10 @@ worker took it (``metadata["worker"] = {"index", "pid"}``).
   of a previous run with more workers (``SPOOL.w5`` when now N = 2), and ``SPOOL`` itself (a
   single-process run). It then holds ``SPOOL``'s lock, so a second ``serve`` on the same spool is
   refused as before.
-- ``/metrics`` and ``/healthz`` are answered by whichever worker takes the connection, about
-  itself (``/healthz`` says which: ``worker``). README, "A fleet", says how to aggregate.
+- ``/metrics``: whichever worker takes the scrape asks the others over their private Unix sockets
+  (``ProxyConfig.peers``, in a temporary folder of the parent's) and answers all of them, each
+  sample labelled ``worker="<k>"`` (``gather_metrics``): sum over ``worker`` for the totals.
+  ``/healthz`` is the answering worker's own, and says which (``worker``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import fcntl
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -43,7 +47,15 @@ if TYPE_CHECKING:
 
     from orchard_rec.proxy.config import ProxyConfig
 
-__all__ = ["orphan_spools", "replay_orphans", "replay_spool", "serve_workers", "spool_paths", "workers_count"]
+__all__ = [
+    "gather_metrics",
+    "orphan_spools",
+    "replay_orphans",
+    "replay_spool",
+    "serve_workers",
+    "spool_paths",
+    "workers_count",
+]
 
 log = logging.getLogger("orchard_rec.server")
 
@@ -119,6 +131,62 @@ def replay_orphans(cfg: ProxyConfig, base: Path, n: int) -> None:
             )
 
 
+async def gather_metrics(peers: tuple[str, ...], me: int, own: bytes, timeout: float = 2.0) -> bytes:
+    """``/metrics`` of ``serve --workers N``: every worker's metrics (``own`` and the others', asked
+    over their private sockets, ``/metrics?worker``) as one exposition, each sample labelled
+    ``worker="<k>"``; sum over ``worker`` for the proxy's totals. A worker that does not answer
+    (restarting) is left out of this scrape; ``orchard_workers_answered`` says how many did."""
+    import asyncio
+
+    import aiohttp
+
+    async def ask(k: int, path: str) -> tuple[int, bytes | None]:
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=path), timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as http,
+                http.get("http://worker/metrics?worker") as r,
+            ):
+                return k, await r.read() if r.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return k, None
+
+    got = await asyncio.gather(*(ask(k, p) for k, p in enumerate(peers) if k != me))
+    texts = sorted([(me, own), *((k, t) for k, t in got if t is not None)])
+    return _merge(texts)
+
+
+def _merge(texts: list[tuple[int, bytes]]) -> bytes:
+    """Expositions of several workers as one, each sample labelled with its worker's index."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    families: dict[str, Metric] = {}
+    for k, text in texts:
+        for fam in text_string_to_metric_families(text.decode()):
+            into = families.get(fam.name)
+            if into is None:
+                into = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            into.samples.extend(
+                Sample(s.name, {**s.labels, "worker": str(k)}, s.value, s.timestamp, s.exemplar)
+                for s in fam.samples
+            )
+    answered = GaugeMetricFamily("orchard_workers_answered", "Workers whose metrics this scrape holds")
+    answered.add_metric([], len(texts))
+    families[answered.name] = answered
+
+    class _All:
+        def collect(self) -> Any:
+            return iter(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_All())
+    return bytes(generate_latest(registry))
+
+
 def _reserve(host: str, port: int) -> socket.socket:
     """The port, bound with ``SO_REUSEPORT`` and never listening: the workers' sockets join it."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -154,9 +222,11 @@ class _Parent:
         self.signals = 0
         self.fast_deaths = 0
         self.restarts = 0
+        self.rundir = tempfile.mkdtemp(prefix="orchard-workers-")  # short: a socket path has < 108 bytes
+        self.peers = tuple(os.path.join(self.rundir, f"w{k}.sock") for k in range(n))
 
     def start(self, k: int, spool: Path) -> None:
-        cfg = self.cfg.model_copy(update={"spool": str(spool), "worker": k})
+        cfg = self.cfg.model_copy(update={"spool": str(spool), "worker": k, "peers": self.peers})
         p = self.ctx.Process(
             target=_worker,
             args=(cfg, self.host, self.port, self.shutdown_timeout),
@@ -257,6 +327,7 @@ def serve_workers(
             with contextlib.suppress(ProcessLookupError, TypeError):
                 os.kill(p.pid, signal.SIGTERM)  # type: ignore[arg-type]
         holder.close()
+        shutil.rmtree(parent.rundir, ignore_errors=True)
         fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
         lock.close()
 

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import pytest
 from factories import free_port, serve_process
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchard_rec.proxy.workers import orphan_spools, spool_paths, workers_count
 from orchard_rec.reconstruct import reconstruct_session
@@ -183,6 +184,13 @@ def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
                 )
                 messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
                 messages.append({"role": "user", "content": f"and now step {turn}"})
+        for _ in range(4):  # whichever worker answers the scrape: both workers' figures, labelled
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+            assert fams["orchard_workers_answered"].samples[0].value == 2
+            calls = [x for x in fams["orchard_calls"].samples if x.name == "orchard_calls_total"]
+            assert {x.labels["worker"] for x in calls} == {"0", "1"}
+            assert sum(x.value for x in calls) == 24
     finally:
         assert _stop(parent) == 0
     store = Store(db)
