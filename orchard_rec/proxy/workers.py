@@ -110,8 +110,8 @@ def replay_spool(cfg: ProxyConfig, path: Path, timeout: float = 60.0) -> int:
     rec.start()
     try:
         deadline = time.monotonic() + timeout
-        while rec.spool_depth and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while rec.spool_depth and time.monotonic() < deadline and rec.last_error is None:
+            time.sleep(0.05)  # a database that fails (down) is not waited for: the next start replays
         return rec.spool_depth
     finally:
         rec.close()
@@ -278,7 +278,9 @@ class _Parent:
                 if self.fast_deaths:
                     time.sleep(min(5.0, 0.2 * 2**self.fast_deaths))
                 self.start(k, spools[k])
-        return 1 if self.fast_deaths >= _MAX_FAST_DEATHS else 0
+        if self.fast_deaths >= _MAX_FAST_DEATHS:
+            return 1
+        return 130 if self.signals > 1 else 0  # stopped at once, as a single ``serve``
 
 
 def _lock(path: Path) -> IO[bytes]:
