@@ -724,10 +724,21 @@ def serve(
         "--routed-experts",
         help="MoE routing replay: record the routed_experts the server answers (vLLM --enable-return-routed-experts), token and tito mode.",
     ),
+    workers: str = typer.Option(
+        "1",
+        "--workers",
+        envvar="ORCHARD_WORKERS",
+        help="Proxy processes on the one port (SO_REUSEPORT), each with its own spool SPOOL.w<k>; auto: one per core.",
+    ),
 ) -> None:
     """Run the recording proxy."""
     from orchard_rec.proxy.server import configure_logging, serve_proxy
+    from orchard_rec.proxy.workers import workers_count
 
+    try:
+        n_workers = workers_count(workers)
+    except ValueError:
+        raise usage_error(f"--workers {workers}: a count of processes (1 or more), or auto") from None
     if max_queue_bytes < 0:
         raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
     if max_body_mb <= 0:
@@ -801,7 +812,33 @@ def serve(
     _check_spool(spool, db)
     _check_writable(db)  # reachable, migrated, and takes a write: before anything listens
     configure_logging(log_level, log_format)
-    serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+    if n_workers == 1:
+        from orchard_rec.proxy.app import default_spool
+        from orchard_rec.proxy.workers import replay_orphans
+
+        # the spools of an earlier run with workers (``SPOOL.w<k>``) are stored before serving
+        replay_orphans(cfg, Path(cfg.spool) if cfg.spool else default_spool(cfg.db), 1)
+        serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+        return
+    _serve_workers(cfg, host, port, n_workers, shutdown_timeout)
+
+
+def _serve_workers(cfg: ProxyConfig, host: str, port: int, n: int, shutdown_timeout: float) -> None:
+    """``serve --workers N`` (N >= 2): ``proxy.workers``; a spool in use is said in one line."""
+    from orchard_rec.proxy.app import default_spool
+    from orchard_rec.proxy.workers import serve_workers, spool_paths
+
+    base = Path(cfg.spool) if cfg.spool else default_spool(cfg.db)
+    for path in spool_paths(base, n):
+        _check_spool(str(path), cfg.db)
+    try:
+        code = serve_workers(cfg, host, port, n, shutdown_timeout=shutdown_timeout, base=base)
+    except RuntimeError as exc:
+        raise CliError(
+            str(exc), "stop that one, or give this one its own --spool (or another --db)"
+        ) from None
+    if code:
+        raise typer.Exit(code)
 
 
 def _check_writable(db: str) -> None:

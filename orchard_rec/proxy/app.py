@@ -256,6 +256,8 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     path = dialects.redact_query(route + (("?" + request.query_string) if request.query_string else ""))
     call = Call(dialect, request.method, path, request.headers)
     cap = call.cap
+    if (worker := app[CONFIG].worker) is not None:  # ``serve --workers N``: which process took it
+        cap.metadata["worker"] = {"index": worker, "pid": os.getpid()}
     recorder = app[RECORDER]
     metrics = app[METRICS]
     recorder.begin()
@@ -516,6 +518,8 @@ async def healthz(request: web.Request) -> web.Response:
         "caches": cache_stats(request.app),
         "policy": request.app[POLICY].state(),
     }
+    if request.app[CONFIG].worker is not None:  # ``serve --workers N``: the one that answered
+        body["worker"] = {"index": request.app[CONFIG].worker, "pid": os.getpid()}
     if rec.last_error:
         body["error"] = rec.last_error
     if rec.spool_rejected and rec.spool is not None:
@@ -578,7 +582,13 @@ async def openapi_handler(request: web.Request) -> web.Response:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+    body = request.app[METRICS].render()
+    cfg = request.app[CONFIG]
+    if cfg.peers and cfg.worker is not None and "worker" not in request.query:  # ``serve --workers N``
+        from orchard_rec.proxy.workers import gather_metrics
+
+        body = await gather_metrics(cfg.peers, cfg.worker, body)
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 # -- lifecycle -------------------------------------------------------------------------------------

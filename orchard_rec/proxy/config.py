@@ -91,6 +91,13 @@ class ProxyConfig(BaseModel):
     """With ``ui``: allow the viewer's "send again" (a recorded call replayed to ``upstream``
     with ``upstream_key``; the answer is shown, never recorded)."""
 
+    worker: int | None = Field(None, ge=0)
+    """This process is worker ``worker`` of ``serve --workers N`` (``proxy.workers``): every call
+    it records says so in ``metadata["worker"]`` (``{"index", "pid"}``). None: the only process."""
+    peers: tuple[str, ...] = ()
+    """``serve --workers N``: every worker's private Unix socket, by index (``worker``'s own among
+    them), where ``/metrics`` asks the others for theirs (``proxy.workers.gather_metrics``)."""
+
     @field_validator("durability", mode="before")
     @classmethod
     def _earlier_name(cls, v: object) -> object:

@@ -55,10 +55,24 @@ async def _serve(
     ready: Callable[[int], None] | None,
     shutdown_timeout: float,
     ssl_context: Any = None,
+    reuse_port: bool = False,
+    unix_path: str | None = None,
 ) -> None:
     runner = _runner(app, shutdown_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, ssl_context=ssl_context)
+    if unix_path is not None:  # a worker's private socket (``proxy.workers``: /metrics of them all)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unix_path)  # left by a worker killed before
+        await web.UnixSite(runner, unix_path).start()
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        backlog=4096,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+        ssl_context=ssl_context,
+    )
     try:
         await site.start()
     except BaseException:
@@ -125,11 +139,14 @@ def run_forever(
     ready: Callable[[int], None] | None = None,
     shutdown_timeout: float = 30.0,
     on_stop: Callable[[], None] | None = None,
+    reuse_port: bool = False,
+    unix_path: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (uvloop when installed).
 
     ``on_stop`` runs at the first signal (e.g. to say what is being drained); a second signal
-    ends the process at once (exit 130)."""
+    ends the process at once (exit 130). ``reuse_port``: ``SO_REUSEPORT``, the port shared with
+    the other workers of ``serve --workers N`` (the kernel spreads connections among them)."""
     try:
         import uvloop
 
@@ -153,14 +170,21 @@ def run_forever(
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, on_signal)
-        await _serve(app, host, port, stop, _tuned(ready), shutdown_timeout)
+        # a worker of ``serve --workers`` blocks them until here: one that came while it started is handled now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        await _serve(
+            app, host, port, stop, _tuned(ready), shutdown_timeout, reuse_port=reuse_port, unix_path=unix_path
+        )
 
     with asyncio.Runner(loop_factory=loop_factory) as r:
         r.run(main())
 
 
-def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: float = 30.0) -> None:
-    """``orchard-rec serve``: the proxy in the foreground, with its start, access and stop log."""
+def serve_proxy(
+    cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: float = 30.0, reuse_port: bool = False
+) -> None:
+    """``orchard-rec serve``: the proxy in the foreground, with its start, access and stop log
+    (``reuse_port``: one of the workers of ``serve --workers N``, ``proxy.workers``)."""
     from orchard_rec.proxy.app import RECORDER, build_app
 
     app = build_app(cfg)
@@ -171,8 +195,16 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
     recorder = app[RECORDER]
     recorder.store = LoggedStore(recorder.store)  # type: ignore[assignment]
     started = time.monotonic()
+    me = (
+        ""
+        if cfg.worker is None
+        else f"worker {cfg.worker} (pid {os.getpid()}, spool {recorder.spool_path}): "
+    )
 
     def ready(bound: int) -> None:
+        if cfg.worker is not None:
+            log.info("%slistening on http://%s:%d", me, host, bound)
+            return
         log.info(
             "orchard-rec proxy listening on http://%s:%d  upstream %s  database %s  mode %s  durability %s  auth %s",
             host,
@@ -189,18 +221,29 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
 
     def on_stop() -> None:
         log.info(
-            "shutting down: draining %d call(s) in flight and %d record(s) (up to %.0fs; Ctrl-C again stops at once)",
+            "%sshutting down: draining %d call(s) in flight and %d record(s) (up to %.0fs; Ctrl-C again stops at once)",
+            me,
             recorder.inflight,
             recorder.depth,
             shutdown_timeout,
         )
 
-    run_forever(app, host, port, ready=ready, shutdown_timeout=shutdown_timeout, on_stop=on_stop)
+    run_forever(
+        app,
+        host,
+        port,
+        ready=ready,
+        shutdown_timeout=shutdown_timeout,
+        on_stop=on_stop,
+        reuse_port=reuse_port,
+        unix_path=cfg.peers[cfg.worker] if cfg.peers and cfg.worker is not None else None,
+    )
     waiting = recorder.spool_depth
     if waiting and recorder.spool is not None:
         log.warning(
-            "stopped after %.0fs: %d call(s) recorded, %d waiting in the spool %s (the database did not"
+            "%sstopped after %.0fs: %d call(s) recorded, %d waiting in the spool %s (the database did not"
             " take them%s; the next serve on this database replays them)",
+            me,
             time.monotonic() - started,
             recorder.written,
             waiting,
@@ -208,7 +251,9 @@ def serve_proxy(cfg: ProxyConfig, host: str, port: int, *, shutdown_timeout: flo
             f": {recorder.last_error}" if recorder.last_error else "",
         )
     else:
-        log.info("stopped after %.0fs: %d call(s) recorded", time.monotonic() - started, recorder.written)
+        log.info(
+            "%sstopped after %.0fs: %d call(s) recorded", me, time.monotonic() - started, recorder.written
+        )
 
 
 def _safe_db(url: str) -> str:

@@ -283,10 +283,11 @@ class Spool:
         """Lines moved aside to ``rejected_path`` by this process."""
         self.last_rejection: str | None = None
         self._segments: list[_Segment] = [_Segment(self.path, lock_f, 0)]
+        stem = len(self.path.name) + 1  # ``PATH.1`` is a segment; ``PATH.w0.1`` is another spool's
         extra = sorted(
-            (int(p.name.rsplit(".", 1)[1]), p)
+            (int(p.name[stem:]), p)
             for p in self.path.parent.glob(self.path.name + ".*")
-            if p.name.rsplit(".", 1)[1].isdigit()
+            if p.name[stem:].isdigit()
         )
         for _, p in extra:
             self._segments.append(_Segment(p, _open(p), 0))
