@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import typer
 
@@ -314,10 +314,11 @@ def export(
     ),
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from orchard_rec.exporters.base import available
     from orchard_rec.exporters.pipeline import export as run_export
+    from orchard_rec.pipeline import SelectionStats
+    from orchard_rec.policy import Staleness
+    from orchard_rec.selection.staleness import StalenessStats
 
     known = available()
     if list_formats:
@@ -325,6 +326,118 @@ def export(
             ext, what = FORMAT_INFO.get(name) or ("", _format_doc(known[name]))
             typer.echo(f"{name:<10} {ext or '-':<9} {what}")
         return
+    url, storage, out, window, bar = _check_export_options(
+        fmt=fmt,
+        known=known,
+        out_arg=out_arg,
+        storage_options=storage_options,
+        engine=engine,
+        ray_address=ray_address,
+        db=db,
+        force=force,
+        rollout_size=rollout_size,
+        processor=processor,
+        pass_rate=pass_rate,
+        group_by=group_by,
+        status=status,
+        select=select,
+        filters=filters,
+        seed=seed,
+        policy_version=policy_version,
+        max_staleness=max_staleness,
+    )
+    floor = Staleness(policy_version, max_staleness, min_policy_version)
+    stale_stats = StalenessStats()
+    sel_stats = SelectionStats()
+    options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
+    if processor is not None:
+        options["processor"] = processor
+    since_ts = _since(since)
+    tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
+    total = _select_sessions(db, session, since, since_ts, harness, group_by, reward_key)
+    to_stdout = str(out) == "-"
+    stats = _run_with_progress(
+        run_export if url is None else _url_export(url, storage, engine, ray_address),
+        total,
+        db,
+        fmt,
+        out,
+        sessions=session,
+        since=since_ts,
+        harness=harness,
+        on_mismatch=on_mismatch,
+        credit=credit,
+        tokenizer=tok,
+        format_options=options,
+        group_by=group_by,
+        statuses=status,
+        min_reward=min_reward,
+        pass_rate=window,
+        reward_key=reward_key,
+        select=bar,
+        seed=seed,
+        filters=filters,
+        selection_stats=sel_stats,
+        auxiliary=auxiliary,
+        require_teacher=require_teacher,
+        check=lambda p: _check_output(p, db, force),
+        aborted=aborted,
+        staleness=floor if floor.floor is not None else None,
+        stale=stale,
+        staleness_stats=stale_stats,
+    )
+    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
+    selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
+    if stats.samples == 0:
+        given = [
+            name
+            for name, on in (
+                ("--status", status),
+                ("--min-reward", min_reward is not None),
+                ("--pass-rate", pass_rate),
+                ("--select", bar),
+                ("--filter", filters),
+                ("--require-teacher", require_teacher),
+                ("--no-auxiliary", auxiliary is False),
+                ("--policy-version/--max-staleness/--min-policy-version", floor.floor is not None),
+            )
+            if on
+        ]
+        _nothing_exported(
+            given, total, "" if to_stdout else f"; nothing written ({out} left as it was)", selection_line
+        )
+    if selection_line:
+        typer.echo(selection_line, err=True)
+    if floor.floor is not None:
+        typer.echo(f"staleness: {stale_stats.summary()}", err=True)
+    typer.echo(
+        f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
+    )
+
+
+def _check_export_options(
+    *,
+    fmt: str,
+    known: dict[str, Any],
+    out_arg: str | None,
+    storage_options: list[str] | None,
+    engine: str,
+    ray_address: str | None,
+    db: str,
+    force: bool,
+    rollout_size: int | None,
+    processor: str | None,
+    pass_rate: str | None,
+    group_by: str | None,
+    status: list[str] | None,
+    select: str | None,
+    filters: list[str] | None,
+    seed: int | None,
+    policy_version: int | None,
+    max_staleness: int | None,
+) -> tuple[str | None, dict[str, Any], Path, tuple[float, float] | None, Any]:
+    """``export``'s options, checked before the database is opened: (the dataset URL or None, its
+    storage options, ``--out``, the ``--pass-rate`` window, the ``--select`` bar)."""
     if fmt not in known:
         raise usage_error(
             f"--format {fmt!r} is not a format", f"one of: {', '.join(sorted(known))} (--list-formats)"
@@ -379,23 +492,23 @@ def export(
             "--seed orders --select's ties and --filter pass-rate's draws: without either it changes nothing",
             "add --select bar:N:LO:HI or --filter pass-rate, or leave --seed out",
         )
-    from orchard_rec.pipeline import SelectionStats
-
     if (policy_version is None) != (max_staleness is None):
         raise usage_error(
             "--policy-version and --max-staleness go together", "e.g. --policy-version 12 --max-staleness 2"
         )
-    from orchard_rec.policy import Staleness
-    from orchard_rec.selection.staleness import StalenessStats
+    return url, storage, out, window, bar
 
-    floor = Staleness(policy_version, max_staleness, min_policy_version)
-    stale_stats = StalenessStats()
-    sel_stats = SelectionStats()
-    options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
-    if processor is not None:
-        options["processor"] = processor
-    since_ts = _since(since)
-    tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
+
+def _select_sessions(
+    db: str,
+    session: list[str] | None,
+    since: datetime | None,
+    since_ts: float | None,
+    harness: str | None,
+    group_by: str | None,
+    reward_key: str | None,
+) -> int:
+    """How many sessions ``export`` selects (warnings for what is missing; none is an error)."""
     selection = {"sessions": session, "since": since_ts, "harness": harness}
     with _reading(db) as store:
         selected = store.sessions(session, since=since_ts, harness=harness)
@@ -415,7 +528,13 @@ def export(
             else f"nothing to export: {db} has no sessions",
             None if not (session or since or harness) else "list them with `orchard-rec sessions`",
         )
-    to_stdout = str(out) == "-"
+    return total
+
+
+def _run_with_progress(write: Callable[..., Any], total: int, db: str, fmt: str, out: Path, **kw: Any) -> Any:
+    """``write(db, fmt, out, ...)`` with a progress bar on stderr (a terminal only), one step a session."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(
         TextColumn("exporting"),
         BarColumn(),
@@ -428,68 +547,18 @@ def export(
     )
     with progress:
         task = progress.add_task("export", total=total)
-        stats = (run_export if url is None else _url_export(url, storage, engine, ray_address))(
-            db,
-            fmt,
-            out,
-            sessions=session,
-            since=since_ts,
-            harness=harness,
-            on_mismatch=on_mismatch,
-            credit=credit,
-            on_session=lambda _s: progress.advance(task),
-            tokenizer=tok,
-            format_options=options,
-            group_by=group_by,
-            statuses=status,
-            min_reward=min_reward,
-            pass_rate=window,
-            reward_key=reward_key,
-            select=bar,
-            seed=seed,
-            filters=filters,
-            selection_stats=sel_stats,
-            auxiliary=auxiliary,
-            require_teacher=require_teacher,
-            check=lambda p: _check_output(p, db, force),
-            aborted=aborted,
-            staleness=floor if floor.floor is not None else None,
-            stale=stale,
-            staleness_stats=stale_stats,
-        )
-    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
-    selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
-    if stats.samples == 0:
-        kept = "" if to_stdout else f"; nothing written ({out} left as it was)"
-        given = [
-            name
-            for name, on in (
-                ("--status", status),
-                ("--min-reward", min_reward is not None),
-                ("--pass-rate", pass_rate),
-                ("--select", bar),
-                ("--filter", filters),
-                ("--require-teacher", require_teacher),
-                ("--no-auxiliary", auxiliary is False),
-                ("--policy-version/--max-staleness/--min-policy-version", floor.floor is not None),
-            )
-            if on
-        ]
-        if given:
-            raise CliError(
-                f"no sample passed {', '.join(given)} ({total} sessions selected){kept}",
-                selection_line
-                or "loosen them; `orchard-rec sessions` shows each session's status and reward",
-            )
+        return write(db, fmt, out, on_session=lambda _s: progress.advance(task), **kw)
+
+
+def _nothing_exported(given: list[str], total: int, kept: str, selection_line: str | None) -> NoReturn:
+    """No sample came out: say which options filtered everything (``given``), else why."""
+    if given:
         raise CliError(
-            f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer){kept}"
+            f"no sample passed {', '.join(given)} ({total} sessions selected){kept}",
+            selection_line or "loosen them; `orchard-rec sessions` shows each session's status and reward",
         )
-    if selection_line:
-        typer.echo(selection_line, err=True)
-    if floor.floor is not None:
-        typer.echo(f"staleness: {stale_stats.summary()}", err=True)
-    typer.echo(
-        f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
+    raise CliError(
+        f"the {total} selected sessions gave no samples (no calls with token ids? try --tokenizer){kept}"
     )
 
 
