@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import typer
 
@@ -24,6 +24,9 @@ from orchard_rec.cli.common import (
     open_write,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from orchard_rec.teacher import TeacherSummary
 
 # -- teacher log-probs (on-policy distillation) ---------------------------------------------------------------------
 
@@ -88,15 +91,7 @@ def teacher(
     )  # the server root: /v1/completions or /generate is added
     if top_k < 0 or concurrency < 1 or retries < 0 or (max_len is not None and max_len < 2):
         raise usage_error("--top-k >= 0, --concurrency >= 1, --retries >= 0 and --max-len >= 2")
-    part: tuple[int, int] | None = None
-    if shard is not None:
-        try:
-            i, n = (int(x) for x in shard.split("/"))
-            if not 0 <= i < n:
-                raise ValueError
-        except ValueError:
-            raise usage_error("--shard takes I/N with 0 <= I < N, e.g. 0/4") from None
-        part = (i, n)
+    part = _shard(shard)
     since_ts = _since(since)
     with _reading(db) as store:
         total = len(store.sessions(session, since=since_ts, harness=harness))
@@ -152,6 +147,25 @@ def teacher(
             )
     finally:
         store.close()
+    _teacher_report(summary, cfg.url, kind)
+
+
+def _shard(shard: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` → ``(I, N)``; None without it."""
+    part: tuple[int, int] | None = None
+    if shard is not None:
+        try:
+            i, n = (int(x) for x in shard.split("/"))
+            if not 0 <= i < n:
+                raise ValueError
+        except ValueError:
+            raise usage_error("--shard takes I/N with 0 <= I < N, e.g. 0/4") from None
+        part = (i, n)
+    return part
+
+
+def _teacher_report(summary: TeacherSummary, url: str, kind: str) -> None:
+    """The run's summary line and its first errors on stderr; exit 1 when a sample failed."""
     typer.echo(summary.line(), err=True)
     for e in summary.errors[:5]:
         _warn(e)
@@ -161,7 +175,7 @@ def teacher(
         )
         if any(" 404" in e or "answered 404" in e for e in summary.errors):
             typer.echo(
-                f"  the teacher answered 404: is --url {cfg.url} the server's root, and --kind {kind} right? "
+                f"  the teacher answered 404: is --url {url} the server's root, and --kind {kind} right? "
                 f"(vllm: POST /v1/completions, sglang: POST /generate)",
                 err=True,
             )
