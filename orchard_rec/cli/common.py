@@ -375,7 +375,7 @@ def _check_spool(spool: str | None, db: str) -> None:
     """No other proxy holds the spool (its lock), checked before anything is created."""
     import fcntl
 
-    from orchard_rec.proxy.app import default_spool
+    from orchard_rec.proxy.recorder import default_spool
 
     path = Path(spool) if spool else default_spool(db)
     if not path.is_file():

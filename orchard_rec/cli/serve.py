@@ -258,10 +258,23 @@ def intercept(
         "--upstream-override",
         help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM.",
     ),
-    mode: Literal["token", "passthrough"] = typer.Option(
+    mode: Literal["token", "passthrough", "tito"] = typer.Option(
         "token",
         "--mode",
-        help="With --upstream-override: token (ask the server for token ids) or passthrough.",
+        help="With --upstream-override: token (ask the server for token ids), tito (send the session's"
+        " exact ids to its token endpoint; needs --tokenizer) or passthrough.",
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tito: the model's Hugging Face tokenizer (path or name)."
+    ),
+    upstream_kind: Literal["vllm", "sglang"] = typer.Option(
+        "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
+    ),
+    durability: Literal["process", "machine", "async"] = typer.Option(
+        "process",
+        "--durability",
+        help="process: the end of a client's answer waits until its call's spool line is written (a kill -9"
+        " loses nothing); machine: until it is fsync'd; async: never waits.",
     ),
     confdir: str | None = typer.Option(
         None, "--confdir", help="mitmproxy's folder holding its CA (default ~/.mitmproxy)."
@@ -296,6 +309,10 @@ def intercept(
         raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
     if upstream_override:
         upstream_override = _check_upstream(upstream_override, "--upstream-override")
+    if mode == "tito" and upstream_override and not tokenizer:
+        raise usage_error(
+            "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
+        )
     if not runtime.has_mitmproxy():
         if not runtime.runtime_ready():
             raise CliError(
@@ -316,6 +333,9 @@ def intercept(
         hosts=tuple(hosts.split(",")),
         upstream_override=upstream_override,
         mode=mode,
+        tokenizer=tokenizer,
+        upstream_kind=upstream_kind,
+        durability=durability,
         upstream_ca=upstream_ca,
         ssl_insecure=ssl_insecure,
         spool=spool,
@@ -330,5 +350,12 @@ def intercept(
         return
     _check_port(cfg.listen_host, cfg.listen_port, "--listen")
     _check_spool(spool, db)
+    from importlib.util import find_spec
+
+    if cfg.effective_mode == "tito" and find_spec("transformers") is None:
+        raise CliError(
+            f"--mode tito needs transformers in the intercept's Python ({sys.executable})",
+            "run `orchard-rec intercept --install` (the runtime venv includes it), or pip install 'orchard-rec[hf]'",
+        )
     open_write(db).close()
     run_intercept(cfg, verbose=verbose)

@@ -5,16 +5,21 @@ with cheap appends on mitmproxy's event loop), the ``Recorder`` writer thread th
 it into a ``CallRecord`` and stores it, session and harness identity from the headers,
 and, when ``upstream_override`` sends the calls to a local model server, the token-mode
 ``Plan`` (ids and logprobs injected upstream, removed again for the client; Responses and
-Messages translated to chat and back).
+Messages translated to chat and back) or tito's ``TitoCall`` (the session's exact ids).
 
 Flow of one call through mitmproxy's hooks:
-- ``request`` (body complete): recognise host and path (the four dialects and models),
-  parse the body, tag the session, re-route and rewrite for token mode;
-- ``responseheaders``: stream the body through a callable (every response, SSE or not,
-  unless token mode must rewrite a non-stream JSON body): chunks reach the client as
-  they arrive, a copy is kept for the record;
-- ``response`` / ``error``: the call is complete, or failed, or the client went away:
-  submit it to the recorder (never blocks).
+- ``request`` (body complete): recognise host and path (the dialects and models),
+  parse the body, tag the session, re-route and rewrite for token mode; in tito mode the
+  core's ``TitoCall`` plans the prompt's exact ids (off the event loop) and the request
+  becomes the token endpoint's;
+- ``responseheaders``: stream an event stream through a callable (the core's ``StreamRelay``):
+  chunks reach the client as they arrive, a copy is kept for the record; a whole body too
+  under ``async`` durability; else mitmproxy buffers it (token mode rewrites it, tito makes
+  the client's answer from the token endpoint's);
+- ``response`` / ``error``: the call is complete, or failed, or the client went away: by
+  default (``durability`` process or machine) the async ``response`` hook awaits the call's
+  spool line before mitmproxy releases the answer (a buffered body, or a stream's end);
+  else it is submitted to the recorder (never blocks).
 Everything else — other hosts (tunnelled without decryption via ``allow_hosts``) and
 other paths on these hosts — passes untouched and unrecorded.
 
@@ -24,6 +29,7 @@ its logic is importable (and documented) where mitmproxy is not installed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -35,12 +41,13 @@ from urllib.parse import urlsplit
 from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
 from orchard_rec.intercept.config import InterceptConfig
-from orchard_rec.proxy.app import default_spool
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.core import Call, refuse_websocket, upstream_address
+from orchard_rec.proxy.core import Call, refuse_websocket, renders, upstream_address
 from orchard_rec.proxy.identity import SESSION_HEADER
-from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.server import tune_interpreter
+from orchard_rec.proxy.tito import TitoSessions, upstream_url
+from orchard_rec.proxy.titocall import TitoCall
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store
 
@@ -76,12 +83,13 @@ def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tupl
 class _Flow:
     """What the addon keeps on ``flow.metadata`` for one recorded call."""
 
-    __slots__ = ("call", "chunks", "streamed")
+    __slots__ = ("call", "chunks", "streamed", "tito")
 
     def __init__(self, call: Call) -> None:
         self.call = call
         self.chunks: list[bytes] | None = None
         self.streamed = False
+        self.tito: TitoCall | None = None
 
 
 class InterceptAddon:
@@ -95,9 +103,18 @@ class InterceptAddon:
         self._owned_store = store is None
         self.store = store if store is not None else Store(config.db)
         spool = Path(config.spool) if config.spool else default_spool(config.db)
-        self.recorder = Recorder(self.store, spool=spool)
+        self.recorder = Recorder(self.store, spool=spool, durability=config.durability)
         self._announce = announce or (lambda line: print(line, flush=True, file=sys.stdout))
         self._override = urlsplit(config.upstream_override) if config.upstream_override else None
+        self.tito: TitoSessions | None = None
+        if config.effective_mode == "tito":
+            from orchard_rec.proxy.tito_history import StoreHistory
+            from orchard_rec.tokenizer import load_hf_tokenizer
+
+            if not config.tokenizer:
+                raise ValueError("tito mode needs a tokenizer (--tokenizer)")
+            self.tito = TitoSessions(load_hf_tokenizer(config.tokenizer))
+            self.tito.source = StoreHistory(self.store, self.tito.tok)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -121,7 +138,7 @@ class InterceptAddon:
 
     # -- request ----------------------------------------------------------------------------------
 
-    def request(self, flow: Any) -> None:
+    async def request(self, flow: Any) -> None:
         req = flow.request
         if req.pretty_host.lower() in self.config.hosts:
             refusal = refuse_websocket(req.path, req.headers)
@@ -151,9 +168,11 @@ class InterceptAddon:
                 del req.headers[SESSION_HEADER]
             call.identify(req.headers)
             mode = self.config.effective_mode if self._override is not None else "passthrough"
-            call.read(req.get_content(strict=False) or b"", req.headers.get("content-type"), mode)
+            body = call.read(req.get_content(strict=False) or b"", req.headers.get("content-type"), mode)
             req.headers["accept-encoding"] = "identity"  # we must read what we record
-            if self._override is not None:
+            if self.tito is not None and renders(dialect) and isinstance(body, dict):
+                await self._tito_request(flow, req, call, body)
+            elif self._override is not None:
                 target, content = call.upstream_target(*_split_query(path))
                 if content is not None:
                     req.content = content
@@ -164,6 +183,26 @@ class InterceptAddon:
 
             status, body = call.reject(exc)
             flow.response = http.Response.make(status, body, {"content-type": "application/json"})
+
+    async def _tito_request(self, flow: Any, req: Any, call: Call, body: dict[str, Any]) -> None:
+        """Tito: the core's plan (off the event loop: the chat template) and the token endpoint's
+        request in place of the client's; the answer is rewritten in ``response`` (buffered)."""
+        cfg = self.config
+        assert self.tito is not None and cfg.upstream_override is not None
+        tc = TitoCall(call.cap, body, self.tito, cfg.upstream_kind, cfg.tito_endpoint)
+        flow.metadata[_KEY].tito = tc
+        await asyncio.to_thread(tc.plan)
+        path, wire = tc.upstream()
+        url = urlsplit(upstream_url(cfg.upstream_kind, cfg.upstream_override, path))
+        req.method = "POST"
+        req.scheme = url.scheme
+        req.host = url.hostname or "127.0.0.1"
+        req.port = url.port or (443 if url.scheme == "https" else 80)
+        req.path = url.path
+        req.headers["host"] = url.netloc
+        req.headers["content-type"] = "application/json"
+        req.content = wire
+        call.cap.metadata["intercept"]["upstream"] = cfg.upstream_override
 
     def _reroute(self, req: Any, path: str) -> None:
         """Point ``req`` at the override server: ``path`` (from the root) where ``core.upstream_address``
@@ -180,8 +219,8 @@ class InterceptAddon:
 
     def responseheaders(self, flow: Any) -> None:
         held: _Flow | None = flow.metadata.get(_KEY)
-        if held is None or held.call.cap.outcome is not CallOutcome.OK:
-            return
+        if held is None or held.tito is not None or held.call.cap.outcome is not CallOutcome.OK:
+            return  # tito: the token endpoint's answer is buffered, the client's made in ``response``
         call, resp = held.call, flow.response
         relay = call.response(resp.status_code, resp.headers.get("content-type"), resp.headers)
         if relay is not None:
@@ -202,7 +241,7 @@ class InterceptAddon:
 
             resp.stream = stream
             held.streamed = True
-        elif call.plan is None:
+        elif call.plan is None and self.recorder.durability == "async":
             body: list[bytes] = []
             held.chunks = body
 
@@ -215,15 +254,21 @@ class InterceptAddon:
 
             resp.stream = collect
             held.streamed = True
-        # else: token mode rewrites this JSON body in ``response`` (mitmproxy buffers it)
+        # else: mitmproxy buffers this body: token mode rewrites it in ``response``, and by default
+        # (``durability``) the client has it once its call is recorded there
 
-    def response(self, flow: Any) -> None:
+    async def response(self, flow: Any) -> None:
+        """The call is complete. By default (``durability`` process or machine) the client's answer
+        is held here until the call's spool line is written: a whole body entirely, an event stream
+        its end (mitmproxy sends the stream's last chunk / END_STREAM after this hook)."""
         held: _Flow | None = flow.metadata.get(_KEY)
         if held is None:
             return
         call, resp = held.call, flow.response
         cap = call.cap
-        if cap.outcome is CallOutcome.OK:
+        if held.tito is not None and cap.outcome is CallOutcome.OK:
+            await self._tito_response(flow, call, held.tito)
+        elif cap.outcome is CallOutcome.OK:
             if cap.status_code is None:  # a response set by another addon
                 cap.status_code = resp.status_code
             if not cap.stream:
@@ -237,7 +282,45 @@ class InterceptAddon:
                     if call.client_content_type is not None:
                         resp.headers["content-type"] = call.client_content_type
             cap.complete = True
+        key = cap.session_id if held.tito is not None and cap.outcome is CallOutcome.OK else None
+        if not cap.submitted and (self.recorder.durability != "async" or key is not None):
+            # a tito session's call is in the database before the client has it (``TitoCall.wait_durable``)
+            cap.done_at = time.time()
+            await self.recorder.durable(cap, committed=key is not None)
+            if self.tito is not None and key is not None:
+                self.tito.acknowledge(key)
         self._submit(cap)
+
+    async def _tito_response(self, flow: Any, call: Call, tc: TitoCall) -> None:
+        """The token endpoint answered: the core turns it into the client's answer and commits the
+        turn to the session. An aborted generation is relayed as it ended: continuing it after
+        ``/resume`` is ``serve``'s (``proxy.partial``)."""
+        from mitmproxy import http
+
+        resp, cap = flow.response, tc.cap
+        cap.first_byte_at = cap.first_byte_at or time.time()
+        try:
+            err = tc.answer(resp.status_code, resp.get_content(strict=False) or b"")
+            if err is not None:
+                flow.response = http.Response.make(
+                    resp.status_code, err, {"content-type": "application/json"}
+                )
+                return
+            if tc.aborted:
+                log.warning(
+                    "tito: the server aborted call %s's generation (a weight update?); intercept relays it"
+                    " as it ended (finish_reason abort): `orchard-rec serve --mode tito` continues it after /resume",
+                    cap.call_id,
+                )
+            tc.settle(tc.first())
+            await asyncio.to_thread(tc.commit)
+            payload, ctype = tc.reply()
+        except OrchardError as exc:
+            status, body = call.reject(exc)
+            flow.response = http.Response.make(status, body, {"content-type": "application/json"})
+            return
+        flow.response = http.Response.make(200, payload, {"content-type": ctype})
+        cap.complete = True
 
     def error(self, flow: Any) -> None:
         held: _Flow | None = flow.metadata.get(_KEY)

@@ -27,9 +27,20 @@ class InterceptConfig(BaseModel):
     """Hosts whose TLS is intercepted; every other host is tunnelled untouched (not decrypted)."""
     upstream_override: str | None = None
     """Send intercepted LLM calls here instead (a local model server's base URL including ``/v1``)."""
-    mode: Literal["token", "passthrough"] = "token"
+    mode: Literal["token", "passthrough", "tito"] = "token"
     """With an override: ``token`` asks the (vLLM-style) server for token ids and hides them from the
-    client, as the proxy's token mode does. Without one, calls go to the real API untouched."""
+    client, as the proxy's token mode does; ``tito`` renders the conversation and sends the session's
+    exact ids to the server's token endpoint (needs ``tokenizer``), as ``serve --mode tito`` does.
+    Without one, calls go to the real API untouched."""
+    tokenizer: str | None = None
+    """Tito: the model's Hugging Face tokenizer (path, or ``demo``)."""
+    upstream_kind: Literal["vllm", "sglang"] = "vllm"
+    """Tito: the server's token endpoint (vLLM ``/v1/completions``, SGLang ``/generate``)."""
+    tito_endpoint: Literal["completions", "generate"] = "completions"
+    durability: Literal["process", "machine", "async"] = "process"
+    """As ``serve``'s: ``process`` (default) holds the end of the client's answer until the call's
+    spool line is written (a ``kill -9`` loses nothing), ``machine`` until it is fsync'd; ``async``
+    never waits."""
     confdir: str = Field(default_factory=lambda: str(default_confdir()))
     """mitmproxy's folder: its CA (``mitmproxy-ca-cert.pem``) is created here on first start."""
     upstream_ca: str | None = None

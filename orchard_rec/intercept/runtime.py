@@ -101,6 +101,7 @@ def _stamp() -> dict[str, str]:
         "source": str(_source_root() or ""),
         "orchard_rec": version("orchard-rec"),
         "python": os.environ.get("ORCHARD_MITM_PYTHON", ""),
+        "extras": "mitm,postgres,hf",  # hf: tito mode's tokenizer (a runtime built without it is rebuilt)
     }
 
 
@@ -146,9 +147,9 @@ def install(*, force: bool = False, quiet: bool = True) -> Path:
         subprocess.run(
             pip
             + (
-                ["-e", f"{root}[mitm,postgres]"]
+                ["-e", f"{root}[mitm,postgres,hf]"]
                 if root is not None
-                else [f"orchard-rec[mitm,postgres]=={version}"]
+                else [f"orchard-rec[mitm,postgres,hf]=={version}"]
             ),
             check=True,
         )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
 import os
@@ -36,7 +35,6 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from orchard_rec import dialects
-from orchard_rec.dialects.sse import DONE_FRAME, encode
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
@@ -55,7 +53,7 @@ from orchard_rec.errors import (
     UsageError,
 )
 from orchard_rec.harnesses import is_probe
-from orchard_rec.proxy import idcut, partial, reqparse, tochat
+from orchard_rec.proxy import partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
@@ -63,18 +61,10 @@ from orchard_rec.proxy.fleet import Fleet, open_upstream, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
-from orchard_rec.proxy.recorder import Recorder
-from orchard_rec.proxy.tito import (
-    TitoSessions,
-    chat_completion,
-    parse_generation,
-    server_prompt,
-    synth_chunks,
-    upstream_request,
-    upstream_url,
-    wire_body,
-)
+from orchard_rec.proxy.recorder import Recorder, default_spool
+from orchard_rec.proxy.tito import TitoSessions, upstream_url
 from orchard_rec.proxy.tito_history import StoreHistory
+from orchard_rec.proxy.titocall import TitoCall
 from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.outcome import as_json as outcome_as_json
@@ -120,13 +110,6 @@ _CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"}) | dialects.s
 _RESP_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
 )
-
-
-def default_spool(db_url: str) -> Path:
-    """Beside a SQLite file (``orchard.db.spool``); else ``.orchard-spool/<hash of url>.jsonl`` here."""
-    if db_url.startswith("sqlite:///") and not db_url.endswith(":memory:"):
-        return Path(db_url[len("sqlite:///") :] + ".spool")
-    return Path(".orchard-spool") / (hashlib.sha256(db_url.encode()).hexdigest()[:16] + ".jsonl")
 
 
 # -- middleware: errors in the caller's dialect ----------------------------------------------
@@ -336,33 +319,14 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
 
 
 async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) -> web.StreamResponse:
-    """Token-in/token-out: render, reuse the session's exact ids, call the token endpoint, parse back."""
+    """Token-in/token-out: the core's steps (``titocall``) around this door's I/O: the token
+    endpoint's request, an aborted generation continued after ``/resume`` (``partial``), the reply."""
     app = request.app
     cfg = app[CONFIG]
     tito = app[TITO]
-    client_wire = dialects.get(cap.dialect)
-    assert client_wire is not None
-    chat = dialects.to_chat(cap.dialect, body)
-    model = client_wire.model_of(cap.path, body)
-    if chat.get("model") is None and model is not None:  # a dialect that names its model in the URL
-        chat = {**chat, "model": model}
-    if (salt := app[POLICY].salt(cfg)) is not None and "cache_salt" not in chat:
-        chat = {**chat, "cache_salt": salt}
-    messages, tools = chat["messages"], chat.get("tools")
-    key = cap.session_id
-    plan = await asyncio.to_thread(tito.plan, key, messages, tools)
-    prompt, branch, version, decision, rendered = plan[:5]
-    images = [u for u, _ in plan.images]  # a VLM's images go with the ids (tito.py)
-    generate = cfg.tito_endpoint == "generate"
-    if images:  # the server expands them: what it ran is recorded (``server_prompt``), not these
-        path, up_body = upstream_request(cfg.upstream_kind, chat, list(prompt), images, generate=generate)
-        wire = orjson.dumps(up_body)
-    else:  # the prompt's ``Ids`` in the body (the record's prompt by identity), its JSON kept
-        path, up_body = upstream_request(cfg.upstream_kind, chat, prompt, images, generate=generate)
-        wire = wire_body(up_body, prompt, plan.json)
-    cap.upstream_request = up_body
-    cap.upstream_raw = wire
-    cap.upstream_dialect = Dialect.COMPLETIONS
+    call = TitoCall(cap, body, tito, cfg.upstream_kind, cfg.tito_endpoint, app[POLICY].salt(cfg))
+    await asyncio.to_thread(call.plan)
+    path, wire = call.upstream()
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
     with _upstream_errors(cap, cfg.upstream):
@@ -377,101 +341,20 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
             cap.first_byte_at = time.time()
             data = await up.read()
             status = up.status
-    cap.body = data
-    cap.status_code = status
-    if status >= 400:  # relayed as the server said it, in the client's dialect
-        cap.fail(CallOutcome.UPSTREAM_ERROR, f"upstream token endpoint answered {status}")
-        err = client_wire.upstream_error(status, data)  # the server's own body, in the client's dialect
-        cap.bytes_out = len(err)
+    err = call.answer(status, data)
+    if err is not None:
         return web.Response(status=status, body=err, content_type="application/json")
-    # vLLM echoes the prompt's ids (``return_token_ids``): 150k of them late in a session, ~3 ms to
-    # parse on the event loop. Cut out (as token mode does), only the generated ids are parsed here;
-    # the writer reads the echo from the cut (``IdParser``: the ids new since the session's last)
-    got = idcut.cut(data) if not images else None
-    if got is not None:
-        rest, obj, spans = got
-        for where, s, e in spans:
-            if where[-1] == "token_ids":
-                node = obj
-                for step in where[:-1]:
-                    node = node[step]
-                node[where[-1]] = orjson.loads(data[s:e])
-        cap.id_cut = (rest, spans)
-    else:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamProtocolError("the upstream's token endpoint did not answer JSON") from exc
     url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
     link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
-    gen = await partial.settle(cfg, cap, obj, up_body, prompt, link)  # an abort: go on after /resume
-    ids, lps, finish, text = gen.ids, gen.lps, gen.finish, gen.text
-    seen = server_prompt(obj, prompt) if images else prompt  # the server's expanded image runs
-    answer = parse_generation(
-        tito.tok.decode(ids, skip_special_tokens=False) if text is None else text,
-        getattr(tito.tok, "eos_token", None),
-        tools=bool(tools) and chat.get("tool_choice") != "none",
-    )
-    finish = "tool_calls" if answer.get("tool_calls") else finish
-    chat_obj = chat_completion(model, answer, finish, len(seen), len(ids))
-    # a cut-off turn (``length``) is kept like one that ended on a stop string: its exact ids, and
-    # the template's closing tokens come with the next turn's (``Tito.covered``)
-    branch_index = await asyncio.to_thread(
-        tito.commit,
-        key,
-        branch,
-        version,
-        prompt,
-        ids,
-        messages,
-        answer,
-        tools,
-        rendered,
-        plan.json,
-        plan.images,
-    )
-    cap.metadata["tito"] = {**decision, "branch": branch_index, "upstream_kind": cfg.upstream_kind}
-    if images:
-        cap.metadata["tito"]["images"] = len(images)
-    if gen.parts:
-        cap.metadata["tito"]["parts"] = gen.parts
-    cap.tokens = (seen, ids, lps, finish)
-    if client_wire.is_stream(cap.path, body):
-        cap.stream = True
-        frames = bytearray()
-        events: list[list[Any]] = []
-        translator = client_wire.chat_stream(body, cap.path)
-        opts = body.get("stream_options")
-        usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-        for chunk in synth_chunks(chat_obj, usage=usage, translated=translator is not None):
-            if translator is None:
-                events.append([None, chunk])
-                frames += encode(None, chunk)
-            else:
-                for name, d in translator.feed(chunk):
-                    events.append([name, d])
-                    frames += client_wire.encode_event(name, d)
-        if translator is None:
-            frames += DONE_FRAME
-        else:
-            for name, d in translator.finish():
-                events.append([name, d])
-                frames += client_wire.encode_event(name, d)
-        cap.client_events = events
-        payload, ctype = bytes(frames), "text/event-stream"
-    else:
-        client_obj = client_wire.from_chat(chat_obj, body, cap.path)
-        cap.client_response = client_obj
-        payload, ctype = orjson.dumps(client_obj), "application/json"
+    call.settle(await partial.settle(cfg, cap, call.first(), call.up_body, call.prompt, link))
+    await asyncio.to_thread(call.commit)
+    payload, ctype = call.reply()
     resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
-    cap.bytes_out = len(payload)
-    if cfg.durability != "async" or key is not None:
-        # A session's call is in the database before the client has it, so whichever replica
-        # (or restarted process) serves the next turn rebuilds this branch (tito_history.py).
+    if call.wait_durable(cfg.durability):
         cap.done_at = time.time()
         app[POLICY].close(cap.metadata)
-        await app[RECORDER].durable(cap, committed=key is not None)
-        tito.acknowledge(key)
+        await app[RECORDER].durable(cap, committed=call.key is not None)
+        tito.acknowledge(call.key)
     await resp.prepare(request)
     await resp.write(payload)
     cap.complete = True

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -32,6 +32,7 @@ from orchard_rec.errors import UpstreamProtocolError
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.tito import read_upstream
+from orchard_rec.proxy.titocall import Generated
 
 __all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted", "settle"]
 
@@ -56,43 +57,16 @@ class Link:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-@dataclass
-class Generated:
-    """One generation, however many parts it took."""
-
-    ids: list[int]
-    lps: list[float] | None
-    finish: str
-    text: str | None
-    spans: tuple[policy.Span, ...] | None
-    status: int = 200
-    data: bytes = b""
-    """The last part's answer as the server sent it."""
-    obj: Any = None
-    parts: list[dict[str, Any]] = field(default_factory=list)
-    """``[{"tokens": n, "finish": "abort"}, ...]``: one entry per part, when there was more than one."""
-
-    @classmethod
-    def of(
-        cls, kind: str, obj: Any, ids: list[int], lps: list[float] | None, finish: str, text: str | None
-    ) -> Generated:
-        """A first part, as ``tito.read_upstream`` read it, with the answer's version spans."""
-        return cls(ids, lps, finish, text, rlwire.spans_in(kind, obj, len(ids)), obj=obj)
-
-
 async def settle(
-    cfg: ProxyConfig, cap: Capture, obj: Any, body: dict[str, Any], prompt: Sequence[int], link: Link
+    cfg: ProxyConfig, cap: Capture, first: Generated, body: dict[str, Any], prompt: Sequence[int], link: Link
 ) -> Generated:
-    """The generation a token endpoint's answer ``obj`` holds, continued when it was aborted; its
-    version spans noted for the record (``metadata["policy"]["spans"]``), and when continued the
-    last part's answer is what the record parses."""
-    gen = Generated.of(cfg.upstream_kind, obj, *read_upstream(cfg.upstream_kind, obj))
-    if rlwire.abort_finish(cfg.upstream_kind, obj):
-        gen = await continue_aborted(cfg, body, prompt, gen, link)
+    """The generation whose ``first`` part a token endpoint answered, continued when it was aborted;
+    when continued the last part's answer is what the record parses."""
+    gen = first
+    if rlwire.abort_finish(cfg.upstream_kind, first.obj):
+        gen = await continue_aborted(cfg, body, prompt, first, link)
         if gen.status < 400:
             cap.body, cap.id_cut = gen.data, None
-    if gen.spans is not None and isinstance(cap.metadata.get("policy"), dict):
-        cap.metadata["policy"]["spans"] = policy.to_json(gen.spans)
     return gen
 
 

@@ -54,6 +54,7 @@ waits longer than ``pace_timeout`` gets 429. The waiters are woken from the writ
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -75,7 +76,7 @@ from orchard_rec.records import CallRecord
 from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
 from orchard_rec.storage.store import Store
 
-__all__ = ["DURABILITIES", "Recorder", "durability_name"]
+__all__ = ["DURABILITIES", "Recorder", "default_spool", "durability_name"]
 
 log = logging.getLogger("orchard_rec.recorder")
 Ack = Callable[[], None]
@@ -86,6 +87,13 @@ fsync'd in the background within ``fsync_interval``; ``machine``: after it is fs
 commit); ``async``: recorded after the response."""
 _ALIASES = {"wal": "machine"}
 """Earlier names: ``wal`` was the fsync'd spool, now ``machine``."""
+
+
+def default_spool(db_url: str) -> Path:
+    """Beside a SQLite file (``orchard.db.spool``); else ``.orchard-spool/<hash of url>.jsonl`` here."""
+    if db_url.startswith("sqlite:///") and not db_url.endswith(":memory:"):
+        return Path(db_url[len("sqlite:///") :] + ".spool")
+    return Path(".orchard-spool") / (hashlib.sha256(db_url.encode()).hexdigest()[:16] + ".jsonl")
 
 
 def durability_name(name: str) -> str:
