@@ -12,7 +12,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from orchard_rec.cli import app
-from orchard_rec.clihelp import EXAMPLES, commands
+from orchard_rec.cli.help import EXAMPLES, commands
 
 runner = CliRunner()
 ROOT = typer.main.get_command(app)

@@ -1,0 +1,399 @@
+"""The recording front doors: ``serve`` (the aiohttp proxy) and ``intercept`` (mitmproxy)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+import typer
+
+from orchard_rec.cli.common import (
+    CliError,
+    DbOpt,
+    HostOpt,
+    ProxyMode,
+    SpoolOpt,
+    _check_port,
+    _check_spool,
+    _check_upstream,
+    _check_writable,
+    _fleet_urls,
+    _load_tokenizer,
+    _proxy_config,
+    _warn,
+    console,
+    err,
+    open_write,
+    usage_error,
+)
+from orchard_rec.proxy.config import ProxyConfig
+
+
+def serve(
+    upstream: list[str] | None = typer.Option(
+        None,
+        "--upstream",
+        envvar="ORCHARD_UPSTREAM",
+        help="Model server base URL including /v1 (repeatable: a fleet; env: comma-separated).",
+    ),
+    upstreams_file: Path | None = typer.Option(
+        None, "--upstreams-file", help="More upstreams: one URL per line (# comments)."
+    ),
+    route: Literal["session", "least-busy", "round-robin"] = typer.Option(
+        "session", "--route", help="Fleet routing: session (sticky, bounded load), least-busy, round-robin."
+    ),
+    route_epsilon: float = typer.Option(
+        0.5,
+        "--route-epsilon",
+        help="session: a server may hold up to ceil((1+eps) x average) calls in flight.",
+    ),
+    routing_header: str | None = typer.Option(
+        None,
+        "--routing-header",
+        help="Also send the session id upstream in this header (e.g. X-SMG-Routing-Key).",
+    ),
+    health_interval: float | None = typer.Option(
+        None, "--health-interval", help="Seconds between upstream health checks (default 10)."
+    ),
+    db: str = DbOpt,
+    host: str = HostOpt,
+    port: int = typer.Option(8100, "--port", min=0, max=65535, help="0: any free port."),
+    mode: ProxyMode = typer.Option(
+        "token",
+        "--mode",
+        help="token (ask the upstream for token ids), passthrough, or tito (render here, send ids).",
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tito: the model's HF tokenizer (path, or 'demo')."
+    ),
+    upstream_kind: Literal["vllm", "sglang"] = typer.Option(
+        "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
+    ),
+    tool_parser: Literal["hermes"] = typer.Option("hermes", "--tool-parser", help="tito: tool-call parser."),
+    max_body_mb: float = typer.Option(
+        64.0, "--max-body-mb", help="Largest request body accepted, in megabytes (> 0)."
+    ),
+    connect_timeout: float = typer.Option(
+        10.0, "--connect-timeout", help="Seconds to wait for the upstream to accept a connection."
+    ),
+    read_timeout: float = typer.Option(
+        600.0, "--read-timeout", help="Longest silence between two upstream bytes."
+    ),
+    durability: Literal["process", "machine", "async", "wal"] = typer.Option(
+        "process",
+        "--durability",
+        help="What a recorded call survives. process (default): the last byte waits for the spool's write(2),"
+        " fsync'd within --fsync-interval (the proxy's crash loses nothing, a power loss at most that);"
+        " machine: waits for the fsync (group commit); async: recorded after the response. wal: old name of machine.",
+    ),
+    fsync_interval: float = typer.Option(
+        0.1,
+        "--fsync-interval",
+        min=0.001,
+        max=60.0,
+        help="process durability: the longest a written spool line waits for its fsync, in seconds (default 0.1).",
+    ),
+    db_writer: Literal["thread", "process"] = typer.Option(
+        "thread",
+        "--db-writer",
+        envvar="ORCHARD_DB_WRITER",
+        help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
+    ),
+    spool: str | None = SpoolOpt,
+    max_inflight: int = typer.Option(
+        4096, "--max-inflight", help="Calls in flight before 429 (0: no limit)."
+    ),
+    max_queue_bytes: int = typer.Option(
+        256 * 1024 * 1024,
+        "--max-queue-bytes",
+        help="Bytes of calls waiting for the database before 429 (default 256 MiB; 0: no limit).",
+    ),
+    pace_queue_bytes: int = typer.Option(
+        32 * 1024 * 1024,
+        "--pace-queue-bytes",
+        help="Above this many queued bytes new calls wait for the writer instead of queueing"
+        " (default 32 MiB; 0: off).",
+    ),
+    api_key: list[str] | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="ORCHARD_API_KEYS",
+        help="Client key, KEY or KEY:SESSION_PREFIX (repeatable; env: comma-separated).",
+    ),
+    admin_key: list[str] | None = typer.Option(
+        None, "--admin-key", envvar="ORCHARD_ADMIN_KEYS", help="Key for admin routes (outcomes)."
+    ),
+    upstream_key_env: str | None = typer.Option(
+        None, "--upstream-key-env", help="Name of the env var holding the upstream's API key."
+    ),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="On SIGTERM/Ctrl-C, wait this long for calls in flight."
+    ),
+    log_level: Literal["debug", "info", "warning", "error"] = typer.Option(
+        "info", "--log-level", help="info: one access-log line per call; warning: problems only."
+    ),
+    log_format: Literal["text", "json"] = typer.Option(
+        "text", "--log-format", help="Log lines as text or one JSON object per line."
+    ),
+    ui: bool = typer.Option(
+        False, "--ui", help="Also serve the trajectory viewer at /ui (behind --admin-key when keys are set)."
+    ),
+    ui_resend: bool = typer.Option(
+        False, "--ui-resend", help="With --ui: allow 'send again' (replays a recorded call to the upstream)."
+    ),
+    policy_refresh: float = typer.Option(
+        1.0,
+        "--policy-refresh",
+        min=0,
+        help="Seconds between asks of the server's policy version (GET /weight_info, vLLM with VLLM_SERVER_DEV_MODE=1); 0: only the trainer's word (POST /v1/orchard/policy).",
+    ),
+    tito_endpoint: Literal["completions", "generate"] = typer.Option(
+        "completions",
+        "--tito-endpoint",
+        help="tito with vLLM: /v1/completions, or /inference/v1/generate (vllm serve --enable-scale-out: per-token weight_versions, aborted generations continued).",
+    ),
+    cache_salt: Literal["off", "policy"] = typer.Option(
+        "off",
+        "--cache-salt",
+        help="policy: send cache_salt = the current policy version with chat/completions calls (no prefix cache across weight updates).",
+    ),
+    routed_experts: bool = typer.Option(
+        False,
+        "--routed-experts",
+        help="MoE routing replay: record the routed_experts the server answers (vLLM --enable-return-routed-experts), token and tito mode.",
+    ),
+    workers: str = typer.Option(
+        "1",
+        "--workers",
+        envvar="ORCHARD_WORKERS",
+        help="Proxy processes on the one port (SO_REUSEPORT), each with its own spool SPOOL.w<k>; auto: one per core.",
+    ),
+) -> None:
+    """Run the recording proxy."""
+    from orchard_rec.proxy.server import configure_logging, serve_proxy
+    from orchard_rec.proxy.workers import workers_count
+
+    try:
+        n_workers = workers_count(workers)
+    except ValueError:
+        raise usage_error(f"--workers {workers}: a count of processes (1 or more), or auto") from None
+    if max_queue_bytes < 0:
+        raise usage_error("--max-queue-bytes must be >= 0", "0 means no limit")
+    if max_body_mb <= 0:
+        raise usage_error(f"--max-body-mb {max_body_mb:g}: must be above 0", "the default is 64 (megabytes)")
+    if pace_queue_bytes < 0:
+        raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
+    if durability == "wal":
+        _warn(
+            "--durability wal is now called machine (the same: the last byte after the spool's fsync);"
+            " wal will be removed. The default, process, survives the proxy's crash at write(2) speed."
+        )
+        durability = "machine"
+    urls = _fleet_urls(upstream, upstreams_file)
+    urls = [_check_upstream(u, openai_style=not (mode == "tito" and upstream_kind == "sglang")) for u in urls]
+    if health_interval is not None and health_interval <= 0:
+        raise usage_error(
+            f"--health-interval {health_interval:g}: must be above 0", "the default is 10 (seconds)"
+        )
+    if mode == "tito" and not tokenizer:
+        raise usage_error(
+            "--mode tito needs --tokenizer", "the model's Hugging Face tokenizer folder (or 'demo')"
+        )
+
+    def _keys(values: list[str] | None) -> tuple[str, ...]:
+        return tuple(k.strip() for v in values or () for k in v.split(",") if k.strip())
+
+    upstream_key = None
+    if upstream_key_env:
+        upstream_key = os.environ.get(upstream_key_env)
+        if not upstream_key:
+            raise usage_error(
+                f"--upstream-key-env: the environment variable {upstream_key_env} is empty or unset"
+            )
+    cfg = _proxy_config(
+        upstream=urls[0],
+        fleet=tuple(urls[1:]),
+        route=route,
+        route_epsilon=route_epsilon,
+        routing_header=routing_header,
+        health_interval=health_interval,
+        db=db,
+        mode=mode,
+        max_body_bytes=max(1, int(max_body_mb * 1024 * 1024)),
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        durability=durability,
+        fsync_interval=fsync_interval,
+        db_writer=db_writer,
+        spool=spool,
+        max_inflight=max_inflight,
+        max_queue_bytes=max_queue_bytes,
+        pace_queue_bytes=pace_queue_bytes,
+        api_keys=_keys(api_key),
+        admin_keys=_keys(admin_key),
+        upstream_key=upstream_key,
+        tokenizer=tokenizer,
+        upstream_kind=upstream_kind,
+        tool_parser=tool_parser,
+        ui=ui,
+        ui_resend=ui_resend,
+        policy_refresh=policy_refresh,
+        tito_endpoint=tito_endpoint,
+        cache_salt=cache_salt,
+        routed_experts=routed_experts,
+    )
+    if ui_resend and not ui:
+        raise usage_error("--ui-resend goes with --ui")
+    if tokenizer:
+        _load_tokenizer(tokenizer, hf=True)  # fails here, in words, not inside the app
+    _check_port(host, port)
+    _check_spool(spool, db)
+    _check_writable(db)  # reachable, migrated, and takes a write: before anything listens
+    configure_logging(log_level, log_format)
+    if n_workers == 1:
+        from orchard_rec.proxy.recorder import default_spool
+        from orchard_rec.proxy.workers import replay_orphans
+
+        # the spools of an earlier run with workers (``SPOOL.w<k>``) are stored before serving
+        replay_orphans(cfg, Path(cfg.spool) if cfg.spool else default_spool(cfg.db), 1)
+        serve_proxy(cfg, host, port, shutdown_timeout=shutdown_timeout)
+        return
+    _serve_workers(cfg, host, port, n_workers, shutdown_timeout)
+
+
+def _serve_workers(cfg: ProxyConfig, host: str, port: int, n: int, shutdown_timeout: float) -> None:
+    """``serve --workers N`` (N >= 2): ``proxy.workers``; a spool in use is said in one line."""
+    from orchard_rec.proxy.recorder import default_spool
+    from orchard_rec.proxy.workers import serve_workers, spool_paths
+
+    base = Path(cfg.spool) if cfg.spool else default_spool(cfg.db)
+    for path in spool_paths(base, n):
+        _check_spool(str(path), cfg.db)
+    try:
+        code = serve_workers(cfg, host, port, n, shutdown_timeout=shutdown_timeout, base=base)
+    except RuntimeError as exc:
+        raise CliError(
+            str(exc), "stop that one, or give this one its own --spool (or another --db)"
+        ) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def intercept(
+    listen: str = typer.Option(
+        "127.0.0.1:8080", "--listen", help="HOST:PORT for the harness's HTTPS_PROXY (port 0: any free port)."
+    ),
+    db: str = DbOpt,
+    hosts: str = typer.Option(
+        "api.openai.com,api.anthropic.com",
+        "--hosts",
+        help="Comma-separated hosts whose LLM calls are recorded; other hosts are tunnelled untouched.",
+    ),
+    upstream_override: str | None = typer.Option(
+        None,
+        "--upstream-override",
+        help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM.",
+    ),
+    mode: Literal["token", "passthrough", "tito"] = typer.Option(
+        "token",
+        "--mode",
+        help="With --upstream-override: token (ask the server for token ids), tito (send the session's"
+        " exact ids to its token endpoint; needs --tokenizer) or passthrough.",
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tito: the model's Hugging Face tokenizer (path or name)."
+    ),
+    upstream_kind: Literal["vllm", "sglang"] = typer.Option(
+        "vllm", "--upstream-kind", help="tito: vllm (/v1/completions) or sglang (/generate)."
+    ),
+    durability: Literal["process", "machine", "async"] = typer.Option(
+        "process",
+        "--durability",
+        help="process: the end of a client's answer waits until its call's spool line is written (a kill -9"
+        " loses nothing); machine: until it is fsync'd; async: never waits.",
+    ),
+    confdir: str | None = typer.Option(
+        None, "--confdir", help="mitmproxy's folder holding its CA (default ~/.mitmproxy)."
+    ),
+    upstream_ca: str | None = typer.Option(
+        None, "--upstream-ca", help="PEM bundle to verify upstream hosts with (default: the system's)."
+    ),
+    ssl_insecure: bool = typer.Option(False, "--ssl-insecure", help="Do not verify upstream certificates."),
+    spool: str | None = SpoolOpt,
+    print_ca: bool = typer.Option(
+        False,
+        "--print-ca",
+        help="Create the CA if needed, print its path and the env vars a harness needs, and exit.",
+    ),
+    install_runtime: bool = typer.Option(
+        False,
+        "--install",
+        help="Build the mitmproxy runtime venv (Python >= 3.12) under ~/.cache/orchard-rec/mitm, and exit.",
+    ),
+    verbose: bool = typer.Option(False, "--verbose", help="mitmproxy's own log on stderr."),
+) -> None:
+    """Record harnesses that cannot be pointed at a base URL: an intercepting HTTPS proxy (mitmproxy)."""
+    from orchard_rec.intercept import runtime
+
+    if install_runtime:
+        with err.status(f"building the intercept runtime (mitmproxy {runtime.MITM_VERSION})"):
+            exe = runtime.install()
+        console.print(f"intercept runtime: {exe}")
+        return
+    host, _, port_text = listen.rpartition(":")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
+    if upstream_override:
+        upstream_override = _check_upstream(upstream_override, "--upstream-override")
+    if mode == "tito" and upstream_override and not tokenizer:
+        raise usage_error(
+            "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
+        )
+    if not runtime.has_mitmproxy():
+        if not runtime.runtime_ready():
+            raise CliError(
+                f"mitmproxy is not installed in this Python ({sys.version.split()[0]})",
+                "run `orchard-rec intercept --install` once (builds a Python >= 3.12 venv with mitmproxy "
+                f"{runtime.MITM_VERSION}), or `pip install 'orchard-rec[mitm]'` on Python >= 3.12",
+            )
+        orchard = str(runtime.runtime_orchard())
+        os.execv(orchard, [orchard, "intercept", *sys.argv[sys.argv.index("intercept") + 1 :]])
+    from orchard_rec.intercept import InterceptConfig
+    from orchard_rec.intercept.run import ca_info, run_intercept
+
+    extra = {"confdir": confdir} if confdir else {}
+    cfg = InterceptConfig(
+        listen_host=host or "127.0.0.1",
+        listen_port=int(port_text),
+        db=db,
+        hosts=tuple(hosts.split(",")),
+        upstream_override=upstream_override,
+        mode=mode,
+        tokenizer=tokenizer,
+        upstream_kind=upstream_kind,
+        durability=durability,
+        upstream_ca=upstream_ca,
+        ssl_insecure=ssl_insecure,
+        spool=spool,
+        **extra,
+    )
+    if print_ca:
+        info = ca_info(cfg.confdir)
+        typer.echo(f"# mitmproxy CA: {info.cert}")
+        typer.echo(f"export HTTPS_PROXY=http://{cfg.listen_host}:{cfg.listen_port}")
+        for k, v in info.env().items():
+            typer.echo(f"export {k}={v}")
+        return
+    _check_port(cfg.listen_host, cfg.listen_port, "--listen")
+    _check_spool(spool, db)
+    from importlib.util import find_spec
+
+    if cfg.effective_mode == "tito" and find_spec("transformers") is None:
+        raise CliError(
+            f"--mode tito needs transformers in the intercept's Python ({sys.executable})",
+            "run `orchard-rec intercept --install` (the runtime venv includes it), or pip install 'orchard-rec[hf]'",
+        )
+    open_write(db).close()
+    run_intercept(cfg, verbose=verbose)
