@@ -5,7 +5,8 @@
 A loopback fake vLLM (``fakeupstream.py``) paces ``--chunks`` SSE chunks ``--delay`` s apart
 (plus its first chunk and ``[DONE]``). K streaming chat calls at once go through each target,
 interleaved within one run: the bare aiohttp forwarder (``floor.py``), ``orchard-rec serve``
-(default mode and durability: token, process) and ``serve --workers 2`` when ``serve --help``
+(default mode and durability: token, process), the same from ``--baseline TREE`` (another
+checkout, for a before/after within one run) and ``serve --workers 2`` when ``serve --help``
 offers it. The load comes from ``--clients`` separate processes (raw asyncio streams, uvloop when
 installed), started together, so the generator is not the proxy's bottleneck.
 
@@ -159,11 +160,14 @@ def run_round(port: int, pid: int, k: int, clients: int) -> dict:  # type: ignor
     }
 
 
-def _serve(upstream: str, work: Path, name: str, extra: list[str]) -> tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
+def _serve(
+    upstream: str, work: Path, name: str, extra: list[str], tree: str | None = None
+) -> tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
     port = free_port()
     cmd = [sys.executable, "-m", "orchard_rec.cli", "serve", "--upstream", upstream, "--port", str(port)]
     cmd += ["--db", f"sqlite:///{work}/{name}.db", "--spool", str(work / f"{name}.spool"), *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": tree} if tree else None
+    proc = subprocess.Popen(cmd, cwd=tree or ROOT, stdout=subprocess.DEVNULL, env=env)
     wait_http(f"http://127.0.0.1:{port}/healthz")
     return proc, port
 
@@ -185,6 +189,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated targets (forwarder,serve,serve-workers2)")
     ap.add_argument("--out", help="append the results as a Markdown section to this file")
     ap.add_argument("--title", default="")
+    ap.add_argument("--baseline", help="another source tree: its `serve` too (target serve@baseline)")
     args = ap.parse_args()
     notes: list[str] = []
     procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
@@ -211,6 +216,10 @@ def main() -> None:
             p, port = _serve(upstream, work, "serve", [])
             procs.append(p)
             targets["serve"] = (port, p.pid)
+            if args.baseline:
+                p, port = _serve(upstream, work, "baseline", [], str(Path(args.baseline).resolve()))
+                procs.append(p)
+                targets["serve@baseline"] = (port, p.pid)
             if _has_workers():
                 p, port = _serve(upstream, work, "workers", ["--workers", "2"])
                 procs.append(p)
@@ -251,6 +260,7 @@ def main() -> None:
 def _table(rows: list[tuple[int, str, dict]], args: argparse.Namespace, notes: list[str]) -> str:  # type: ignore[type-arg]
     base = {k: r for k, n, r in rows if n == "forwarder"}
     cmd = f"python bench/streams.py --streams {args.streams} --rounds {args.rounds} --clients {args.clients}"
+    cmd += f" --baseline {args.baseline}" if args.baseline else ""
     load = os.getloadavg()[0]
     lines = [
         f"## Concurrent streams{' (' + args.title + ')' if args.title else ''} (`{cmd}`, issue 39)",
