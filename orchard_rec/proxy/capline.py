@@ -131,7 +131,7 @@ PARTS: tuple[str, ...] = (
     "id_cut",
 )
 """The slots a line holds in its own form: ``request``, ``upstream``, ``tokens``, ``answer``."""
-LIVE_ONLY: tuple[str, ...] = ("request_base", "complete", "submitted", "parsed")
+LIVE_ONLY: tuple[str, ...] = ("request_base", "complete", "submitted")
 """The slots no line holds: the response path's hints and state (a record is the same without them)."""
 
 

@@ -50,7 +50,6 @@ class Capture:
         "metadata",
         "method",
         "outcome",
-        "parsed",
         "path",
         "received_at",
         "request",
@@ -102,11 +101,6 @@ class Capture:
         self.arrivals: list[float] = []
         """When each of ``chunks`` arrived (``time.monotonic()``, one read per chunk): each event's
         arrival is its last chunk's (``metadata["event_ms"]``)."""
-        self.parsed: tuple[list[Any], list[int], int, int, bool] | None = None
-        """A stream's events as the relay parsed them on the way (token mode, native; ``StreamFilter.events``):
-        ``(events, event_ms, chunks, n, pending)``: the first ``n`` events and their ``event_ms`` are
-        the events of the first ``chunks`` chunks (``pending``: bytes of an unfinished event
-        follow). The record reuses them instead of parsing ``chunks`` again when they still match."""
         self.body: bytes | None = None
         """Raw non-stream response body as relayed."""
         self.id_cut: tuple[bytes, list[Any]] | None = None
@@ -137,13 +131,6 @@ class Capture:
         what the client received, events included: ``layout.client_view``)."""
         return layout.injected(self.upstream_dialect.value, self.request, self.upstream_request)[0]
 
-    def _parsed(self) -> tuple[list[Any], list[int]] | None:
-        """The relay's parsed events and their ``event_ms`` when they are those of ``chunks``."""
-        p = self.parsed
-        if p is None or p[4] or p[2] != len(self.chunks) or len(self.arrivals) != len(self.chunks):
-            return None
-        return p[0][: p[3]], p[1][: p[3]]
-
     def to_record(self, ids: IdParser | None = None) -> CallRecord:
         """The record (writer thread). ``ids`` parses large answers' token-id arrays (only the ids
         new to the session, when it has seen the session's previous prompt)."""
@@ -151,11 +138,7 @@ class Capture:
         at: list[int] | None = None
         upstream_obj: Any = None
         known: list[Known] = []
-        if self.stream and (reuse := self._parsed()) is not None:
-            parsed, at = reuse
-            events = [[n, d] for n, d in parsed]
-            upstream_obj = assemble(self.upstream_dialect, parsed)
-        elif self.stream:
+        if self.stream:
             parsed = []
             sse, at = _timed_events(self.chunks, self.arrivals, self.started)
             for name, data in sse:

@@ -202,7 +202,7 @@ class StreamRelay:
     less what token mode injected, or translated. ``ended`` turns True once the client has been
     handed its stream's last event (an SDK may hang up right after, as they do at ``[DONE]``)."""
 
-    __slots__ = ("_at", "_end", "cap", "filter", "sent")
+    __slots__ = ("_end", "cap", "filter", "sent")
 
     def __init__(self, cap: Capture, plan: Plan | None) -> None:
         self.cap = cap
@@ -216,8 +216,6 @@ class StreamRelay:
             self._end = dialects.StreamEnd(cap.dialect)
         self.sent = 0
         """Bytes handed to the client so far."""
-        self._at: list[int] = []
-        """When each of ``filter.events`` arrived (as ``Capture.parsed`` says)."""
 
     @property
     def ended(self) -> bool:
@@ -226,22 +224,9 @@ class StreamRelay:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes the client should get for this upstream ``chunk`` (maybe none yet)."""
         cap = self.cap
-        t = time.monotonic()
         cap.chunks.append(chunk)
-        cap.arrivals.append(t)
-        f = self.filter
-        if f is None:
-            out = chunk
-        else:
-            out = f.feed(chunk)
-            events = f.events
-            if events is None:
-                cap.parsed = None
-            else:  # the record reuses the events parsed here (``Capture.parsed``)
-                at = self._at
-                if len(events) > len(at):
-                    at += [round((t - cap.started) * 1e6) // 1000] * (len(events) - len(at))
-                cap.parsed = (events, at, len(cap.chunks), len(events), f.parser.pending)
+        cap.arrivals.append(time.monotonic())
+        out = chunk if self.filter is None else self.filter.feed(chunk)
         if out and self._end is not None:
             self._end.feed(out)
         return out
@@ -249,8 +234,6 @@ class StreamRelay:
     def finish(self) -> bytes:
         """At the upstream's EOF: the bytes still owed to the client (a translation's closing events)."""
         tail = self.filter.finish() if self.filter is not None else b""
-        if self.filter is not None and self.filter.events is None:
-            self.cap.parsed = None
         if tail and self._end is not None:
             self._end.feed(tail)
         return tail

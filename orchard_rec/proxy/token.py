@@ -170,18 +170,7 @@ class StreamFilter:
     ``ended`` says when the client has been handed the stream's last event (the relay then needs
     no second watcher of the same bytes: ``tracks_end``)."""
 
-    __slots__ = (
-        "_keep",
-        "_keys",
-        "client_events",
-        "ended",
-        "events",
-        "finished",
-        "parser",
-        "plan",
-        "tracks_end",
-        "translator",
-    )
+    __slots__ = ("client_events", "ended", "finished", "parser", "plan", "tracks_end", "translator")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -199,14 +188,6 @@ class StreamFilter:
             and type(plan.wire).is_terminal is _Base.is_terminal
         )
         """A native call whose dialect ends at ``[DONE]`` alone: ``ended`` is kept here."""
-        self.events: list[tuple[str | None, Any]] | None = [] if self.translator is None else None
-        """The upstream's events as parsed on the way (unchanged: the client's copies are stripped),
-        for the record to reuse (``Capture.parsed``); None once an event took the general path or
-        the stream outgrew ``_keep`` bytes (the writer parses the chunks then, as before)."""
-        self._keep = _KEEP_PARSED
-        self._keys = (("token_ids", "prompt_token_ids") if plan.inject_ids else ()) + (
-            ("logprobs",) if plan.inject_logprobs else ()
-        )
 
     def _emit(self, events: Sequence[tuple[str | None, dict[str, Any]]]) -> bytes:
         out = bytearray()
@@ -230,60 +211,23 @@ class StreamFilter:
 
     def _block(self, block: bytes) -> bytes:
         """One raw event of a native stream, as the client gets it."""
-        events = self.events
         if block[:6] == b"data: " and b"\n" not in block and b"\r" not in block:
             data = block[6:]
             if data == b"[DONE]":
                 self.ended = True
-                if events is not None:
-                    events.append((None, "[DONE]"))
                 return DONE_FRAME
-            if len(data) < idcut.MIN_BYTES:
+            if len(data) < idcut.MIN_BYTES or not self.plan.inject_ids:
                 try:
                     obj = orjson.loads(data)
                 except orjson.JSONDecodeError:
-                    self.events = None  # the writer reads it as text
                     return block + b"\n\n"
-                if events is not None:
-                    self._keep -= len(data)
-                    if self._keep >= 0:
-                        events.append((None, obj))
-                    else:
-                        self.events = None
-                client = self._client_copy(obj) if isinstance(obj, dict) else None
-                if client is not None:
-                    return b"data: " + orjson.dumps(client) + b"\n\n"
+                if isinstance(obj, dict) and self.plan._strip(obj):
+                    return b"data: " + orjson.dumps(obj) + b"\n\n"
                 return block + b"\n\n"
         ev = parse_block(block)
         return self._one(*ev) if ev is not None else b""
 
-    def _client_copy(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """``obj`` with the injected fields null, as the client gets it (``Plan._strip``), a copy
-        that leaves ``obj`` as the upstream sent it; None when nothing injected is in it."""
-        keys = self._keys
-        out = None
-        if self.plan.inject_ids and obj.get("prompt_token_ids") is not None:
-            out = dict(obj)
-            out["prompt_token_ids"] = None
-        choices = obj.get("choices")
-        if isinstance(choices, list) and keys:
-            new = None
-            for i, c in enumerate(choices):
-                if isinstance(c, dict) and any(c.get(k) is not None for k in keys):
-                    c = dict(c)
-                    for k in keys:
-                        if c.get(k) is not None:
-                            c[k] = None
-                    if new is None:
-                        new = list(choices)
-                    new[i] = c
-            if new is not None:
-                out = dict(obj) if out is None else out
-                out["choices"] = new
-        return out
-
     def _one(self, name: str | None, data: str) -> bytes:
-        self.events = None
         if data == "[DONE]":
             self.ended = True
             if self.translator is None:
@@ -344,10 +288,6 @@ class StreamFilter:
         """The object a non-stream call would have returned to the client, when its translator keeps one."""
         return getattr(self.translator, "final", None)
 
-
-_KEEP_PARSED = 256 * 1024
-"""A native stream's data bytes up to which its parsed events are kept for the record (the
-objects take several times their JSON's bytes in memory, for every stream in flight)."""
 
 _UPSTREAM_PATHS = {Dialect.CHAT: "/v1/chat/completions", Dialect.COMPLETIONS: "/v1/completions"}
 """The token-aware upstream's routes (vLLM's and SGLang's OpenAI server)."""

@@ -14,7 +14,6 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchard_rec.proxy.core import Call
 from orchard_rec.proxy.token import plan_for
 from orchard_rec.records import Dialect
 
@@ -112,40 +111,3 @@ def test_events_the_fast_path_does_not_take_are_relayed_as_before() -> None:
         b"data: [DONE]\n\n"
     )
     assert f.ended
-
-
-@settings(max_examples=60, deadline=None)
-@given(stream())
-def test_the_record_reuses_the_relays_parse_and_is_the_same(case: tuple[list[bytes], list[int]]) -> None:
-    """The writer builds the same record from the events the relay parsed as from the chunks."""
-    events, cuts = case
-    wire = b"".join(b"data: " + e + b"\n\n" for e in events)
-    call = Call(Dialect.CHAT, "POST", "/v1/chat/completions", {})
-    call.read(json.dumps(CLIENT).encode(), "application/json", "token")
-    relay = call.response(200, "text/event-stream")
-    assert relay is not None
-    for a, b in itertools.pairwise(cuts):
-        relay.feed(wire[a:b])
-    relay.finish()
-    cap = call.cap
-    cap.done_at = 1.0
-    assert cap.parsed is not None and cap._parsed() is not None
-    assert [o for _, o in cap._parsed()[0][:-1]] == [
-        json.loads(e) for e in events[:-1]
-    ]  # as the upstream sent
-    reused = cap.to_record()
-    cap.parsed = None
-    assert cap.to_record() == reused
-
-
-def test_a_record_parses_the_chunks_when_an_event_took_the_general_path() -> None:
-    call = Call(Dialect.CHAT, "POST", "/v1/chat/completions", {})
-    call.read(json.dumps(CLIENT).encode(), "application/json", "token")
-    relay = call.response(200, "text/event-stream")
-    assert relay is not None
-    relay.feed(b'data: {"choices":[]}\n\n: comment\n\ndata: {"choices":[]}\r\n\r\n')
-    assert call.cap.parsed is not None  # a comment is no event; a CRLF boundary is not in the block
-    relay.feed(b'event: x\ndata: {"choices":[]}\n\n')
-    relay.feed(b"data: [DONE]\n\n")
-    assert call.cap.parsed is None
-    assert call.cap.to_record().stream
