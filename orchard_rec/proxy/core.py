@@ -209,27 +209,32 @@ class StreamRelay:
         self.filter: StreamFilter | None = plan.stream_filter() if plan is not None else None
         if plan is not None and plan.translated and self.filter is not None:
             cap.client_events = self.filter.client_events
-        self._end = dialects.StreamEnd(cap.dialect)
+        self._end: dialects.StreamEnd | None = None
+        """Watches the client's bytes for the last event, unless the filter, which parses every
+        event it hands on, keeps ``ended`` itself (token mode, native: ``StreamFilter.tracks_end``)."""
+        if self.filter is None or not self.filter.tracks_end:
+            self._end = dialects.StreamEnd(cap.dialect)
         self.sent = 0
         """Bytes handed to the client so far."""
 
     @property
     def ended(self) -> bool:
-        return self._end.ended
+        return self._end.ended if self._end is not None else self.filter.ended  # type: ignore[union-attr]
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes the client should get for this upstream ``chunk`` (maybe none yet)."""
-        self.cap.chunks.append(chunk)
-        self.cap.arrivals.append(time.monotonic())
+        cap = self.cap
+        cap.chunks.append(chunk)
+        cap.arrivals.append(time.monotonic())
         out = chunk if self.filter is None else self.filter.feed(chunk)
-        if out:
+        if out and self._end is not None:
             self._end.feed(out)
         return out
 
     def finish(self) -> bytes:
         """At the upstream's EOF: the bytes still owed to the client (a translation's closing events)."""
         tail = self.filter.finish() if self.filter is not None else b""
-        if tail:
+        if tail and self._end is not None:
             self._end.feed(tail)
         return tail
 

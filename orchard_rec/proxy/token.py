@@ -24,7 +24,8 @@ import orjson
 
 from orchard_rec import dialects
 from orchard_rec.dialects import ChatStream, WireDialect
-from orchard_rec.dialects.sse import DONE_FRAME, SSEParser
+from orchard_rec.dialects.base import WireDialect as _Base
+from orchard_rec.dialects.sse import DONE_FRAME, SSEParser, parse_block
 from orchard_rec.proxy import idcut, tochat
 from orchard_rec.records import Dialect
 
@@ -159,7 +160,17 @@ class Plan:
 
 
 class StreamFilter:
-    """Feed upstream SSE bytes, get the bytes the client should see."""
+    """Feed upstream SSE bytes, get the bytes the client should see.
+
+    A native call's events (chat, completions) are read as raw blocks: one ``data:`` line is
+    parsed once from its bytes and, when it holds nothing injected, passed on as the very bytes
+    that came (no decode, no re-encoding); only an event that carries an injected field is
+    encoded again, without it. Anything else (named, several lines, comments, CRs) takes the
+    general path (``parse_block``), which writes the same bytes for a plain ``data:`` line.
+    ``ended`` says when the client has been handed the stream's last event (the relay then needs
+    no second watcher of the same bytes: ``tracks_end``)."""
+
+    __slots__ = ("client_events", "ended", "finished", "parser", "plan", "tracks_end", "translator")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -170,6 +181,13 @@ class StreamFilter:
         self.finished = False
         self.client_events: list[list[Any]] | None = [] if self.translator is not None else None
         """The events the client received (translated calls only)."""
+        self.ended = False
+        self.tracks_end = (
+            self.translator is None
+            and plan.wire is not None
+            and type(plan.wire).is_terminal is _Base.is_terminal
+        )
+        """A native call whose dialect ends at ``[DONE]`` alone: ``ended`` is kept here."""
 
     def _emit(self, events: Sequence[tuple[str | None, dict[str, Any]]]) -> bytes:
         out = bytearray()
@@ -181,16 +199,37 @@ class StreamFilter:
         return bytes(out)
 
     def feed(self, chunk: bytes) -> bytes:
-        events = self.parser.feed(chunk)
-        if not events:
+        if self.translator is not None:
+            events = self.parser.feed(chunk)
+            return b"".join([self._one(name, data) for name, data in events]) if events else b""
+        blocks = self.parser.blocks(chunk)
+        if not blocks:
             return b""
-        out = bytearray()
-        for name, data in events:
-            out += self._one(name, data)
-        return bytes(out)
+        if len(blocks) == 1:
+            return self._block(blocks[0])
+        return b"".join([self._block(b) for b in blocks])
+
+    def _block(self, block: bytes) -> bytes:
+        """One raw event of a native stream, as the client gets it."""
+        if block[:6] == b"data: " and b"\n" not in block and b"\r" not in block:
+            data = block[6:]
+            if data == b"[DONE]":
+                self.ended = True
+                return DONE_FRAME
+            if len(data) < idcut.MIN_BYTES or not self.plan.inject_ids:
+                try:
+                    obj = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    return block + b"\n\n"
+                if isinstance(obj, dict) and self.plan._strip(obj):
+                    return b"data: " + orjson.dumps(obj) + b"\n\n"
+                return block + b"\n\n"
+        ev = parse_block(block)
+        return self._one(*ev) if ev is not None else b""
 
     def _one(self, name: str | None, data: str) -> bytes:
         if data == "[DONE]":
+            self.ended = True
             if self.translator is None:
                 return DONE_FRAME
             return self._finish_translation()
