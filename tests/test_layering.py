@@ -157,6 +157,7 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_intercept_imports_no_private_name_of_another_package() -> None:
     found = []
     for name in MODULES:

@@ -325,6 +325,7 @@ _json = st.recursive(
 )
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 @given(body=st.dictionaries(st.sampled_from(_KEYS), _json, max_size=5))
 @settings(max_examples=300, deadline=None)
 def test_any_json_is_read_without_a_crash(body: dict) -> None:  # type: ignore[type-arg]

@@ -94,6 +94,7 @@ def _objects(s3: str, bucket: str) -> dict[str, str]:
     return {o["Key"]: o["ETag"] for o in listed}
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_export_to_s3_reads_back_as_the_local_export(s3: str, bucket: str, tmp_path: Path) -> None:
     db = _db(tmp_path)
     r = _export("--db", db, "--out", f"s3://{bucket}/ds/", "--storage-option", f"endpoint_url={s3}")
@@ -171,6 +172,7 @@ def _today() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d")
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_since_appends_a_new_export_and_manifest(
     s3: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -117,6 +117,7 @@ def test_shards_and_refusals(sqlite_url: str, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--group-by" in r.output and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_without_engine_ray_is_never_imported(sqlite_url: str, tmp_path: Path) -> None:
     _fill(sqlite_url)
     code = (

@@ -114,6 +114,7 @@ def _messages(content: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": content}]
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 @pytest.mark.parametrize("stream", [False, True])
 def test_tito_records_the_servers_spans_and_continues_an_abort(
     upstream, proxy_factory, sqlite_url, stream

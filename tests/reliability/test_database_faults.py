@@ -86,6 +86,7 @@ def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_
         cluster.cleanup()
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "lock.db"
     proxy = proxy_factory(upstream.url, f"sqlite:///{path}", mode="passthrough")

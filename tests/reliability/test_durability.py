@@ -84,6 +84,7 @@ class OneFailure:
     "durability",
     ["process", "machine", pytest.param("async", marks=pytest.mark.slow)],  # the replay: ~1.2 s each
 )
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_a_call_during_a_one_write_failure_is_not_lost(upstream, db_url, tmp_path, durability) -> None:  # type: ignore[no-untyped-def]
     store = Store(db_url)
     store.upgrade()

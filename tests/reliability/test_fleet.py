@@ -43,6 +43,7 @@ def _turn(client: openai.OpenAI, messages: list[dict[str, Any]], stream: bool) -
     return r.choices[0].message.content or ""
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_tito_sessions_move_to_the_survivor_and_stay_exact(
     upstream_factory, proxy_factory, sqlite_url
 ) -> None:  # type: ignore[no-untyped-def]

@@ -60,6 +60,7 @@ def _health(base: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 @pytest.mark.parametrize("durability", ["wal", "async"])
 def test_a_call_over_the_mark_waits_for_the_writer_instead_of_queueing(  # type: ignore[no-untyped-def]
     upstream, sqlite_url, tmp_path, monkeypatch, durability

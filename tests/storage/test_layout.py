@@ -279,6 +279,7 @@ def test_lazy_session_reads_decode_one_call_at_a_time_and_match_the_lists(db_url
     store.close()
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_ids_built_on_the_previous_prompt_are_stored_as_the_same_deltas(db_url: str) -> None:
     """``delta.Ids`` (the proxy's id parser: previous prompt + new ids) lets the writer skip the
     comparison; only when its base is the session's last prompt, and the result is the same."""

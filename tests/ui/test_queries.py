@@ -95,6 +95,7 @@ def test_search_inside_conversations(db_url: str) -> None:
         store.close()
 
 
+@pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_the_migration_indexes_what_was_recorded_before(db_url: str) -> None:
     from orchard_rec.storage import Store, migrate
 
