@@ -28,6 +28,7 @@ from orchard_rec.cli.common import (
     open_write,
     usage_error,
 )
+from orchard_rec.intercept.config import DEFAULT_HOSTS
 from orchard_rec.proxy.config import ProxyConfig
 
 
@@ -287,7 +288,7 @@ def intercept(
     ),
     db: str = DbOpt,
     hosts: str = typer.Option(
-        "api.openai.com,api.anthropic.com",
+        ",".join(DEFAULT_HOSTS),
         "--hosts",
         help="Comma-separated hosts whose LLM calls are recorded; other hosts are tunnelled untouched.",
     ),

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["DEFAULT_HOSTS", "InterceptConfig", "default_confdir"]
 
-DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com")
+DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com")  # Gemini too
 
 
 def default_confdir() -> Path:

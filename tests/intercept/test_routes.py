@@ -31,3 +31,15 @@ def test_a_gemini_call_is_routed_by_its_dialect() -> None:
     assert (
         llm_route(HOSTS, "generativelanguage.googleapis.com", "POST", "/v1beta/models/m:countTokens") is None
     )
+
+
+def test_the_default_hosts_include_gemini() -> None:
+    from orchard_rec.intercept.config import DEFAULT_HOSTS
+
+    got = llm_route(
+        DEFAULT_HOSTS,
+        "generativelanguage.googleapis.com",
+        "POST",
+        "/v1beta/models/m:streamGenerateContent?alt=sse",
+    )
+    assert got is not None and got[0] == Dialect("gemini")
