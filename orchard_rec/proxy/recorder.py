@@ -204,7 +204,7 @@ class Recorder(DatabaseThread):
         parses only the ids new to it."""
         self.fault_write_delay = knobs.fault_write_delay_s
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
-        self.lines = capline.Encoder()
+        self.lines = capline.Encoder(knobs.spool_bases_bytes)
         """process / machine: writes each call's capture line (the spool thread's, or the event loop's
         for a small call written inline: never both at once)."""
         self._encoding = threading.Lock()
