@@ -11,7 +11,6 @@ read-only: they never create, migrate or write it. Messages go to stderr; data t
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -42,6 +41,7 @@ from orchard_rec.cli.teacher import teacher
 from orchard_rec.cli.ui import ui
 from orchard_rec.cli.verify import verify
 from orchard_rec.errors import OrchardError
+from orchard_rec.settings import Settings
 
 __all__ = ["CliError", "CliUsageError", "app", "main"]
 
@@ -119,7 +119,7 @@ class _Group(TyperGroup):
             )
         argv = list(sys.argv[1:] if args is None else args)
         cut = argv.index("--") if "--" in argv else len(argv)
-        common._debug = os.environ.get("ORCHARD_DEBUG", "") not in ("", "0")
+        common._debug = Settings.one("debug") not in ("", "0")
         if "--debug" in argv[:cut]:
             argv.remove("--debug")
             common._debug = True

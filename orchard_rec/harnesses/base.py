@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from orchard_rec.settings import Settings
+
 __all__ = [
     "Harness",
     "Launch",
@@ -90,9 +92,7 @@ def _text(c: Any) -> str:
 
 
 def default_cache() -> Path:
-    return Path(
-        os.environ.get("ORCHARD_HARNESS_CACHE") or Path.home() / ".cache" / "orchard-rec" / "harnesses"
-    )
+    return Path(Settings.one("harness_cache") or Path.home() / ".cache" / "orchard-rec" / "harnesses")
 
 
 @dataclass

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import orjson
 
+from orchard_rec.settings import Settings
+
 __all__ = [
     "MITM_311_VERSION",
     "MITM_VERSION",
@@ -40,7 +42,7 @@ _NOT_FOR_INTERCEPT = ("openai", "tokenizers", "pyarrow")
 
 
 def _cache() -> Path:
-    return Path(os.environ.get("ORCHARD_MITM_CACHE") or Path.home() / ".cache" / "orchard-rec" / "mitm")
+    return Path(Settings.one("mitm_cache") or Path.home() / ".cache" / "orchard-rec" / "mitm")
 
 
 def _source_root() -> Path | None:
@@ -71,8 +73,8 @@ def _version_of(python: str) -> tuple[int, int] | None:
 
 def find_python() -> str | None:
     """A Python >= 3.12 on this machine: ``$ORCHARD_MITM_PYTHON``, on PATH, or in pyenv's versions folder."""
-    if os.environ.get("ORCHARD_MITM_PYTHON"):
-        return os.environ["ORCHARD_MITM_PYTHON"]
+    if Settings.one("mitm_python"):
+        return str(Settings.one("mitm_python"))
     names = [f"python3.{m}" for m in range(14, 11, -1)]
     candidates = [p for n in names if (p := shutil.which(n))]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
@@ -100,7 +102,7 @@ def _stamp() -> dict[str, str]:
     return {
         "source": str(_source_root() or ""),
         "orchard_rec": version("orchard-rec"),
-        "python": os.environ.get("ORCHARD_MITM_PYTHON", ""),
+        "python": Settings.one("mitm_python"),
         "extras": "mitm,postgres,hf",  # hf: tito mode's tokenizer (a runtime built without it is rebuilt)
     }
 

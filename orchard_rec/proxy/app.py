@@ -67,6 +67,7 @@ from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.titocall import TitoCall
 from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
+from orchard_rec.settings import current
 from orchard_rec.storage.outcome import as_json as outcome_as_json
 from orchard_rec.storage.outcome import change_from_json
 from orchard_rec.storage.store import Store
@@ -83,8 +84,6 @@ METRICS = web.AppKey("metrics", Metrics)
 TITO = web.AppKey("tito", TitoSessions)
 FLEET = web.AppKey("fleet", Fleet)
 POLICY = web.AppKey("policy", PolicyTracker)
-UPSTREAM_CHECK_S = float(os.environ.get("ORCHARD_UPSTREAM_CHECK_S", "10"))
-"""How often the background check asks each upstream whether it answers (``GET <upstream>/models``)."""
 
 _HOP = frozenset(
     {
@@ -631,7 +630,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             )
         # ORCHARD_TITO_RENDER=whole: every call renders its whole conversation (measurement, a template
         # whose non-locality the probe and the sampled checks might miss)
-        whole = os.environ.get("ORCHARD_TITO_RENDER", "").strip().lower() == "whole"
+        whole = current().tito_renders_whole
         app[TITO] = TitoSessions(load_hf_tokenizer(config.tokenizer), incremental=not whole)
         app[TITO].source = StoreHistory(app[STORE], app[TITO].tok)
 
@@ -648,7 +647,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         )
         # the proxy's own upstream credential, as on every call (never a client's)
         auth = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
-        every = config.health_interval or UPSTREAM_CHECK_S
+        every = config.health_interval or current().upstream_check_s
         tasks = [
             asyncio.create_task(
                 watch(app[FLEET], app[UPSTREAM], every, auth, min(5.0, config.connect_timeout + 2))

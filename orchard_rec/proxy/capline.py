@@ -54,12 +54,13 @@ from typing import Any
 
 import orjson
 
-from orchard_rec.errors import cache_stats, env_megabytes
+from orchard_rec.errors import cache_stats
 from orchard_rec.proxy import idcut
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.reqparse import RequestCache
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
+from orchard_rec.settings import current
 from orchard_rec.storage.spool import FORMAT, SpoolFormatError, json_default, load_line, record_from_dict
 from orchard_rec.storage.store import Store
 
@@ -289,7 +290,7 @@ class Encoder:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is None:
-            max_bytes = env_megabytes("ORCHARD_SPOOL_BASES_MB", 256)
+            max_bytes = current().spool_bases_bytes
         self.bases = _Bases(max_bytes)
         self.objs: OrderedDict[str, list[tuple[str, dict[str, Any], int]]] = OrderedDict()
         """Per session, its last few translated upstream bodies ``(call id, body, size)``: their

@@ -1,4 +1,5 @@
-"""Proxy settings (pydantic at the edge: validated once, then read-only)."""
+"""Proxy settings (pydantic at the edge: validated once, then read-only). The environment's
+``ORCHARD_*`` knobs (cache sizes, writer timings) are next to it: ``orchard_rec.settings.Settings``."""
 
 from __future__ import annotations
 

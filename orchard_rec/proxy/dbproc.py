@@ -48,6 +48,7 @@ from typing import IO, Any
 import orjson
 
 from orchard_rec.errors import one_line
+from orchard_rec.settings import Settings
 
 __all__ = ["Result", "WriterProcess", "main"]
 
@@ -273,7 +274,9 @@ def _die_with_parent() -> None:
 
 class _Child:
     def __init__(self, url: str, access_log: bool) -> None:
-        from orchard_rec.errors import env_megabytes
+        from orchard_rec.settings import current
+
+        knobs = current()
         from orchard_rec.proxy import capline
         from orchard_rec.proxy.idcut import IdParser
         from orchard_rec.proxy.reqparse import RequestCache
@@ -284,12 +287,10 @@ class _Child:
             from orchard_rec.proxy.logs import LoggedStore
 
             self.store = LoggedStore(self.store)
-        self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
-        self.requests = RequestCache(env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256))
-        self.decoder = capline.Decoder(
-            self.store, requests=self.requests, max_bytes=env_megabytes("ORCHARD_SPOOL_BASES_MB", 256)
-        )
-        self.delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
+        self.ids = IdParser(knobs.ids_cache_bytes)
+        self.requests = RequestCache(knobs.request_cache_bytes)
+        self.decoder = capline.Decoder(self.store, requests=self.requests, max_bytes=knobs.spool_bases_bytes)
+        self.delay = knobs.fault_write_delay_s
         self.record_of_line = capline.record_of_line
 
     def write(self, lines: list[bytes], first: bool) -> dict[str, Any]:
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     from orchard_rec.proxy.logs import configure_logging
 
     configure_logging(argv[0] if argv else "info", argv[1] if len(argv) > 1 else "text")
-    nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
+    nice = Settings.one("writer_nice")
     if nice:
         try:
             os.nice(nice)

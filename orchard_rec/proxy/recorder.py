@@ -65,7 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchard_rec.errors import env_megabytes, one_line
+from orchard_rec.errors import one_line
 from orchard_rec.proxy import capline
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.dbproc import WriterProcess
@@ -73,6 +73,7 @@ from orchard_rec.proxy.dbthread import STOP as _STOP
 from orchard_rec.proxy.dbthread import DatabaseThread
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
+from orchard_rec.settings import current
 from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
 from orchard_rec.storage.store import Store
 
@@ -131,6 +132,7 @@ class Recorder(DatabaseThread):
         fsync_interval: float = 0.1,
     ) -> None:
         durability = durability_name(durability)
+        knobs = self.knobs = current()
         if writer not in ("thread", "process"):
             raise ValueError("writer must be thread or process")
         if durability != "async" and spool is None:
@@ -146,16 +148,14 @@ class Recorder(DatabaseThread):
         self.retry_s = retry_s
         self.durability = durability
         if linger_s is None:
-            linger_s = (
-                float(os.environ.get("ORCHARD_WRITER_LINGER_S", "0.005")) if durability == "async" else 0.0
-            )
+            linger_s = knobs.writer_linger_s if durability == "async" else 0.0
         self.linger_s = linger_s
         """How long the writer lets a batch gather after its first call (async durability; env
         ``ORCHARD_WRITER_LINGER_S``, default 5 ms): one transaction and one wake-up per several calls
         instead of per call, at low concurrency too (SQLite, CPU per call: 88 us in batches of 8,
         42 us of 32, 33 us of 128; 20 ms measured no better than 5 ms end to end). Under wal the
         client waits for the batch, so there it is 0: group commit gathers what queued meanwhile."""
-        self.db_delay_s = float(os.environ.get("ORCHARD_WAL_DB_DELAY_S", "0.002") or 0)
+        self.db_delay_s = knobs.wal_db_delay_s
         """machine: how long the database thread waits before building a spooled batch's records when
         it has nothing else queued (``ORCHARD_WAL_DB_DELAY_S``, default 2 ms; not when a client waits
         for the commit): the batch's clients are being answered at that moment, and the records'
@@ -188,7 +188,7 @@ class Recorder(DatabaseThread):
         self._bytes_out = 0
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
         self._init_process(fsync_interval)
-        self.nice = int(os.environ.get("ORCHARD_WRITER_NICE", "0") or 0)
+        self.nice = knobs.writer_nice
         """The writer thread's OS niceness (``ORCHARD_WRITER_NICE``, default 0: the process's own).
         A positive value makes the scheduler run the event loop (and the model server, the harness)
         first and the writer in the gaps, which buys short calls some throughput on a saturated box
@@ -198,13 +198,13 @@ class Recorder(DatabaseThread):
         the GIL when the scheduler parks it stalls the event loop. Under wal only the database thread
         is niced (or the writer process, which then holds no lock of this process): the spool
         thread's fsync is what clients wait for."""
-        self.ids = IdParser(env_megabytes("ORCHARD_IDS_CACHE_MB", 512))
+        self.ids = IdParser(knobs.ids_cache_bytes)
         """Parses answers' token-id arrays on the writer thread, keeping each session's last prompt
         ids (``ORCHARD_IDS_CACHE_MB``, default 512: ~300 sessions at a 150k-token context) so a call
         parses only the ids new to it."""
-        self.fault_write_delay = float(os.environ.get("ORCHARD_FAULT_WRITE_DELAY_S", "0") or 0)
+        self.fault_write_delay = knobs.fault_write_delay_s
         """Fault injection for benchmarks and tests: sleep this long before every database write."""
-        self.lines = capline.Encoder()
+        self.lines = capline.Encoder(knobs.spool_bases_bytes)
         """process / machine: writes each call's capture line (the spool thread's, or the event loop's
         for a small call written inline: never both at once)."""
         self._encoding = threading.Lock()
@@ -224,7 +224,7 @@ class Recorder(DatabaseThread):
 
     def _init_process(self, fsync_interval: float) -> None:
         """The settings and state of ``process`` durability."""
-        self.db_linger_s = float(os.environ.get("ORCHARD_DB_LINGER_S", "0.01") or 0)
+        self.db_linger_s = self.knobs.db_linger_s
         """process: how long the database thread lets calls gather after the first of a batch
         (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
         come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
@@ -232,7 +232,7 @@ class Recorder(DatabaseThread):
         self.fsync_interval = fsync_interval
         """``process`` durability: the background fsync covers every write at most this long after it
         (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
-        self.inline_bytes = env_megabytes("ORCHARD_SPOOL_INLINE_MB", 1)
+        self.inline_bytes = self.knobs.spool_inline_bytes
         """``process`` durability: a call smaller than this (``_size``) has its line written on the
         event loop (``write(2)`` of a few kB: microseconds, no thread hand-off); a larger one, or any
         while the spool thread has calls queued (lines keep their order), by the spool thread, which
@@ -326,7 +326,7 @@ class Recorder(DatabaseThread):
             # process: no zeros kept ahead (they spared each append's fsync a size change; the
             # background fsync journals it once per interval), so a write only ever extends the file
             pre = (
-                {"preallocate": 0, "keep_bytes": env_megabytes("ORCHARD_SPOOL_KEEP_MB", 4)}
+                {"preallocate": 0, "keep_bytes": self.knobs.spool_keep_bytes}
                 if self.durability == "process"
                 else {}
             )

@@ -49,10 +49,11 @@ from typing import Any, NamedTuple, cast
 import orjson
 
 from orchard_rec import dialects
-from orchard_rec.errors import cache_stats, env_megabytes
+from orchard_rec.errors import cache_stats
 from orchard_rec.proxy.recent import Recent
+from orchard_rec.settings import current
 
-__all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "cache", "scan_offsets"]
+__all__ = ["CONVERSATION_KEYS", "Parsed", "RequestCache", "scan_offsets"]
 
 CONVERSATION_KEYS = dialects.conversation_keys()
 """Top-level keys whose array value is a conversation (every dialect's ``conversation_keys``, registry order)."""
@@ -361,10 +362,10 @@ def _extend(e: _Entry, k: int, raw: bytes, call_id: str) -> tuple[_Entry, tuple[
     return entry, (e.call_id, p, s)
 
 
-def _env_bytes() -> int:
-    return env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256)
-
-
-cache = RequestCache(_env_bytes())
-"""The process's cache (both front doors read through it). ``ORCHARD_REQUEST_CACHE_MB`` bounds
-it (default 256; 0 turns reuse off)."""
+def __getattr__(name: str) -> RequestCache:
+    """``cache``: the process's cache (both front doors read through it), built on first use.
+    ``ORCHARD_REQUEST_CACHE_MB`` bounds it (default 256; 0 turns reuse off; ``Settings``)."""
+    if name != "cache":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = globals()["cache"] = RequestCache(current().request_cache_bytes)
+    return made

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from orchard_rec.proxy.logs import LoggedStore, configure_logging
+from orchard_rec.settings import Settings
 
 if TYPE_CHECKING:
     from orchard_rec.proxy.config import ProxyConfig
@@ -114,12 +115,8 @@ def tune_interpreter() -> None:
 
 
 def _gc_threshold() -> tuple[int, int, int]:
-    raw = os.environ.get("ORCHARD_GC_THRESHOLD", "")
-    try:
-        t = tuple(int(x) for x in raw.split(","))
-    except ValueError:
-        t = ()
-    return (t[0], t[1], t[2]) if len(t) == 3 else (50_000, 20, 100)
+    threshold: tuple[int, int, int] = Settings.one("gc_threshold")
+    return threshold
 
 
 def _tuned(ready: Callable[[int], None] | None) -> Callable[[int], None]:

@@ -56,7 +56,8 @@ import orjson
 from orchard_rec import rlwire
 from orchard_rec.dialects import template_message
 from orchard_rec.dialects.images import decode_data_url, image_token_id
-from orchard_rec.errors import BadRequest, UpstreamProtocolError, cache_stats, env_megabytes
+from orchard_rec.errors import BadRequest, UpstreamProtocolError, cache_stats
+from orchard_rec.settings import current
 from orchard_rec.storage.delta import Ids
 
 __all__ = [
@@ -226,7 +227,7 @@ class TitoSessions:
         """The VLM's image placeholder id; None for a text model (image parts then dropped)."""
         self.max_sessions = max_sessions
         self.max_branches = max_branches
-        self.max_bytes = env_megabytes("ORCHARD_TITO_CACHE_MB", 1024) if max_bytes is None else max_bytes
+        self.max_bytes = current().tito_cache_bytes if max_bytes is None else max_bytes
         """Sessions are dropped, least recently used first, past this many bytes of branches (env
         ``ORCHARD_TITO_CACHE_MB``, default 1024: ~450 sessions at a 150k-token context) or
         ``max_sessions``; a dropped session's next call rebuilds it from the database (``source``),

@@ -21,10 +21,11 @@ from typing import Any
 from orchard_rec import dialects
 from orchard_rec.dialects import Fold, WireDialect
 from orchard_rec.dialects.base import checked_to_chat, untranslatable
-from orchard_rec.errors import cache_stats, env_megabytes
+from orchard_rec.errors import cache_stats
 from orchard_rec.proxy.recent import Recent
+from orchard_rec.settings import current
 
-__all__ = ["Translator", "translator"]
+__all__ = ["Translator"]
 
 CANDIDATES = 4
 """Translations kept per session (its sub-agents' conversations each continue their own)."""
@@ -128,5 +129,10 @@ class Translator:
         return chat
 
 
-translator = Translator(env_megabytes("ORCHARD_REQUEST_CACHE_MB", 256))
-"""The process's translation states (bounded like the request cache, by ``ORCHARD_REQUEST_CACHE_MB``)."""
+def __getattr__(name: str) -> Translator:
+    """``translator``: the process's translation states, built on first use (bounded like the
+    request cache, by ``ORCHARD_REQUEST_CACHE_MB``; ``Settings``)."""
+    if name != "translator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = globals()["translator"] = Translator(current().request_cache_bytes)
+    return made

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ import orjson
 from orchard_rec import rlwire
 from orchard_rec.errors import BadRequest, MethodNotAllowed
 from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.settings import current
 
 if TYPE_CHECKING:
     import aiohttp
@@ -79,7 +79,7 @@ class PolicyTracker:
         self.learned_at: float | None = None
         self.polling = True
         """False once the server showed it has no version endpoint."""
-        self.tracking = os.environ.get("ORCHARD_POLICY_TRACKING", "on").strip().lower() != "off"
+        self.tracking = current().tracks_policy
         """``ORCHARD_POLICY_TRACKING=off``: no fences, no polling (measurement: bench/policy.py)."""
         self.last_polled: str | None = None
         """What the server said last: a poll overrides the trainer's word only when this changes."""

@@ -39,7 +39,6 @@ from sqlalchemy.orm import sessionmaker
 
 from orchard_rec import policy
 from orchard_rec.dialects.images import ImageRef
-from orchard_rec.errors import env_megabytes
 from orchard_rec.records import (
     SESSION_ID_RULE,
     CallOutcome,
@@ -48,6 +47,7 @@ from orchard_rec.records import (
     Outcome,
     session_id_problem,
 )
+from orchard_rec.settings import Settings
 from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.models import Blob, Call, Image, Session
@@ -154,7 +154,7 @@ class Store:
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
         self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
-        self.encoder = Encoder(env_megabytes("ORCHARD_STATE_CACHE_MB", 1024))
+        self.encoder = Encoder(Settings.one("state_cache_bytes"))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
         estimate, which counts the ids the id parser's cache shares). A session that fell out of it

@@ -164,7 +164,7 @@ def test_port_in_use_is_reported_before_the_banner_and_leaves_no_database(tmp_pa
 @pytest.mark.parametrize(
     "var",
     [
-        "ORCHARD_REQUEST_CACHE_MB",  # read as proxy.tochat is imported: the fast tier keeps this one
+        "ORCHARD_REQUEST_CACHE_MB",  # checked by Settings as serve builds its recorder: the fast tier keeps this one
         pytest.param("ORCHARD_SPOOL_BASES_MB", marks=pytest.mark.slow),  # a fresh interpreter each: 1.5-3.5 s
         pytest.param("ORCHARD_IDS_CACHE_MB", marks=pytest.mark.slow),
         pytest.param("ORCHARD_STATE_CACHE_MB", marks=pytest.mark.slow),
