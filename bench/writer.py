@@ -27,7 +27,7 @@ from orchard_rec.proxy.token import plan_for
 from orchard_rec.records import Dialect
 from orchard_rec.storage import Store
 from orchard_rec.storage.delta import SessionState
-from orchard_rec.storage.store import _row
+from orchard_rec.storage.rows import _row
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there, benchmark"}]}
 ANSWER = orjson.dumps(

@@ -55,7 +55,7 @@ def _session_rows(
 ) -> tuple[list[dict[str, Any]], int]:
     """The newest ``limit`` sessions matching the filters (oldest first), and how many matched."""
     from orchard_rec.storage.queries import newest_sessions
-    from orchard_rec.storage.store import _epoch
+    from orchard_rec.storage.rows import _epoch
 
     rows, total = newest_sessions(
         store, limit=limit if min_reward is None else None, since=since, harness=harness, status=status

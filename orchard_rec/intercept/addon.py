@@ -46,7 +46,8 @@ from orchard_rec.proxy.core import Call, refuse_websocket, renders, upstream_add
 from orchard_rec.proxy.identity import SESSION_HEADER
 from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.server import tune_interpreter
-from orchard_rec.proxy.tito import TitoSessions, upstream_url
+from orchard_rec.proxy.tito import TitoSessions
+from orchard_rec.proxy.tito_wire import upstream_url
 from orchard_rec.proxy.titocall import TitoCall
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.storage.store import Store

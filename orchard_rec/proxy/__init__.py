@@ -8,7 +8,7 @@ ids, stored headers), ``reqparse`` (request bodies read from their session's pre
 the new bytes parsed), ``token`` (token-mode ``Plan``/``StreamFilter``), ``tochat`` (token mode's
 Responses/Messages-to-chat translation, only the new items), ``idcut`` (token-id
 arrays cut at byte level, parsed once per session prefix), ``tito`` (token-in/token-out
-sessions), ``titocall`` (tito's per-call steps, sans-io, driven by both front doors: plan, token-endpoint
+sessions; ``tito_wire`` the token endpoint's request and answer, the generation parsed back to chat), ``titocall`` (tito's per-call steps, sans-io, driven by both front doors: plan, token-endpoint
 request, answer, commit, reply), ``recorder`` (the writer threads; ``dbthread`` its database thread), ``dbproc`` (under ``process`` and ``machine``, the database writer in a
 process of its own: records built and written off the event loop's GIL), ``logs`` (log lines and
 the access log, shared with that process), ``recent`` (a few recent entries per key, bounded in bytes: the caches of ``reqparse`` and

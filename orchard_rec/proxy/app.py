@@ -62,8 +62,9 @@ from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder, default_spool
-from orchard_rec.proxy.tito import TitoSessions, upstream_url
+from orchard_rec.proxy.tito import TitoSessions
 from orchard_rec.proxy.tito_history import StoreHistory
+from orchard_rec.proxy.tito_wire import upstream_url
 from orchard_rec.proxy.titocall import TitoCall
 from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect

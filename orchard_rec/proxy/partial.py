@@ -31,7 +31,7 @@ from orchard_rec import policy, rlwire
 from orchard_rec.errors import UpstreamProtocolError
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.tito import read_upstream
+from orchard_rec.proxy.tito_wire import read_upstream
 from orchard_rec.proxy.titocall import Generated
 
 __all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted", "settle"]

@@ -14,7 +14,8 @@ from typing import Any
 
 from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
-from orchard_rec.proxy.tito import Recorded, parse_generation
+from orchard_rec.proxy.tito import Recorded
+from orchard_rec.proxy.tito_wire import parse_generation
 from orchard_rec.records import CallOutcome, CallRecord
 from orchard_rec.storage.seam import RecordSource
 

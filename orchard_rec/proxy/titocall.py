@@ -33,15 +33,14 @@ from orchard_rec.dialects.sse import DONE_FRAME, encode
 from orchard_rec.errors import UpstreamProtocolError
 from orchard_rec.proxy import idcut
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.tito import (
-    TitoSessions,
+from orchard_rec.proxy.tito import TitoSessions, wire_body
+from orchard_rec.proxy.tito_wire import (
     chat_completion,
     parse_generation,
     read_upstream,
     server_prompt,
     synth_chunks,
     upstream_request,
-    wire_body,
 )
 from orchard_rec.records import CallOutcome, Dialect
 

@@ -30,23 +30,43 @@ Pure functions, no SQL. Four pieces:
 - **Client views** (``client_view``): the response and events as the client received
   them (the fields token mode injected are null again), with ids the id columns hold
   replaced by a restore note.
+
+The byte formats of the delta arrays (and compression) live in ``storage/packing.py``, the image
+cutting in ``storage/imagecut.py``; both are re-exported here, so ``layout.X`` stays the one name.
 """
 
 from __future__ import annotations
 
-import binascii
 import re
-import struct
-import threading
-from array import array
 from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Any
 
 import orjson
-import zstandard
 
 from orchard_rec import dialects
+from orchard_rec.storage.imagecut import (
+    IMAGE_MIN,
+    _image_payloads,
+    b64_exact,
+    cut,
+    image_spans,
+    pack_holes,
+    paste,
+    unpack_holes,
+)
+from orchard_rec.storage.packing import (
+    _int_array,
+    common_prefix,
+    compress,
+    decompress,
+    pack_delta,
+    pack_floats,
+    pack_ints,
+    unpack_delta,
+    unpack_floats,
+    unpack_ints,
+)
 
 __all__ = [
     "IMAGE_MIN",
@@ -83,114 +103,10 @@ BLOB_MIN = 256
 """Other top-level values at least this long (characters) are stored as one blob."""
 DELTA_MIN = 256
 """A growing value is stored on the previous call's piece when they share at least this many characters."""
-IMAGE_MIN = 64
-"""Base64 payloads shorter than this (characters) stay literal text."""
 
 
 def digest(data: bytes) -> bytes:
     return blake2b(data, digest_size=DIGEST).digest()
-
-
-# -- packed arrays -------------------------------------------------------------------------------
-
-
-def pack_ints(ids: Sequence[int]) -> bytes:
-    return array("i", ids).tobytes()
-
-
-def unpack_ints(data: bytes) -> array[int]:
-    a = array("i")
-    a.frombytes(data)
-    return a
-
-
-def pack_floats(values: Sequence[float]) -> bytes:
-    """float32 when every value survives the round trip (vLLM's logprobs are float32), else float64."""
-    f = array("f", values)
-    if f.tolist() == list(values):
-        return b"f" + f.tobytes()
-    return b"d" + array("d", values).tobytes()
-
-
-def unpack_floats(data: bytes) -> array[float]:
-    a = array("f" if data[:1] == b"f" else "d")
-    a.frombytes(data[1:])
-    return a
-
-
-_HEAD = struct.Struct("<BI")
-
-
-def pack_delta(base: str | None, n: int, payload: bytes) -> bytes:
-    """``[len(base)][n: u32][base id][payload]``: the first ``n`` items of call ``base``'s same sequence, then ``payload``."""
-    b = (base or "").encode("ascii")
-    return _HEAD.pack(len(b), n if base else 0) + b + payload
-
-
-def unpack_delta(data: bytes) -> tuple[str | None, int, bytes]:
-    k, n = _HEAD.unpack_from(data)
-    start = _HEAD.size
-    base = data[start : start + k].decode("ascii") if k else None
-    return base, n, data[start + k :]
-
-
-def _int_array(x: Any) -> Any:
-    """``x`` as an ``array("i")``: a ``delta.Ids``'s own, ``x`` itself, or a tuple / list of ints
-    converted (at C speed); None when it is none of these (or holds an id past 4 bytes)."""
-    f = getattr(x, "array", None)
-    if f is not None:
-        return f()
-    if isinstance(x, array):
-        return x if x.typecode == "i" else None
-    if isinstance(x, (tuple, list)):
-        try:
-            return array("i", x)
-        except (OverflowError, TypeError):
-            return None
-    return None
-
-
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix (the whole shorter one compared at C speed first).
-    Token ids are compared as 4-byte arrays (memcmp) when one side is a ``delta.Ids``, the other
-    converted if it is a tuple (a session's prompt read back from the database): at 150k ids 1.9 ms
-    where building tuples of both and comparing them took 6.4."""
-    if hasattr(a, "array") or hasattr(b, "array"):
-        aa = _int_array(a)
-        ab = _int_array(b) if aa is not None else None
-        if aa is not None and ab is not None:
-            a, b = aa, ab
-    if type(a) is not type(b):  # a list's slice never equals a tuple's: compare tuples
-        a, b = (x if isinstance(x, tuple) else tuple(x) for x in (a, b))
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-# -- compression ---------------------------------------------------------------------------------
-
-_ZC = threading.local()
-"""One compressor per thread: a ``ZstdCompressor`` used by two threads at once writes corrupt frames
-(several proxies' writer and spool threads in one process did: "Dictionary is corrupted" on read)."""
-
-
-def compress(obj: Any) -> bytes:
-    zc = getattr(_ZC, "c", None)
-    if zc is None:
-        zc = _ZC.c = zstandard.ZstdCompressor(level=3)
-    return bytes(zc.compress(orjson.dumps(obj)))
-
-
-def decompress(data: bytes) -> Any:
-    return orjson.loads(zstandard.ZstdDecompressor().decompress(data))
 
 
 # -- request text --------------------------------------------------------------------------------
@@ -506,115 +422,6 @@ def rejoin(literals: Sequence[str], refs: Sequence[bytes], blobs: dict[bytes, st
     out.literals.append(literals[len(refs)])
     out.text = "".join(parts)
     return out
-
-
-# -- images --------------------------------------------------------------------------------------
-
-
-def _image_payloads(v: Any, out: list[tuple[str, str | None]]) -> None:
-    """Base64 image payloads (with media type) in a parsed JSON value, in document order."""
-    if isinstance(v, dict):
-        t = v.get("type")
-        if t == "image_url" or t == "input_image":
-            u = v.get("image_url")
-            if isinstance(u, dict):
-                u = u.get("url")
-            elif u is None:  # vLLM's content parts: {"type": "image_url", "url": ...}
-                u = v.get("url")
-            if isinstance(u, str) and u.startswith("data:"):
-                head, sep, payload = u.partition(",")
-                if sep and head.endswith(";base64"):
-                    out.append((payload, head[5:].split(";", 1)[0] or None))
-        elif t == "image":
-            src = v.get("source")
-            if isinstance(src, dict) and src.get("type") == "base64" and isinstance(src.get("data"), str):
-                mt = src.get("media_type")
-                out.append((src["data"], mt if isinstance(mt, str) else None))
-        for x in v.values():
-            if isinstance(x, (dict, list)):
-                _image_payloads(x, out)
-    elif isinstance(v, list):
-        for x in v:
-            if isinstance(x, (dict, list)):
-                _image_payloads(x, out)
-
-
-def image_spans(piece: str) -> list[tuple[int, int, str | None]]:
-    """``(start, end, media type)`` of each image's base64 in ``piece`` (the text of one JSON value).
-
-    Only where the JSON string holds the base64 verbatim (no escapes) and it is at least
-    ``IMAGE_MIN`` characters; whether it re-encodes exactly is checked by ``b64_exact``.
-    """
-    if "base64" not in piece:
-        return []
-    try:
-        value = orjson.loads(piece)
-    except orjson.JSONDecodeError:
-        return []
-    found: list[tuple[str, str | None]] = []
-    _image_payloads(value, found)
-    spans: list[tuple[int, int, str | None]] = []
-    pos = 0
-    for payload, mime in found:
-        if len(payload) < IMAGE_MIN:
-            continue
-        at = piece.find(payload, pos)
-        if at < 0:
-            continue
-        end = at + len(payload)
-        if piece[at - 1 : at] not in (",", '"') or piece[end : end + 1] != '"':
-            continue
-        spans.append((at, end, mime))
-        pos = end
-    return spans
-
-
-def b64_exact(payload: str) -> bytes | None:
-    """The bytes of ``payload`` when standard base64 of them is exactly ``payload``; else None."""
-    try:
-        raw = payload.encode("ascii")
-        data = binascii.a2b_base64(raw)  # lenient; the re-encoding below is the strict check
-    except (binascii.Error, ValueError):
-        return None
-    return data if binascii.b2a_base64(data, newline=False) == raw else None
-
-
-_HOLE = struct.Struct("<I32s")
-
-
-def pack_holes(holes: Sequence[tuple[int, bytes]]) -> bytes:
-    """``(offset in the cut text, SHA-256)`` per image, 36 bytes each."""
-    return b"".join(_HOLE.pack(o, h) for o, h in holes)
-
-
-def unpack_holes(data: bytes) -> list[tuple[int, bytes]]:
-    return [_HOLE.unpack_from(data, i) for i in range(0, len(data), _HOLE.size)]
-
-
-def cut(text: str, spans: Sequence[tuple[int, int, bytes]]) -> tuple[str, list[tuple[int, bytes]]]:
-    """``text`` without the ``(start, end, sha256)`` spans (in order), and where each was."""
-    parts: list[str] = []
-    holes: list[tuple[int, bytes]] = []
-    cur = size = 0
-    for start, end, h in spans:
-        parts.append(text[cur:start])
-        size += start - cur
-        holes.append((size, h))
-        cur = end
-    parts.append(text[cur:])
-    return "".join(parts), holes
-
-
-def paste(text: str, holes: Sequence[tuple[int, bytes]], b64: dict[bytes, str]) -> str:
-    """``cut`` undone: each hole filled with its image's base64 text."""
-    parts: list[str] = []
-    cur = 0
-    for off, h in holes:
-        parts.append(text[cur:off])
-        parts.append(b64[h])
-        cur = off
-    parts.append(text[cur:])
-    return "".join(parts)
 
 
 # -- upstream request ----------------------------------------------------------------------------

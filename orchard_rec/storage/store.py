@@ -23,7 +23,6 @@ concurrent writers on PostgreSQL neither fail nor deadlock on the same screensho
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,47 +30,50 @@ from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
-import orjson
 from sqlalchemy import JSON, DateTime, bindparam, create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
-from orchard_rec import policy
 from orchard_rec.dialects.images import ImageRef
 from orchard_rec.records import (
     SESSION_ID_RULE,
-    CallOutcome,
     CallRecord,
-    Dialect,
     Outcome,
     session_id_problem,
 )
 from orchard_rec.settings import Settings
 from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
+from orchard_rec.storage.engine import (
+    _dumps,
+    _has_column,
+    _loads,
+    _sqlite_pragmas,
+    _sqlite_readonly_creator,
+    _sqlite_readonly_pragmas,
+)
 from orchard_rec.storage.models import Blob, Call, Image, Session
 from orchard_rec.storage.outcome import InvalidOutcome, OutcomeChange, sanitize
 from orchard_rec.storage.outcome import check as check_outcome
 from orchard_rec.storage.outcome import merge as merge_outcome
+from orchard_rec.storage.rows import (
+    _LIGHT_COLUMNS,
+    _dim,
+    _epoch,
+    _light_record,
+    _mime,
+    _record,
+    _row,
+    _sqlite_time,
+    _ts,
+)
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
 
 
 def default_db_url() -> str:
     return "sqlite:///./orchard.db"
-
-
-def _ts(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
-
-
-def _epoch(dt: datetime | None) -> float | None:
-    if dt is None:
-        return None
-    if dt.tzinfo is None:  # SQLite hands back naive datetimes; we only ever store UTC
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,198 +641,3 @@ class Store:
     def seq_of(self, call_id: str) -> int | None:
         with self._sessions() as db:
             return db.scalar(select(Call.seq).where(Call.id == call_id))
-
-
-def _mime(v: str | None) -> str | None:
-    """A client's media type as the column holds it (None when it would not fit: never a failed batch)."""
-    return v if v is not None and len(v) <= 128 else None
-
-
-def _dim(v: int | None) -> int | None:
-    """A header's width / height when a 32-bit signed column holds it (a forged header may claim more)."""
-    return v if v is not None and 0 <= v < 2**31 else None
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
-def _sqlite_time(dt: datetime) -> str:
-    """SQLAlchemy's SQLite DATETIME storage format, in UTC (what its bind processor writes)."""
-    return (dt.astimezone(UTC) if dt.tzinfo else dt).isoformat(" ", "microseconds")[:26]
-
-
-def _loads(v: Any) -> Any:
-    # SQLite gives a JSON column numeric affinity: a stored bare number comes back as int/float.
-    return orjson.loads(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else v
-
-
-def _sqlite_readonly_creator(url: str) -> Any:
-    """Connections opened with ``mode=ro``; ``immutable=1`` when that cannot read (a WAL database
-    in a read-only folder whose ``-shm`` cannot be created: then nobody can be writing it)."""
-    import sqlite3
-    from urllib.parse import quote
-
-    from sqlalchemy.engine import make_url
-
-    path = make_url(url).database or ""
-    uri = f"file:{quote(path)}"
-
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=30)
-        try:
-            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            return conn
-        except sqlite3.OperationalError:
-            conn.close()
-            if not os.path.exists(path):
-                raise
-        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False, timeout=30)
-
-    return connect
-
-
-def _has_column(conn: Any, table: str, column: str) -> bool:
-    """Whether the database's ``table`` has ``column`` (a writer on an older schema, in tests of
-    the migrations, leaves out the columns it lacks)."""
-    from sqlalchemy import inspect
-
-    return column in {c["name"] for c in inspect(conn).get_columns(table)}
-
-
-def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA query_only=ON")
-    cur.close()
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
-def _floats(v: bytes | None) -> tuple[float, ...] | None:
-    return None if v is None else tuple(layout.unpack_floats(bytes(v)))
-
-
-def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": r.call_id,
-        "session_id": r.session_id,
-        "seq": seq,
-        "dialect": r.dialect.value,
-        "method": r.method,
-        "path": r.path,
-        "stream": r.stream,
-        "status_code": r.status_code,
-        "outcome": r.outcome.value,
-        "received_at": _ts(r.received_at),
-        "first_byte_at": _ts(r.first_byte_at),
-        "done_at": _ts(r.done_at),
-        "harness": r.harness,
-        "harness_session": r.harness_session,
-        "model": r.model,
-        "headers": dict(r.headers),
-        "error": r.error,
-        "usage": None if r.usage is None else dict(r.usage),
-        "finish_reason": r.finish_reason,
-        "bytes_in": r.bytes_in,
-        "bytes_out": r.bytes_out,
-        "metadata": dict(r.metadata) if r.metadata else None,
-        "policy_versions": policy.to_json(r.policy_versions),
-        "routed_experts": r.routed_experts,
-        **stored,
-    }
-
-
-_LIGHT_COLUMNS = (
-    "id",
-    "session_id",
-    "seq",
-    "received_at",
-    "dialect",
-    "method",
-    "path",
-    "stream",
-    "status_code",
-    "outcome",
-    "harness",
-    "model",
-    "error",
-    "prompt_ids",
-    "completion_ids",
-    "completion_logprobs",
-    "finish_reason",
-    "metadata",  # small: what the proxy decided (tito branch, a harness's side conversation)
-    "usage",  # small: a call's size when no ids were recorded (passthrough)
-    "policy_versions",
-    "routed_experts",
-)
-
-
-def _light_record(c: Any, reader: Reader) -> CallRecord:
-    """A record without bodies or timings: what reconstruction reads."""
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
-    return CallRecord(
-        call_id=c.id,
-        session_id=c.session_id,
-        dialect=Dialect(c.dialect),
-        method=c.method,
-        path=c.path,
-        stream=c.stream,
-        status_code=c.status_code,
-        outcome=CallOutcome(c.outcome),
-        received_at=_epoch(c.received_at) or 0.0,
-        first_byte_at=None,
-        done_at=0.0,
-        harness=c.harness,
-        model=c.model,
-        error=c.error,
-        prompt_ids=prompt,
-        completion_ids=completion,
-        completion_logprobs=_floats(c.completion_logprobs),
-        finish_reason=c.finish_reason,
-        seq=c.seq,
-        metadata=c.metadata or {},
-        usage=c.usage,
-        policy_versions=policy.from_json(c.policy_versions),
-        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
-    )
-
-
-def _record(c: Call, reader: Reader) -> CallRecord:
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
-    bodies = reader.bodies(c, prompt, completion)
-    return CallRecord(
-        call_id=c.id,
-        session_id=c.session_id,
-        dialect=Dialect(c.dialect),
-        method=c.method,
-        path=c.path,
-        stream=c.stream,
-        status_code=c.status_code,
-        outcome=CallOutcome(c.outcome),
-        received_at=_epoch(c.received_at) or 0.0,
-        first_byte_at=_epoch(c.first_byte_at),
-        done_at=_epoch(c.done_at) or 0.0,
-        headers=c.headers or {},
-        harness=c.harness,
-        harness_session=c.harness_session,
-        model=c.model,
-        error=c.error,
-        usage=c.usage,
-        prompt_ids=prompt,
-        completion_ids=completion,
-        completion_logprobs=_floats(c.completion_logprobs),
-        **bodies,
-        finish_reason=c.finish_reason,
-        bytes_in=c.bytes_in,
-        bytes_out=c.bytes_out,
-        seq=c.seq,
-        metadata=c.call_metadata or {},
-        policy_versions=policy.from_json(c.policy_versions),
-        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
-    )

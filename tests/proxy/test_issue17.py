@@ -216,7 +216,7 @@ def test_tito_relays_the_servers_text_and_errors(proxy_factory, sqlite_url) -> N
 
 
 def test_tito_parses_tool_calls_like_vllms_hermes_parser() -> None:
-    from orchard_rec.proxy.tito import parse_generation
+    from orchard_rec.proxy.tito_wire import parse_generation
 
     m = parse_generation(' Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', None)
     assert m["content"] == " Sure.\n"

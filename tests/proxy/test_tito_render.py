@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from orchard_rec.proxy import tito as tito_mod
-from orchard_rec.proxy.tito import TitoSessions, chat_images, parse_generation
+from orchard_rec.proxy.tito import TitoSessions, chat_images
+from orchard_rec.proxy.tito_wire import parse_generation
 from orchard_rec.storage.delta import Ids
 from orchard_rec.tokenizer import load_hf_tokenizer
 

@@ -1,0 +1,69 @@
+"""The store's engine set-up: JSON columns through orjson, SQLite connections (WAL and foreign
+keys for a writer; ``mode=ro``, else ``immutable=1``, for a reader), and the schema probe a writer
+on an older schema uses. Moved out of ``storage/store.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+
+__all__: list[str] = []
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _loads(v: Any) -> Any:
+    # SQLite gives a JSON column numeric affinity: a stored bare number comes back as int/float.
+    return orjson.loads(v) if isinstance(v, (str, bytes, bytearray, memoryview)) else v
+
+
+def _sqlite_readonly_creator(url: str) -> Any:
+    """Connections opened with ``mode=ro``; ``immutable=1`` when that cannot read (a WAL database
+    in a read-only folder whose ``-shm`` cannot be created: then nobody can be writing it)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database or ""
+    uri = f"file:{quote(path)}"
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=30)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            if not os.path.exists(path):
+                raise
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False, timeout=30)
+
+    return connect
+
+
+def _has_column(conn: Any, table: str, column: str) -> bool:
+    """Whether the database's ``table`` has ``column`` (a writer on an older schema, in tests of
+    the migrations, leaves out the columns it lacks)."""
+    from sqlalchemy import inspect
+
+    return column in {c["name"] for c in inspect(conn).get_columns(table)}
+
+
+def _sqlite_readonly_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
