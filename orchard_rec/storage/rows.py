@@ -104,66 +104,49 @@ _LIGHT_COLUMNS = (
 )
 
 
+def _columns(c: Any, reader: Reader) -> dict[str, Any]:
+    """What both readings of a call row share: its identity, outcome, ids and the columns decoded
+    from their stored form (times as epochs, log-probs, policy spans, routing bytes)."""
+    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
+    return {
+        "call_id": c.id,
+        "session_id": c.session_id,
+        "dialect": Dialect(c.dialect),
+        "method": c.method,
+        "path": c.path,
+        "stream": c.stream,
+        "status_code": c.status_code,
+        "outcome": CallOutcome(c.outcome),
+        "received_at": _epoch(c.received_at) or 0.0,
+        "harness": c.harness,
+        "model": c.model,
+        "error": c.error,
+        "usage": c.usage,
+        "prompt_ids": prompt,
+        "completion_ids": completion,
+        "completion_logprobs": _floats(c.completion_logprobs),
+        "finish_reason": c.finish_reason,
+        "seq": c.seq,
+        "policy_versions": policy.from_json(c.policy_versions),
+        "routed_experts": None if c.routed_experts is None else bytes(c.routed_experts),
+    }
+
+
 def _light_record(c: Any, reader: Reader) -> CallRecord:
     """A record without bodies or timings: what reconstruction reads."""
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
-    return CallRecord(
-        call_id=c.id,
-        session_id=c.session_id,
-        dialect=Dialect(c.dialect),
-        method=c.method,
-        path=c.path,
-        stream=c.stream,
-        status_code=c.status_code,
-        outcome=CallOutcome(c.outcome),
-        received_at=_epoch(c.received_at) or 0.0,
-        first_byte_at=None,
-        done_at=0.0,
-        harness=c.harness,
-        model=c.model,
-        error=c.error,
-        prompt_ids=prompt,
-        completion_ids=completion,
-        completion_logprobs=_floats(c.completion_logprobs),
-        finish_reason=c.finish_reason,
-        seq=c.seq,
-        metadata=c.metadata or {},
-        usage=c.usage,
-        policy_versions=policy.from_json(c.policy_versions),
-        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
-    )
+    return CallRecord(**_columns(c, reader), first_byte_at=None, done_at=0.0, metadata=c.metadata or {})
 
 
 def _record(c: Call, reader: Reader) -> CallRecord:
-    prompt, completion = reader.tokens(c.id, c.prompt_ids, c.completion_ids, c.session_id)
-    bodies = reader.bodies(c, prompt, completion)
+    cols = _columns(c, reader)
     return CallRecord(
-        call_id=c.id,
-        session_id=c.session_id,
-        dialect=Dialect(c.dialect),
-        method=c.method,
-        path=c.path,
-        stream=c.stream,
-        status_code=c.status_code,
-        outcome=CallOutcome(c.outcome),
-        received_at=_epoch(c.received_at) or 0.0,
+        **cols,
+        **reader.bodies(c, cols["prompt_ids"], cols["completion_ids"]),
         first_byte_at=_epoch(c.first_byte_at),
         done_at=_epoch(c.done_at) or 0.0,
         headers=c.headers or {},
-        harness=c.harness,
         harness_session=c.harness_session,
-        model=c.model,
-        error=c.error,
-        usage=c.usage,
-        prompt_ids=prompt,
-        completion_ids=completion,
-        completion_logprobs=_floats(c.completion_logprobs),
-        **bodies,
-        finish_reason=c.finish_reason,
         bytes_in=c.bytes_in,
         bytes_out=c.bytes_out,
-        seq=c.seq,
         metadata=c.call_metadata or {},
-        policy_versions=policy.from_json(c.policy_versions),
-        routed_experts=None if c.routed_experts is None else bytes(c.routed_experts),
     )
