@@ -200,8 +200,9 @@ def start_targets(
         path: str = "/v1/chat/completions",
         body: dict | None = None,
         env: dict | None = None,
+        tree: Path = ROOT,
     ) -> None:  # type: ignore[type-arg]
-        if args.only and name not in args.only.split(","):
+        if args.only and name not in args.only.split(",") and name.split("@")[0] not in args.only.split(","):
             return
         port = free_port()
         cmd = [
@@ -221,7 +222,9 @@ def start_targets(
             str(work / f"{name}.spool"),
             *(extra or []),
         ]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        # ``-m orchard_rec.cli`` from ``tree``: that tree's package (``--baseline``: another checkout)
+        penv = {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}
+        proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL, env=penv)
         procs.append(proc)
         wait_http(f"http://127.0.0.1:{port}/healthz")
         targets.append(
@@ -244,6 +247,13 @@ def start_targets(
             "token",
             make(f"token-async-{kind}"),
             extra=["--durability", "async"],
+        )
+    if args.baseline:  # the same default target from another source tree, in the same rounds
+        orchard(
+            "orchard-token-sqlite@baseline",
+            "token",
+            dbs["sqlite"]("token-base"),
+            tree=Path(args.baseline).resolve(),
         )
     orchard("orchard-token+responses", "token", dbs["sqlite"]("resp"), path="/v1/responses", body=RESP)
     # a slow database: every batch write sleeps 50 ms; the bounded queue must absorb it
@@ -363,6 +373,12 @@ def main() -> None:
         "--only",
         default=None,
         help="comma-separated target names to run (e.g. floor,orchard-token-sqlite), for quick comparisons",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="another source tree (e.g. a git worktree of an earlier commit): its `serve` as the target"
+        " orchard-token-sqlite@baseline, run in the same interleaved rounds",
     )
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds

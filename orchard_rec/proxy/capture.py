@@ -8,9 +8,10 @@ its writer thread, never on the event loop.
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 import time
-import uuid
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,31 @@ from orchard_rec.storage import layout
 from orchard_rec.storage.delta import Ids
 
 __all__ = ["Capture"]
+
+
+_ids = bytearray()
+_ids_lock = threading.Lock()
+
+
+def _forget_ids() -> None:
+    _ids.clear()  # a forked child (``serve --workers``) must not hand out its parent's ids
+
+
+os.register_at_fork(after_in_child=_forget_ids)
+
+
+def new_call_id() -> str:
+    """A random (version 4) UUID's 32 hex digits, as ``uuid.uuid4().hex``: from the OS's random
+    bytes taken 4 KiB at a time, not one ``getrandom`` per call (a system call on the event loop
+    lets the writer thread take the interpreter lock)."""
+    with _ids_lock:
+        if len(_ids) < 16:
+            _ids.extend(os.urandom(4096))
+        raw = bytes(_ids[-16:])
+        del _ids[-16:]
+    x = int.from_bytes(raw, "big")
+    x = (x & ~(0xF000 << 64) & ~(0xC000 << 48)) | (0x4000 << 64) | (0x8000 << 48)
+    return f"{x:032x}"
 
 
 class Capture:
@@ -67,7 +93,7 @@ class Capture:
     )
 
     def __init__(self, dialect: Dialect, method: str, path: str, session_id: str | None) -> None:
-        self.call_id = uuid.uuid4().hex
+        self.call_id = new_call_id()
         self.session_id = session_id
         self.dialect = dialect
         self.method = method
