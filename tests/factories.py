@@ -234,6 +234,20 @@ def serve_process(
         time.sleep(0.05)
 
 
+def kill_all(pid: int) -> None:
+    """``kill -9`` of a served proxy: the process, and with ``--workers`` its workers too (the
+    parent stopped first, so that it neither restarts them nor tells them to drain)."""
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(x) for x in f.read().split()]
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+
+
 def _healthy(port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:

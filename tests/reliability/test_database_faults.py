@@ -25,7 +25,7 @@ import urllib.request
 
 import aiohttp
 import pytest
-from factories import free_port, metric_sum, serve_process
+from factories import free_port, kill_all, metric_sum, serve_process
 from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
@@ -35,17 +35,6 @@ from orchard_rec.storage import Store
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.status, r.read().decode()
-
-
-def kill_all(pid: int) -> None:
-    """``kill -9`` of a served proxy: the process, and with ``--workers`` its workers too (the
-    parent stopped first, so that it neither restarts them nor tells them to drain)."""
-    os.kill(pid, signal.SIGSTOP)
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        children = [int(x) for x in f.read().split()]
-    for child in children:
-        os.kill(child, signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)
 
 
 def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
