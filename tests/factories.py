@@ -207,9 +207,11 @@ def serve_process(
     *args: str,
     stdout: Any = subprocess.DEVNULL,
     stderr: Any = subprocess.DEVNULL,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``orchard-rec serve --upstream UPSTREAM --db DB --port PORT ARGS`` in a subprocess, returned
-    once its ``/healthz`` answers 200 (killed and an error raised if it exits or takes over 60 s)."""
+    """``orchard-rec serve --upstream UPSTREAM --db DB --port PORT ARGS`` in a subprocess (in
+    folder ``cwd``), returned once its ``/healthz`` answers 200 (with ``--workers N``: once all N
+    answer; killed and an error raised if it exits or takes over 60 s)."""
     cmd = [
         sys.executable,
         "-m",
@@ -222,7 +224,7 @@ def serve_process(
         "--port",
         str(port),
     ]
-    p = subprocess.Popen([*cmd, *args], stdout=stdout, stderr=stderr)
+    p = subprocess.Popen([*cmd, *args], stdout=stdout, stderr=stderr, cwd=cwd)
     workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
     deadline = time.monotonic() + 60
     while True:

@@ -299,6 +299,7 @@ def serve_workers(
     """``orchard-rec serve --workers N`` (N >= 2): returns the exit code once every worker ended."""
     holder = _reserve(host, port)
     bound = holder.getsockname()[1]
+    base.parent.mkdir(parents=True, exist_ok=True)  # the default, .orchard-spool/, may not exist yet
     replay_orphans(cfg, base, n)
     lock = _lock(base)
     spools = spool_paths(base, n)

@@ -214,13 +214,20 @@ def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_worker_under_load_loses_no_answered_call(upstream, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_kill_9_of_a_worker_under_load_loses_no_answered_call(upstream, tmp_path, monkeypatch, request, database) -> None:  # type: ignore[no-untyped-def]
+    """Calls spread over both workers; kill -9 of one under load: every answered call stored, none
+    twice, on SQLite (one file, two writers) and on PostgreSQL (the throwaway cluster)."""
     monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.05")  # the database behind: lines wait in the spools
     monkeypatch.setenv("ORCHARD_SPOOL_KEEP_MB", "0")  # acknowledged lines cut at once: what stays is pending
-    db = f"sqlite:///{tmp_path / 'o.db'}"
+    if database == "sqlite":
+        db = f"sqlite:///{tmp_path / 'o.db'}"
+    else:
+        db = request.getfixturevalue("pg").new_database()
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:
-        parent = serve_process(port, upstream.url, db, "--workers", "2", stderr=log)
+        # no --spool: the default's (beside a SQLite file; .orchard-spool/ in the working folder)
+        parent = serve_process(port, upstream.url, db, "--workers", "2", stderr=log, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}/s/{{}}/v1/chat/completions"
     answered: list[str] = []
     failed: list[str] = []
