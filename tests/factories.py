@@ -273,9 +273,7 @@ def metric_sum(port: int, name: str) -> float:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return sum(
-        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
-    )
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 _REPEATED = {"api_keys": "--api-key", "admin_keys": "--admin-key", "fleet": "--upstream"}

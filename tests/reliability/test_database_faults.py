@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sqlite3
 import time
 import urllib.request
@@ -51,7 +49,9 @@ def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, served_factory, workers, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_down_for_30s_spools_then_replays_exactly_once(
+    upstream, served_factory, workers, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     outage = 30 if workers == 1 else 10  # two workers: the same path twice, shorter (suite time)
     cluster = PgCluster(durable=True).start()
     try:

@@ -8,6 +8,10 @@
 - Group commit (``machine`` durability): one fsync covers many calls under concurrency.
 - ``kill -9`` in a long growing session (capture lines written against earlier calls, their
   bases in the spool and in the database): every answered call is stored, with its exact ids.
+
+The kill -9 test runs with ``serve --workers 2`` too (``workers``); the others drive the recorder
+or the app in this process (a failure injected into its store, its queue's bytes), which a
+served worker does not expose: each worker runs that same recorder.
 """
 
 from __future__ import annotations
@@ -314,7 +318,9 @@ def test_spool_lines_hold_token_ids_once_and_read_back_equal() -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_path, monkeypatch, workers) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_in_a_long_growing_session_loses_no_answered_call(
+    upstream, tmp_path, monkeypatch, workers
+) -> None:  # type: ignore[no-untyped-def]
     """40 growing turns of one session (stream and not), the database slow (lines pile up in
     the spool, later ones written against earlier ones), ``kill -9`` mid-run: after a restart
     every answered call is stored, its request byte for byte and its ids exact (as the model

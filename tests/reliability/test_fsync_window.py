@@ -33,7 +33,7 @@ INTERVAL = 0.05
 
 def _metric(text: str, name: str, worker: int | None = None) -> float:
     """A sample of ``/metrics`` (with ``--workers``: worker ``worker``'s)."""
-    label = "" if worker is None else '{worker="%d"}' % worker
+    label = "" if worker is None else f'{{worker="{worker}"}}'
     return float(next(ln for ln in text.splitlines() if ln.startswith(name + label + " ")).split()[1])
 
 

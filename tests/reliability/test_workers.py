@@ -215,7 +215,9 @@ def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_kill_9_of_a_worker_under_load_loses_no_answered_call(upstream, tmp_path, monkeypatch, request, database) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_of_a_worker_under_load_loses_no_answered_call(
+    upstream, tmp_path, monkeypatch, request, database
+) -> None:  # type: ignore[no-untyped-def]
     """Calls spread over both workers; kill -9 of one under load: every answered call stored, none
     twice, on SQLite (one file, two writers) and on PostgreSQL (the throwaway cluster)."""
     monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.05")  # the database behind: lines wait in the spools
