@@ -592,9 +592,21 @@ def _ui_tokenizer(name: str | None) -> Any:
 
 
 async def policy_handler(request: web.Request) -> web.Response:
-    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``)."""
+    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``). With
+    ``serve --workers N`` a POST is passed on to the other workers (``workers.tell_peers``), and
+    the answer says how many of the N took it (``workers``)."""
     _authorize(request, None, admin=True)
-    return web.json_response(request.app[POLICY].answer(request.method, await request.read()))
+    raw = await request.read()
+    state = request.app[POLICY].answer(request.method, raw)
+    cfg = request.app[CONFIG]
+    if request.method == "POST" and cfg.peers and cfg.worker is not None and "worker" not in request.query:
+        from orchard_rec.proxy.workers import tell_peers
+
+        keep = ("authorization", "x-api-key")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in keep}
+        told = await tell_peers(cfg.peers, cfg.worker, request.path, raw, headers)
+        state["workers"] = {"told": 1 + told, "of": len(cfg.peers)}
+    return web.json_response(state)
 
 
 async def openapi_handler(request: web.Request) -> web.Response:

@@ -349,3 +349,44 @@ def test_sqlite_takes_writes_from_several_processes_at_once(tmp_path: Path) -> N
         assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
     finally:
         store.close()
+
+
+@pytest.mark.slow  # a served process: ~3 s
+def test_the_trainers_policy_version_reaches_every_worker(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``POST /v1/orchard/policy`` lands on one worker, which passes it on: every call, on either
+    worker, is fenced with it."""
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    port = free_port()
+    with open(tmp_path / "serve.log", "wb") as log:
+        parent = serve_process(
+            port,
+            upstream.url,
+            db,
+            "--workers",
+            "2",
+            "--policy-refresh",
+            "0",
+            "--spool",
+            str(tmp_path / "s"),
+            stderr=log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        said = json.loads(_post(f"{base}/v1/orchard/policy", {"version": "v3"}))
+        assert said["version"] == "v3" and said["workers"] == {"told": 2, "of": 2}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(12):
+            _post(f"{base}/s/fenced/v1/chat/completions", body)
+        for _ in range(8):  # whichever worker answers
+            req = urllib.request.Request(f"{base}/v1/orchard/policy", headers={"Connection": "close"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert json.loads(r.read())["version"] == "v3"
+    finally:
+        assert _stop(parent) == 0
+    store = Store(db)
+    try:
+        calls = store.calls("fenced")
+        assert len(calls) == 12 and {c.metadata["worker"]["index"] for c in calls} == {0, 1}
+        assert all(c.policy_versions == (("v3", 0, len(c.completion_ids or ())),) for c in calls)
+    finally:
+        store.close()
