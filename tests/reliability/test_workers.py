@@ -6,7 +6,9 @@ one SQLite database written by both (WAL, ``busy_timeout``). Calls spread over b
 say which took them; tito sessions whose turns land on either stay one branch and one sample;
 ``kill -9`` of one worker under load loses no answered call and stores none twice (the parent
 starts it again, the new one replays its spool); SIGTERM of the parent drains a stream in flight;
-spools of earlier runs that no worker owns are replayed at start.
+spools of earlier runs that no worker owns are replayed at start. The tito and kill -9 tests run on
+PostgreSQL too (the throwaway cluster of ``tests/pg.py``); the trainer's policy version reaches
+every worker.
 """
 
 from __future__ import annotations
@@ -159,11 +161,16 @@ def test_workers_zero_is_a_usage_error() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
-    upstream_factory, tmp_path
+    upstream_factory, tmp_path, request, database
 ) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(drift=True)  # re-rendering the model's text would re-tokenize it differently
-    db = f"sqlite:///{tmp_path / 'o.db'}"
+    db = (
+        f"sqlite:///{tmp_path / 'o.db'}"
+        if database == "sqlite"
+        else request.getfixturevalue("pg").new_database()
+    )
     base = tmp_path / "o.db.spool"
     for path, cid in [(base, "single-run"), (tmp_path / "o.db.spool.w3", "four-workers")]:
         sp = Spool(path)  # what earlier runs left: one with a single process, one with four workers
