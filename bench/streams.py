@@ -5,15 +5,17 @@
 A loopback fake vLLM (``fakeupstream.py``) paces ``--chunks`` SSE chunks ``--delay`` s apart
 (plus its first chunk and ``[DONE]``). K streaming chat calls at once go through each target,
 interleaved within one run: the bare aiohttp forwarder (``floor.py``), ``orchard-rec serve``
-(default mode and durability: token, process), the same from ``--baseline TREE`` (another
-checkout, for a before/after within one run) and ``serve --workers 2`` when ``serve --help``
-offers it. The load comes from ``--clients`` separate processes (raw asyncio streams, uvloop when
+(default mode and durability: token, process), ``serve --workers 2`` (``serve-workers2``), and
+the same ``serve`` from ``--baseline TREE`` (another checkout, for a before/after within one run).
+The load comes from ``--clients`` separate processes (raw asyncio streams, uvloop when
 installed), started together, so the generator is not the proxy's bottleneck.
 
-Per target and K: CPU per relayed chunk (the proxy's CPU time over the run, its own process and
-with its children, divided by the chunks the clients received), the p50/p99 gap between a
-stream's chunks at the client, errors (no 200, no ``[DONE]``, a broken connection), and the
-proxy's RSS at the end (process tree). ``--out FILE`` appends a Markdown section (RESULTS.md).
+Per target and K: CPU per relayed chunk (the proxy's CPU time over the run divided by the chunks
+the clients received: its process, which for ``--workers`` is the parent and its workers, whose
+work it is, and with every child, such as a writer process), the p50/p99 gap between a stream's
+chunks at the client, errors (no 200, no ``[DONE]``, a broken connection), and the proxy's RSS at
+the end (process tree). ``--out FILE`` appends a Markdown section (RESULTS.md). ``--only`` starts
+only the targets named.
 """
 
 from __future__ import annotations
@@ -129,11 +131,23 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def run_round(port: int, pid: int, k: int, clients: int) -> dict:  # type: ignore[type-arg]
+def _own(pid: int, workers: bool) -> list[int]:
+    """The proxy's own processes: the one, or the parent of ``--workers`` and its workers."""
+    if not workers:
+        return [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *(int(c) for c in f.read().split())]
+    except OSError:
+        return [pid]
+
+
+def run_round(port: int, pid: int, k: int, clients: int, workers: bool = False) -> dict:  # type: ignore[type-arg]
     start = time.time() + 1.0
     share = [k // clients + (1 if i < k % clients else 0) for i in range(clients)]
     tree = _tree(pid)
     cpu0 = {p: _cpu(p) for p in tree}
+    mine = _own(pid, workers)
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--client", str(port), "/v1/chat/completions", str(n), str(start)],
@@ -144,7 +158,7 @@ def run_round(port: int, pid: int, k: int, clients: int) -> dict:  # type: ignor
     ]
     results = [json.loads(p.communicate()[0]) for p in procs]
     tree = _tree(pid)
-    own = _cpu(pid) - cpu0.get(pid, 0.0)
+    own = sum(_cpu(p) - cpu0.get(p, 0.0) for p in mine)  # a worker restarted meanwhile: from 0
     total = sum(_cpu(p) - cpu0.get(p, 0.0) for p in tree)
     gaps = sorted(g for r in results for g in r["gaps"])
     chunks = sum(r["chunks"] for r in results)
@@ -172,11 +186,40 @@ def _serve(
     return proc, port
 
 
-def _has_workers() -> bool:
-    out = subprocess.run(
-        [sys.executable, "-m", "orchard_rec.cli", "serve", "--help"], capture_output=True, text=True, cwd=ROOT
-    ).stdout
-    return "--workers" in out
+def _start(name: str, upstream: str, work: Path, baseline: str | None) -> tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
+    """Target ``name`` started and answering: ``(process, port)``."""
+    if name == "forwarder":
+        port = free_port()
+        fwd = subprocess.Popen(
+            [sys.executable, str(HERE / "floor.py"), "--port", str(port), "--upstream", upstream]
+        )
+        wait_http(f"http://127.0.0.1:{port}/v1/models")
+        return fwd, port
+    if name == "serve-workers2":
+        p, port = _serve(upstream, work, "workers", ["--workers", "2"])
+        _all_workers(port, 2)
+        return p, port
+    if name == "serve@baseline":
+        assert baseline is not None
+        return _serve(upstream, work, "baseline", [], str(Path(baseline).resolve()))
+    return _serve(upstream, work, "serve", [])
+
+
+def _all_workers(port: int, n: int, timeout: float = 60.0) -> None:
+    """Until every one of ``n`` workers answers (``/metrics`` asks them all)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("orchard_workers_answered ") and float(line.split()[1]) >= n:
+                        return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"serve --workers {n}: not every worker answered in {timeout:.0f} s")
 
 
 def main() -> None:
@@ -205,37 +248,25 @@ def main() -> None:
             )
             upstream = f"http://127.0.0.1:{up_port}/v1"
             wait_http(upstream + "/models")
+            names = ["forwarder", "serve", "serve-workers2"] + (["serve@baseline"] if args.baseline else [])
+            wanted = [n for n in names if not args.only or n in args.only.split(",")]
             targets: dict[str, tuple[int, int]] = {}
-            fp = free_port()
-            fwd = subprocess.Popen(
-                [sys.executable, str(HERE / "floor.py"), "--port", str(fp), "--upstream", upstream]
+            for name in wanted:
+                p, port = _start(name, upstream, work, args.baseline)
+                procs.append(p)
+                targets[name] = (port, p.pid)
+            notes.append(
+                "serve-workers2: CPU of the parent and its 2 workers (each a whole proxy: its own"
+                " event loop, recorder and spool); the kernel spreads the connections (SO_REUSEPORT)."
             )
-            procs.append(fwd)
-            wait_http(f"http://127.0.0.1:{fp}/v1/models")
-            targets["forwarder"] = (fp, fwd.pid)
-            p, port = _serve(upstream, work, "serve", [])
-            procs.append(p)
-            targets["serve"] = (port, p.pid)
-            if args.baseline:
-                p, port = _serve(upstream, work, "baseline", [], str(Path(args.baseline).resolve()))
-                procs.append(p)
-                targets["serve@baseline"] = (port, p.pid)
-            if _has_workers():
-                p, port = _serve(upstream, work, "workers", ["--workers", "2"])
-                procs.append(p)
-                targets["serve-workers2"] = (port, p.pid)
-            else:
-                notes.append("`serve --workers 2` skipped: `serve --help` has no `--workers` on this tree.")
-            if args.only:
-                targets = {n: t for n, t in targets.items() if n in args.only.split(",")}
             rows: list[tuple[int, str, dict]] = []  # type: ignore[type-arg]
-            for port, pid in targets.values():  # warm-up: connections, imports, the first session
-                run_round(port, pid, 20, 1)
+            for n, (port, pid) in targets.items():  # warm-up: connections, imports, the first session
+                run_round(port, pid, 20, 1, n == "serve-workers2")
             for k in [int(x) for x in args.streams.split(",")]:
                 per: dict[str, list[dict]] = {n: [] for n in targets}  # type: ignore[type-arg]
                 for _ in range(args.rounds):
                     for n, (port, pid) in targets.items():  # interleaved
-                        per[n].append(run_round(port, pid, k, args.clients))
+                        per[n].append(run_round(port, pid, k, args.clients, n == "serve-workers2"))
                         time.sleep(0.5)
                 for n, rs in per.items():
                     med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}

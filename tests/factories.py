@@ -207,9 +207,11 @@ def serve_process(
     *args: str,
     stdout: Any = subprocess.DEVNULL,
     stderr: Any = subprocess.DEVNULL,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``orchard-rec serve --upstream UPSTREAM --db DB --port PORT ARGS`` in a subprocess, returned
-    once its ``/healthz`` answers 200 (killed and an error raised if it exits or takes over 60 s)."""
+    """``orchard-rec serve --upstream UPSTREAM --db DB --port PORT ARGS`` in a subprocess (in
+    folder ``cwd``), returned once its ``/healthz`` answers 200 (with ``--workers N``: once all N
+    answer; killed and an error raised if it exits or takes over 60 s)."""
     cmd = [
         sys.executable,
         "-m",
@@ -222,19 +224,134 @@ def serve_process(
         "--port",
         str(port),
     ]
-    p = subprocess.Popen([*cmd, *args], stdout=stdout, stderr=stderr)
+    p = subprocess.Popen([*cmd, *args], stdout=stdout, stderr=stderr, cwd=cwd)
+    workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
     deadline = time.monotonic() + 60
     while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return p
-        except OSError:
-            pass
+        if (workers_up(port) if workers > 1 else _healthy(port)) >= workers:
+            return p
         if p.poll() is not None or time.monotonic() > deadline:
             p.kill()
             raise RuntimeError(f"orchard-rec serve did not start (exit code {p.poll()})")
         time.sleep(0.05)
+
+
+def kill_all(pid: int) -> None:
+    """``kill -9`` of a served proxy: the process, and with ``--workers`` its workers too (the
+    parent stopped first, so that it neither restarts them nor tells them to drain)."""
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(x) for x in f.read().split()]
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _healthy(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            return int(r.status == 200)
+    except OSError:
+        return 0
+
+
+def workers_up(port: int) -> int:
+    """How many workers of ``serve --workers N`` on ``port`` answer (``/metrics``, which asks every
+    worker): 0 while none listens."""
+    try:
+        return int(metric_sum(port, "orchard_workers_answered"))
+    except OSError:
+        return 0
+
+
+def metric_sum(port: int, name: str) -> float:
+    """The sum of a ``/metrics`` sample over its labels (``worker`` included: the proxy's total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+_REPEATED = {"api_keys": "--api-key", "admin_keys": "--admin-key", "fleet": "--upstream"}
+
+
+def serve_args(**cfg: Any) -> tuple[list[str], dict[str, str]]:
+    """``ProxyConfig`` keyword arguments as ``orchard-rec serve`` flags, and the environment they
+    need (``upstream_key`` goes through ``--upstream-key-env``, as a user passes it)."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    for name, value in cfg.items():
+        if value is None:
+            continue
+        if name == "upstream_key":
+            env["ORCHARD_TEST_UPSTREAM_KEY"] = value
+            args += ["--upstream-key-env", "ORCHARD_TEST_UPSTREAM_KEY"]
+        elif name in _REPEATED:
+            for v in value:
+                args += [_REPEATED[name], v]
+        elif isinstance(value, bool):
+            args += [f"--{name.replace('_', '-')}"] if value else []
+        else:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    return args, env
+
+
+class Served:
+    """``orchard-rec serve --workers N`` in a subprocess, with the face of the in-process proxy
+    fixture (``url``, ``flush``, ``store``): a reliability test can run against either. What it
+    says on stderr is kept in ``log``."""
+
+    def __init__(self, upstream: str, db: str, folder: Path, workers: int = 2, **cfg: Any) -> None:
+        import os
+
+        cfg.setdefault("spool", str(folder / "proxy.spool"))
+        self.db, self.workers, self.log = db, workers, folder / "serve.log"
+        self.port = free_port()
+        args, env = serve_args(**cfg)
+        extra = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with open(self.log, "ab") as err:
+                self.proc = serve_process(
+                    self.port, upstream, db, "--workers", str(workers), *args, stderr=err
+                )
+        finally:
+            for k, v in extra.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Until every worker answers and none has a call in flight or a record not yet committed
+        (or spooled), as the in-process recorder's ``flush``."""
+        deadline = time.monotonic() + timeout
+        while not (
+            workers_up(self.port) == self.workers
+            and metric_sum(self.port, "orchard_inflight_calls") == 0
+            and metric_sum(self.port, "orchard_writer_queue_depth") == 0
+        ):
+            assert time.monotonic() < deadline, "the workers did not drain"
+            time.sleep(0.02)
+
+    def store(self) -> Any:
+        from orchard_rec.storage import Store
+
+        return Store(self.db)
+
+    def stop(self) -> int:
+        """SIGTERM (each worker drains), the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(60)
 
 
 def copy_db(db: str, folder: Path) -> str:

@@ -346,8 +346,14 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     err = call.answer(status, data)
     if err is not None:
         return web.Response(status=status, body=err, content_type="application/json")
-    url = upstream_url(cfg.upstream_kind, cfg.upstream, path)
-    link = partial.Link(app[UPSTREAM], url, headers, lambda: _upstream_errors(cap, cfg.upstream))
+    link = partial.Link(
+        app[UPSTREAM],
+        lambda base: upstream_url(cfg.upstream_kind, base, path),
+        headers,
+        lambda: _upstream_errors(cap, cfg.upstream),
+        cap.metadata,
+        lambda url_of, server, **kw: _open(request, cap, "POST", url_of, server, **kw),
+    )
     call.settle(await partial.settle(cfg, cap, call.first(), call.up_body, call.prompt, link))
     await asyncio.to_thread(call.commit)
     payload, ctype = call.reply()
@@ -396,11 +402,25 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _open(request: web.Request, cap: Capture, method: str, url_of: Any, **kw: Any) -> Any:
-    """The upstream's response from the server the fleet picks for the call's session (``fleet.py``)."""
+def _open(
+    request: web.Request, cap: Capture, method: str, url_of: Any, server: str | None = None, **kw: Any
+) -> Any:
+    """The upstream's response from the server the fleet picks for the call's session (``fleet.py``;
+    ``server``: this one first while it is healthy), the call's policy fence taken there."""
     app, sid = request.app, cap.session_id
-    header = app[CONFIG].routing_header
-    return open_upstream(app[FLEET], app[UPSTREAM], sid, method, url_of, cap.metadata, header, **kw)
+    header, policy = app[CONFIG].routing_header, app[POLICY]
+    return open_upstream(
+        app[FLEET],
+        app[UPSTREAM],
+        sid,
+        method,
+        url_of,
+        cap.metadata,
+        header,
+        prefer=server,
+        picked=lambda url: policy.at(cap.metadata, url, again=server is not None),
+        **kw,
+    )
 
 
 @contextlib.contextmanager
@@ -572,9 +592,21 @@ def _ui_tokenizer(name: str | None) -> Any:
 
 
 async def policy_handler(request: web.Request) -> web.Response:
-    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``)."""
+    """``GET|POST /v1/orchard/policy`` (admin key): the trainer's word (``proxy.versions``). With
+    ``serve --workers N`` a POST is passed on to the other workers (``workers.tell_peers``), and
+    the answer says how many of the N took it (``workers``)."""
     _authorize(request, None, admin=True)
-    return web.json_response(request.app[POLICY].answer(request.method, await request.read()))
+    raw = await request.read()
+    state = request.app[POLICY].answer(request.method, raw)
+    cfg = request.app[CONFIG]
+    if request.method == "POST" and cfg.peers and cfg.worker is not None and "worker" not in request.query:
+        from orchard_rec.proxy.workers import tell_peers
+
+        keep = ("authorization", "x-api-key")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in keep}
+        told = await tell_peers(cfg.peers, cfg.worker, request.path, raw, headers)
+        state["workers"] = {"told": 1 + told, "of": len(cfg.peers)}
+    return web.json_response(state)
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
@@ -610,7 +642,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
         writer=config.db_writer if owned_store and not in_memory else "thread",
     )
     app[RECORDER] = recorder
-    app[POLICY] = PolicyTracker()
+    app[POLICY] = PolicyTracker(config.upstreams)
     app[METRICS] = Metrics(
         lambda: recorder.depth,
         lambda: recorder.spool_depth,

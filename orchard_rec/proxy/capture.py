@@ -234,7 +234,7 @@ class Capture:
             model=model,
             request=self.request,
             request_text=_text(self.request_raw) if self.request is not None else None,
-            upstream_request=self.upstream_request,
+            upstream_request=_unshared(self.upstream_request, prompt),
             response=response,
             events=events,
             error=self.error,
@@ -320,6 +320,17 @@ def _versions(
         fence.get("sent"), policy.UNKNOWN if moved else fence.get("done"), len(completion)
     )
     return (metadata if moved else rest), None if found is None else tuple(found)
+
+
+def _unshared(sent: Any, prompt: Any) -> Any:
+    """tito's ``upstream_request`` holds its prompt's ``Ids``, written by identity with the record's
+    prompt; a call that failed before its tokens were settled (its server gone while an aborted
+    generation waited to go on) has no such prompt: there the ids become the list they stand for
+    (else neither the database nor the spool could write the record)."""
+    if not isinstance(sent, dict):
+        return sent
+    loose = [k for k, v in sent.items() if isinstance(v, Ids) and v is not prompt]
+    return {**sent, **{k: list(sent[k]) for k in loose}} if loose else sent
 
 
 def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: bool) -> None:

@@ -281,19 +281,26 @@ async def open_upstream(
     url_of: Callable[[str], str],
     metadata: dict[str, Any],
     routing_header: str | None = None,
+    *,
+    prefer: str | None = None,
+    picked: Callable[[str], None] | None = None,
     **kw: Any,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """The response of the server ``fleet`` picks for session ``key`` (``url_of(base)``: the URL
     there), recorded as ``metadata["upstream"]`` (the call's); ``routing_header`` carries ``key``.
+    ``prefer``: the server to try first while it is healthy (a call's own server, for the rest of
+    its generation); ``picked(url)`` is told each server just before the request goes to it.
     A server that never had the call (``never_started``) is ejected and the next one tried; any
     other failure is the call's and propagates."""
     if routing_header and key:
         kw["headers"][routing_header] = key
     tried: list[Upstream] = []
     while True:
-        s = fleet.pick(key, tried)
+        s = _preferred(fleet, prefer, tried) or fleet.pick(key, tried)
         assert s is not None  # pick is None only once every server was tried, and then we raised
         metadata["upstream"] = s.url
+        if picked is not None:
+            picked(s.url)
         fleet.begin(s)
         try:
             try:
@@ -315,6 +322,16 @@ async def open_upstream(
             return
         finally:
             fleet.end(s)
+
+
+def _preferred(fleet: Fleet, url: str | None, tried: list[Upstream]) -> Upstream | None:
+    """The server at ``url`` when it is healthy and not tried yet (else the fleet picks)."""
+    if url is None:
+        return None
+    for s in fleet.servers:
+        if s.url == url:
+            return s if s.healthy and s not in tried else None
+    return None
 
 
 _SLOW = ("TimeoutError", "ServerTimeoutError", "SocketTimeoutError")

@@ -80,7 +80,11 @@ def openapi_spec() -> dict[str, Any]:
         "/v1/orchard/policy": {  # asynchronous RL: the trainer's policy version (proxy.versions)
             "get": {
                 "operationId": "policy",
-                "responses": {"200": {"description": "version, source, learned_at"}},
+                "responses": {
+                    "200": {
+                        "description": "version, source, learned_at (the newest word); servers: each upstream's"
+                    }
+                },
             },
             "post": {
                 "operationId": "set_policy",
@@ -88,7 +92,9 @@ def openapi_spec() -> dict[str, Any]:
                     {"version": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}, ["version"]
                 ),
                 "responses": {
-                    "200": {"description": "version, source, learned_at"},
+                    "200": {
+                        "description": "version, source, learned_at; workers: how many took it (serve --workers)"
+                    },
                     "400": {"description": "invalid"},
                 },
             },

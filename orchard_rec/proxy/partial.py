@@ -13,6 +13,11 @@ counts as resumed); a new request sent while paused would wait in vLLM's queue a
 ``MAX_PARTS`` parts: a server that keeps aborting gets its last answer relayed as it is.
 Any abort the server reports is continued (``/abort_requests`` too: the proxy cannot tell them
 apart).
+
+With a fleet the next part goes to the server that ran the call (its ``/is_paused`` is the one
+waited for) while it is healthy; when it is gone (connection refused, ejected) to another server
+of the fleet, which gets the exact ids so far: the part's entry in ``parts`` then names it
+(``upstream``), and the record's ``metadata["upstream"]`` is the server of the last part.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,17 +47,28 @@ POLL_S = 0.05
 
 @dataclass
 class Link:
-    """How to reach the token endpoint again: the app's session, the URL, the headers, and the
-    app's mapping of upstream errors (a context manager)."""
+    """How to reach the token endpoint again: the app's session, the URL on a server
+    (``url_of(base)``), the headers, the app's mapping of upstream errors (a context manager), the
+    call's metadata (``"upstream"``: the server that ran its last part) and the app's way to a
+    server of the fleet (``open(url_of, prefer, data=..., headers=...)``: ``prefer`` first while it
+    is healthy, else another; it sets ``metadata["upstream"]``)."""
 
     session: aiohttp.ClientSession
-    url: str
+    url_of: Callable[[str], str]
     headers: dict[str, str]
     errors: Callable[[], AbstractContextManager[None]]
+    metadata: dict[str, Any]
+    open: Callable[..., AbstractAsyncContextManager[aiohttp.ClientResponse]]
+
+    @property
+    def server(self) -> str:
+        """The base URL of the server that ran the last part."""
+        return str(self.metadata["upstream"])
 
     async def send(self, wire: bytes) -> tuple[int, bytes]:
+        """The next part, on the server that ran the last one while it is healthy, else another."""
         with self.errors():
-            async with self.session.post(self.url, data=wire, headers=self.headers) as up:
+            async with self.open(self.url_of, self.server, data=wire, headers=self.headers) as up:
                 return up.status, await up.read()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -99,16 +115,19 @@ async def continue_aborted(
     cfg: ProxyConfig, body: dict[str, Any], prompt: Sequence[int], first: Generated, link: Link
 ) -> Generated:
     """``first`` (an aborted part) continued until a part ends otherwise, or ``MAX_PARTS``."""
-    kind, root = cfg.upstream_kind, rlwire.server_root(cfg.upstream)
+    kind, home = cfg.upstream_kind, link.server
     ids, lps = list(first.ids), None if first.lps is None else list(first.lps)
     spans: list[policy.Span] | None = None if first.spans is None else list(first.spans)
-    parts = [{"tokens": len(first.ids), "finish": "abort"}]
+    parts: list[dict[str, Any]] = [{"tokens": len(first.ids), "finish": "abort"}]
     last = first
     budget_left = True
     while rlwire.abort_finish(kind, last.obj) and len(parts) < MAX_PARTS and budget_left:
-        await _resumed(link, root, cfg.read_timeout)
+        # the server that ran the call resumes (a server gone counts as resumed: the part then
+        # goes to another, whose queue holds it while that one is paused too)
+        await _resumed(link, rlwire.server_root(link.server), cfg.read_timeout)
         nxt = _next_body(kind, body, prompt, ids)
         status, data = await link.send(orjson.dumps(nxt))
+        where = {} if link.server == home else {"upstream": link.server}
         if status >= 400:
             return Generated(ids, lps, "abort", None, _spans(spans), status, data, None, parts)
         try:
@@ -121,7 +140,7 @@ async def continue_aborted(
         lps = None if lps is None or more_lps is None else lps + more_lps
         ids += more
         aborted = rlwire.abort_finish(kind, obj)
-        parts.append({"tokens": len(more), "finish": "abort" if aborted else finish})
+        parts.append({"tokens": len(more), "finish": "abort" if aborted else finish, **where})
         last = Generated(more, more_lps, finish, None, got, status, data, obj)
         budget_left = bool(more) or not aborted
     finish = "abort" if rlwire.abort_finish(kind, last.obj) else last.finish

@@ -8,7 +8,9 @@ The proxy learns the version three ways, the newest word winning:
 - a trainer-side client sends ``X-Orchard-Policy-Version`` on a call (not sent upstream);
 - the proxy asks the server: ``GET /weight_info`` (vLLM with ``VLLM_SERVER_DEV_MODE=1``; SGLang's
   ``/model_info``), cached and refreshed every ``--policy-refresh`` seconds in the background
-  (never on a call's path). A server without it (404) is not asked again.
+  (never on a call's path). A server without it (404) is not asked again. With a fleet each
+  upstream is asked on its own and keeps its own version: a call's fence is that of the server
+  that ran it (the trainer's word and a header are about every server).
 
 A fence is the version when a call was sent and when its last token arrived; ``serial`` counts
 every change, so a version that moved and came back inside one call is still seen as moved. What
@@ -22,6 +24,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,7 +37,7 @@ from orchard_rec.settings import current
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["POLICY_HEADER", "PolicyTracker", "policy_body", "trusted"]
+__all__ = ["POLICY_HEADER", "PolicyTracker", "Version", "policy_body", "trusted"]
 
 log = logging.getLogger("orchard_rec.proxy")
 
@@ -65,10 +68,11 @@ def policy_body(raw: bytes) -> str:
     return str(v).strip()
 
 
-class PolicyTracker:
-    """The current version (None until learned) and a counter of its changes."""
+class Version:
+    """One view of the version in force (None until learned) and a counter of its changes: a
+    server's own, or the newest word the proxy heard from anyone."""
 
-    __slots__ = ("last_polled", "learned_at", "polling", "serial", "source", "tracking", "version")
+    __slots__ = ("last_polled", "learned_at", "polling", "serial", "source", "version")
 
     def __init__(self) -> None:
         self.version: str | None = None
@@ -79,8 +83,6 @@ class PolicyTracker:
         self.learned_at: float | None = None
         self.polling = True
         """False once the server showed it has no version endpoint."""
-        self.tracking = current().tracks_policy
-        """``ORCHARD_POLICY_TRACKING=off``: no fences, no polling (measurement: bench/policy.py)."""
         self.last_polled: str | None = None
         """What the server said last: a poll overrides the trainer's word only when this changes."""
 
@@ -94,19 +96,66 @@ class PolicyTracker:
         self.serial += 1
         return True
 
+    def state(self) -> dict[str, Any]:
+        return {"version": self.version, "source": self.source, "learned_at": self.learned_at}
+
+
+class PolicyTracker:
+    """The version each upstream runs (``servers``, by base URL: a fleet's servers may not all
+    run the same weights), and the newest word heard from anyone (``newest``). The trainer's word
+    and a call's header are about every server; a server's ``/weight_info`` about itself. A call's
+    fence is taken from the server that runs it (``at``, when the fleet picks it)."""
+
+    __slots__ = ("newest", "servers", "tracking")
+
+    def __init__(self, servers: Sequence[str] = ()) -> None:
+        self.servers: dict[str, Version] = {url: Version() for url in servers}
+        self.newest = Version()
+        self.tracking = current().tracks_policy
+        """``ORCHARD_POLICY_TRACKING=off``: no fences, no polling (measurement: bench/policy.py)."""
+
+    @property
+    def version(self) -> str | None:
+        """The newest word (a lone server's own)."""
+        return self.newest.version
+
+    def set(self, version: str, source: str) -> bool:
+        """The trainer's (or a header's) word, for every server; True when it changed anything."""
+        changed = [v.set(version, source) for v in self.servers.values()]
+        return self.newest.set(version, source) or any(changed)
+
     def sent(self, headers: Any, trusted: bool = True) -> dict[str, Any]:
         """A call's opening fence (``metadata["policy"]``), after its header's word, if any: taken
         only from a ``trusted`` caller (the admin key, or a proxy without keys), since it moves
-        the version every call is fenced with."""
+        the version every call is fenced with. The newest word until ``at`` names the server."""
         said = headers.get(POLICY_HEADER) if headers is not None and trusted else None
         if said and (said := said.strip()[:128]):
             self.set(said, "header")
-        return {"sent": self.version, "_serial": self.serial}
+        return {"sent": self.newest.version, "_serial": self.newest.serial}
+
+    def at(self, metadata: dict[str, Any], url: str, *, again: bool = False) -> None:
+        """The call is sent to the server ``url`` now: its fence opens with that server's version
+        (a server tried before that never had the call does not count). ``again``: the rest of a
+        generation (tito after an abort): on another server it keeps its opening and is closed
+        with the last server's version; with no common serial to compare, an unchanged version
+        there counts as moved (never a guess)."""
+        fence = metadata.get("policy")
+        v = self.servers.get(url)
+        if not isinstance(fence, dict) or "_serial" not in fence or v is None:
+            return
+        if not again or fence.get("_on") is None:
+            fence.update(sent=v.version, _serial=v.serial, _on=url)
+        elif fence["_on"] != url:
+            fence.update(_serial=-1, _on=url)
+
+    def _of(self, fence: dict[str, Any]) -> Version:
+        return self.servers.get(fence.get("_on") or "", self.newest)
 
     def done(self, fence: dict[str, Any]) -> dict[str, Any]:
-        """The closing fence: the version when the last token arrived."""
-        out: dict[str, Any] = {"sent": fence.get("sent"), "done": self.version}
-        if fence.get("_serial") != self.serial and out["sent"] == out["done"]:
+        """The closing fence: the version when the last token arrived (on the call's server)."""
+        v = self._of(fence)
+        out: dict[str, Any] = {"sent": fence.get("sent"), "done": v.version}
+        if fence.get("_serial") != v.serial and out["sent"] == out["done"]:
             out["moved"] = True  # changed and changed back inside the call
         return out
 
@@ -123,40 +172,55 @@ class PolicyTracker:
                 metadata["policy"] = closed
 
     def salt(self, cfg: ProxyConfig) -> str | None:
-        """The ``cache_salt`` to send (``--cache-salt policy``): the version now, if known."""
-        if cfg.cache_salt != "policy" or self.version is None:
+        """The ``cache_salt`` to send (``--cache-salt policy``): the newest version, if known (the
+        body is built before the fleet picks a server: during a rolling update a server still on
+        the old weights gets the new salt, which only costs it cache hits)."""
+        if cfg.cache_salt != "policy" or self.newest.version is None:
             return None
-        return rlwire.cache_salt(self.version)
+        return rlwire.cache_salt(self.newest.version)
 
     def state(self) -> dict[str, Any]:
-        return {"version": self.version, "source": self.source, "learned_at": self.learned_at}
+        """The newest word; with several upstreams, each one's (``servers``)."""
+        out = self.newest.state()
+        if len(self.servers) > 1:
+            out["servers"] = [{"url": url, **v.state()} for url, v in self.servers.items()]
+        return out
 
     async def refresh(
-        self, session: aiohttp.ClientSession, root: str, kind: str, headers: dict[str, str] | None = None
+        self, session: aiohttp.ClientSession, url: str, kind: str, headers: dict[str, str] | None = None
     ) -> None:
-        """Ask the server once (a 404 stops the polling; an unreachable server is asked again)."""
+        """Ask the server at base ``url`` once (a 404 stops asking it; an unreachable server is
+        asked again)."""
+        own = self.servers.setdefault(url, Version())
+        root = rlwire.server_root(url)
         try:
             v = await rlwire.weight_version(session, root, kind, headers)
         except Exception as exc:  # unreachable, not JSON: the server is asked again next time
             log.debug("policy version: %s: %s: %s", root, type(exc).__name__, exc)
             return
         if v is None:
-            self.polling = False
+            own.polling = False
             log.info("policy version: %s has no weight_info (VLLM_SERVER_DEV_MODE=1); not asking again", root)
             return
-        changed, self.last_polled = v != self.last_polled, v
-        if self.source in ("trainer", "header") and not changed:
+        changed, own.last_polled = v != own.last_polled, v
+        if own.source in ("trainer", "header") and not changed:
             return  # the trainer's word stands until the server reports something new
-        self.set(v, "server")
+        if own.set(v, "server"):
+            self.newest.set(v, "server")
 
     async def poll(self, session: aiohttp.ClientSession, cfg: ProxyConfig) -> None:
-        """The background loop (an app's cleanup context starts and cancels it)."""
-        root = rlwire.server_root(cfg.upstream)
+        """The background loop, every upstream asked on its own (an app's cleanup context starts
+        and cancels it)."""
         # the proxy's own upstream credential, as on every call (never a client's)
         headers = {"Authorization": f"Bearer {cfg.upstream_key}"} if cfg.upstream_key else None
-        while self.polling and self.tracking:
-            await self.refresh(session, root, cfg.upstream_kind, headers)
-            await asyncio.sleep(cfg.policy_refresh)
+
+        async def one(url: str) -> None:
+            own = self.servers.setdefault(url, Version())
+            while own.polling and self.tracking:
+                await self.refresh(session, url, cfg.upstream_kind, headers)
+                await asyncio.sleep(cfg.policy_refresh)
+
+        await asyncio.gather(*(one(url) for url in cfg.upstreams))
 
     def answer(self, method: str, raw: bytes) -> dict[str, Any]:
         """``POST /v1/orchard/policy`` takes the trainer's version; ``GET`` only answers."""

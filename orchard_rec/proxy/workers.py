@@ -23,6 +23,8 @@ worker took it (``metadata["worker"] = {"index", "pid"}``).
   (``ProxyConfig.peers``, in a temporary folder of the parent's) and answers all of them, each
   sample labelled ``worker="<k>"`` (``gather_metrics``): sum over ``worker`` for the totals.
   ``/healthz`` is the answering worker's own, and says which (``worker``).
+- The trainer's policy version (``POST /v1/orchard/policy``) reaches one worker; it tells the
+  others over the same sockets (``tell_peers``), so every worker fences its calls with it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "replay_spool",
     "serve_workers",
     "spool_paths",
+    "tell_peers",
     "workers_count",
 ]
 
@@ -155,6 +158,33 @@ async def gather_metrics(peers: tuple[str, ...], me: int, own: bytes, timeout: f
     got = await asyncio.gather(*(ask(k, p) for k, p in enumerate(peers) if k != me))
     texts = sorted([(me, own), *((k, t) for k, t in got if t is not None)])
     return _merge(texts)
+
+
+async def tell_peers(
+    peers: tuple[str, ...], me: int, path: str, body: bytes, headers: dict[str, str], timeout: float = 2.0
+) -> int:
+    """``POST path`` (``?worker``: not passed on again) with ``body`` to every other worker over its
+    private socket: what one worker is told that all must know (the trainer's policy version).
+    Returns how many answered 2xx (a worker restarting misses it)."""
+    import asyncio
+
+    import aiohttp
+
+    async def tell(sock: str) -> bool:
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=sock), timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as http,
+                http.post(f"http://worker{path}?worker", data=body, headers=headers) as r,
+            ):
+                await r.read()
+                return r.status < 300
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+
+    told = await asyncio.gather(*(tell(p) for k, p in enumerate(peers) if k != me))
+    return sum(told)
 
 
 def _merge(texts: list[tuple[int, bytes]]) -> bytes:
@@ -299,6 +329,7 @@ def serve_workers(
     """``orchard-rec serve --workers N`` (N >= 2): returns the exit code once every worker ended."""
     holder = _reserve(host, port)
     bound = holder.getsockname()[1]
+    base.parent.mkdir(parents=True, exist_ok=True)  # the default, .orchard-spool/, may not exist yet
     replay_orphans(cfg, base, n)
     lock = _lock(base)
     spools = spool_paths(base, n)

@@ -7,6 +7,10 @@
   to what the live records store.
 - A line holds what is new: a growing session's later lines are a fraction of its request.
 - A line whose base is gone (the database replaced) goes to ``.rejected`` with a log line.
+
+Not run with ``serve --workers 2``: they compare the records the live path built in this
+process with what the lines replay to; across workers, lines are replayed by the kill -9 tests
+(``test_durability``, ``test_database_faults``, ``test_workers``).
 """
 
 from __future__ import annotations

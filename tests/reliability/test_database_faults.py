@@ -7,21 +7,23 @@
 - kill -9 under load with the default durability (``process``: the spool line written, not yet
   fsync'd, before the last byte): every call whose response the client fully received is in the
   database after a restart (replayed from the spool), none twice.
+
+Each runs against one proxy process and against ``serve --workers 2`` (``served_factory``,
+``workers``): there the outage fills both workers' spools and each replays its own, and kill -9
+takes the parent and both workers at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sqlite3
 import time
 import urllib.request
 
 import aiohttp
 import pytest
-from factories import free_port, serve_process
+from factories import free_port, kill_all, metric_sum, serve_process
 from pg import PgCluster
 
 from orchard_rec.records import CallOutcome
@@ -47,34 +49,35 @@ def _chat(base: str, sid: str, text: str, stream: bool = False) -> int:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_down_for_30s_spools_then_replays_exactly_once(
+    upstream, served_factory, workers, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    outage = 30 if workers == 1 else 10  # two workers: the same path twice, shorter (suite time)
     cluster = PgCluster(durable=True).start()
     try:
         db = cluster.new_database()
-        proxy = proxy_factory(upstream.url, db, mode="token", spool=str(tmp_path / "p.spool"))
+        proxy = served_factory(upstream.url, db, mode="token", spool=str(tmp_path / "p.spool"))
+        port = int(proxy.url.rsplit(":", 1)[1])
         for i in range(5):
             assert _chat(proxy.url, "pg", f"before {i}") == 200
         proxy.flush()
         cluster.stop("immediate")
         t_down = time.monotonic()
         sent = 0
-        while time.monotonic() - t_down < 30:  # the outage
+        while time.monotonic() - t_down < outage:
             assert _chat(proxy.url, "pg", f"during {sent}", stream=sent % 2 == 1) == 200
             sent += 1
             time.sleep(0.5)
         proxy.flush()
         status, health = _get(proxy.url + "/healthz")
         assert status == 200 and json.loads(health)["status"] == "degraded"
-        _, metrics = _get(proxy.url + "/metrics")
-        spooled = float(
-            next(ln for ln in metrics.splitlines() if ln.startswith("orchard_spool_depth")).split()[1]
-        )
-        assert spooled == sent
+        assert metric_sum(port, "orchard_spool_depth") == sent  # over the workers
         cluster.restart()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and json.loads(_get(proxy.url + "/healthz")[1])["status"] != "ok":
+        while time.monotonic() < deadline and metric_sum(port, "orchard_spool_depth"):
             time.sleep(0.2)
-        assert json.loads(_get(proxy.url + "/healthz")[1])["spool_depth"] == 0
+        assert json.loads(_get(proxy.url + "/healthz")[1])["status"] == "ok"
+        assert metric_sum(port, "orchard_spool_depth") == 0
         recs = Store(db).calls("pg")
         texts = [r.request["messages"][0]["content"] for r in recs]
         expected = {f"before {i}" for i in range(5)} | {f"during {i}" for i in range(sent)}
@@ -87,9 +90,9 @@ def test_postgres_down_for_30s_spools_then_replays_exactly_once(upstream, proxy_
 
 
 @pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
-def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_locked_does_not_hold_responses(upstream, served_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "lock.db"
-    proxy = proxy_factory(upstream.url, f"sqlite:///{path}", mode="passthrough")
+    proxy = served_factory(upstream.url, f"sqlite:///{path}", mode="passthrough")
     assert _chat(proxy.url, "lk", "warm") == 200
     proxy.flush()
     locker = sqlite3.connect(path, timeout=1)
@@ -106,11 +109,12 @@ def test_sqlite_locked_does_not_hold_responses(upstream, proxy_factory, tmp_path
 
 
 @pytest.mark.slow
-def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path, workers) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'k.db'}"
     spool = tmp_path / "k.spool"
     port = free_port()
-    proc = serve_process(port, upstream.url, db, "--spool", str(spool))  # no --durability: the default
+    served = ("--spool", str(spool), "--workers", str(workers))  # no --durability: the default
+    proc = serve_process(port, upstream.url, db, *served)
     base = f"http://127.0.0.1:{port}"
     assert json.loads(_get(base + "/healthz")[1])["durability"] == "process"  # the default
     completed: set[str] = set()
@@ -139,16 +143,16 @@ def test_kill_9_under_load_loses_no_completed_call_by_default(upstream, tmp_path
             t0 = time.monotonic()
             while len(completed) < 200 and time.monotonic() - t0 < 20:  # a busy machine is slower
                 await asyncio.sleep(0.1)
-            os.kill(proc.pid, signal.SIGKILL)  # mid-load, no goodbye
+            kill_all(proc.pid)  # mid-load, no goodbye
             await asyncio.gather(*tasks)
 
     asyncio.run(main())
     proc.wait(10)
     assert len(completed) > 100
-    restarted = serve_process(port, upstream.url, db, "--spool", str(spool))  # replays the spool at start-up
+    restarted = serve_process(port, upstream.url, db, *served)  # replays the spool(s) at start-up
     try:
         deadline = time.monotonic() + 20
-        while json.loads(_get(base + "/healthz")[1])["spool_depth"] and time.monotonic() < deadline:
+        while metric_sum(port, "orchard_spool_depth") and time.monotonic() < deadline:
             time.sleep(0.1)
         store = Store(db)
         recorded = {r.request["messages"][0]["content"] for r in store.calls() if r.outcome is CallOutcome.OK}

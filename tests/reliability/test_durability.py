@@ -8,6 +8,10 @@
 - Group commit (``machine`` durability): one fsync covers many calls under concurrency.
 - ``kill -9`` in a long growing session (capture lines written against earlier calls, their
   bases in the spool and in the database): every answered call is stored, with its exact ids.
+
+The kill -9 test runs with ``serve --workers 2`` too (``workers``); the others drive the recorder
+or the app in this process (a failure injected into its store, its queue's bytes), which a
+served worker does not expose: each worker runs that same recorder.
 """
 
 from __future__ import annotations
@@ -314,16 +318,19 @@ def test_spool_lines_hold_token_ids_once_and_read_back_equal() -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_in_a_long_growing_session_loses_no_answered_call(
+    upstream, tmp_path, monkeypatch, workers
+) -> None:  # type: ignore[no-untyped-def]
     """40 growing turns of one session (stream and not), the database slow (lines pile up in
     the spool, later ones written against earlier ones), ``kill -9`` mid-run: after a restart
     every answered call is stored, its request byte for byte and its ids exact (as the model
-    server gives them for that body)."""
-    import os
-    import signal
+    server gives them for that body). With ``--workers 2`` the turns land on either worker (each
+    writes against the calls it saw, in its own spool or the database), and kill -9 takes all."""
     import threading
 
-    from factories import free_port, serve_process
+    from factories import free_port, kill_all, metric_sum, serve_process
+
+    from orchard_rec.proxy.workers import spool_paths
 
     port = free_port()
     db = f"sqlite:///{tmp_path / 'long.db'}"
@@ -332,7 +339,8 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
     # acknowledged lines cut at once (not kept up to 4 MiB): later lines' bases are then in the
     # database as well as in the spool, and the replay reads both
     monkeypatch.setenv("ORCHARD_SPOOL_KEEP_MB", "0")
-    proc = serve_process(port, upstream.url, db, "--spool", str(spool))
+    served = ("--spool", str(spool), "--workers", str(workers))
+    proc = serve_process(port, upstream.url, db, *served)
     base = f"http://127.0.0.1:{port}"
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     hist: list[dict[str, Any]] = []
@@ -344,9 +352,9 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
         )
         body = json.dumps({"model": "m", "messages": hist, "stream": t % 2 == 1}).encode()
         if t == kill_after - 6:  # the database catches up (the spool empties), then falls behind again
-            _wait(lambda: _health(base)["spool_depth"] == 0)
+            _wait(lambda: metric_sum(port, "orchard_spool_depth") == 0)
         if t == kill_after:  # kill -9 while this call is in flight
-            threading.Timer(0.005, os.kill, (proc.pid, signal.SIGKILL)).start()
+            threading.Timer(0.005, kill_all, (proc.pid,)).start()
         req = urllib.request.Request(
             base + "/s/long/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         )
@@ -360,15 +368,21 @@ def test_kill_9_in_a_long_growing_session_loses_no_answered_call(upstream, tmp_p
         hist.append({"role": "assistant", "content": f"ran turn {t}"})
     proc.wait(10)
     assert len(answered) >= kill_after
-    lines = [orjson.loads(x) for x in spool.read_bytes().splitlines() if x.endswith(b"}")]
+    lines = [
+        orjson.loads(x)
+        for path in spool_paths(spool, workers)
+        for x in path.read_bytes().splitlines()
+        if x.endswith(b"}")
+    ]
     in_spool = {d["call_id"] for d in lines}
     refs = {p[2] for d in lines for p in [*d["request"], *(d["answer"] or [])] if p[0] == "ref"}
     assert refs - in_spool and refs & in_spool  # bases in the database and in the spool both
     monkeypatch.delenv("ORCHARD_FAULT_WRITE_DELAY_S")
-    restarted = serve_process(port, upstream.url, db, "--spool", str(spool))
+    restarted = serve_process(port, upstream.url, db, *served)
     try:
-        _wait(lambda: _health(base)["spool_depth"] == 0, timeout=60)
-        assert _health(base).get("spool_rejected", 0) == 0
+        _wait(lambda: metric_sum(port, "orchard_spool_depth") == 0, timeout=60)
+        for _ in range(4 * workers):  # whichever worker answers
+            assert _health(base).get("spool_rejected", 0) == 0
     finally:
         restarted.terminate()
         restarted.wait(30)

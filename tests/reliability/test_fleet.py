@@ -45,10 +45,12 @@ def _turn(client: openai.OpenAI, messages: list[dict[str, Any]], stream: bool) -
 
 @pytest.mark.slow  # 1-2.6 s of the fast tier (measured 2026-12-06)
 def test_tito_sessions_move_to_the_survivor_and_stay_exact(
-    upstream_factory, proxy_factory, sqlite_url
+    upstream_factory, served_factory, sqlite_url
 ) -> None:  # type: ignore[no-untyped-def]
+    """With ``--workers 2`` a session's turns also move between workers (a client per turn: a new
+    connection), each worker with its own view of the fleet."""
     a, b = upstream_factory(), upstream_factory()
-    proxy = proxy_factory(
+    proxy = served_factory(
         a.url, sqlite_url, fleet=(b.url,), mode="tito", tokenizer="demo", health_interval=0.2
     )
     ring = Fleet([a.url, b.url])
@@ -133,9 +135,22 @@ def _health(base: str) -> dict[str, Any]:
     return json.loads(urllib.request.urlopen(base + "/healthz", timeout=5).read())  # type: ignore[no-any-return]
 
 
+def _each_worker(base: str, n: int) -> dict[int | None, dict[str, Any]]:
+    """``/healthz`` of each of ``n`` workers (None: the one process), on new connections."""
+    seen: dict[int | None, dict[str, Any]] = {}
+    deadline = time.monotonic() + 30
+    while len(seen) < n:
+        assert time.monotonic() < deadline, seen.keys()
+        h = _health(base)
+        seen[h.get("worker", {}).get("index")] = h
+    return seen
+
+
 @pytest.mark.slow
 @pytest.mark.network
-def test_kill_one_upstream_under_load_then_restart_it(tmp_path: Path) -> None:
+def test_kill_one_upstream_under_load_then_restart_it(tmp_path: Path, workers: int) -> None:
+    """With ``--workers 2`` each worker keeps its own view of the fleet (its checks, its
+    ejections): both see the death and the re-admission within the interval."""
     ports = [free_port(), free_port()]
     ups = [_upstream_process(p) for p in ports]
     urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
@@ -143,7 +158,7 @@ def test_kill_one_upstream_under_load_then_restart_it(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'o.db'}"
     interval = 0.5
     proxy = serve_process(port, urls[0], db, "--upstream", urls[1], "--health-interval", str(interval),
-                          "--spool", str(tmp_path / "o.spool"))  # fmt: skip
+                          "--spool", str(tmp_path / "o.spool"), "--workers", str(workers))  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     ring = Fleet(urls)
     names = [f"fleet-{k}" for k in range(200)]
@@ -182,13 +197,17 @@ def test_kill_one_upstream_under_load_then_restart_it(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=120)
         assert not any(t.is_alive() for t in threads), "a client hung"
-        h = _health(base)
-        assert [u["healthy"] for u in h["upstreams"]] == [False, True] and h["status"] == "ok"
+        for h in _each_worker(base, workers).values():
+            assert [u["healthy"] for u in h["upstreams"]] == [False, True] and h["status"] == "ok"
         ups[0] = _upstream_process(ports[0])  # restarted on its port: re-admitted within the interval
         back = time.monotonic()
-        while not _health(base)["upstreams"][0]["healthy"]:
+        seen: set[int | None] = set()  # the workers that re-admitted it
+        while len(seen) < workers:
+            h = _health(base)
+            if h["upstreams"][0]["healthy"]:
+                seen.add(h.get("worker", {}).get("index"))
             assert time.monotonic() - back < interval + 2, "not re-admitted"
-            time.sleep(0.05)
+            time.sleep(0.02)
         readmitted = time.monotonic() - back
         assert readmitted <= interval + 0.5, readmitted
     finally:

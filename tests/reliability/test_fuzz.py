@@ -94,8 +94,21 @@ def _start(mode: str, d):  # type: ignore[no-untyped-def]
     return up, BackgroundServer(lambda: build_app(cfg)).start()
 
 
-@pytest.fixture(scope="module", params=["token", "passthrough"])
+@pytest.fixture(scope="module", params=["token", "passthrough", "token-workers2"])
 def fuzz_proxy(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    if request.param == "token-workers2":  # ``serve --workers 2``: the same answers from either worker
+        from factories import Served
+
+        from orchard_rec.demo.upstream import DemoUpstream
+        from orchard_rec.proxy import BackgroundServer
+
+        up = BackgroundServer(DemoUpstream().app()).start()
+        d = tmp_path_factory.mktemp("fuzz")
+        served = Served(up.url + "/v1", f"sqlite:///{d / 'f.db'}", d, 2, mode="token", max_body_mb=1)
+        yield served
+        assert served.stop() == 0 and "Traceback" not in served.log.read_text()
+        up.stop()
+        return
     up, proxy = _start(request.param, tmp_path_factory.mktemp("fuzz"))
     yield proxy
     proxy.stop()

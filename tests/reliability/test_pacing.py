@@ -1,7 +1,12 @@
 """Pacing (issue 16): above ``pace_queue_bytes`` of queued calls a new call waits for the writer
 before its body is read, instead of adding to the queue; the client gets its answer later, not a
 429, and the queue stays near the mark. A call that waits past ``pace_timeout`` gets 429 in its
-dialect; a client that hangs up while it waits is recorded as aborted."""
+dialect; a client that hangs up while it waits is recorded as aborted.
+
+Not run with ``serve --workers 2``: these read the recorder's queue in this process (its bytes,
+its paced count) to place a call at the mark; with workers each worker paces its own queue,
+the same code.
+"""
 
 from __future__ import annotations
 

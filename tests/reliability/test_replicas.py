@@ -1,5 +1,8 @@
 """Three proxy replicas writing to one PostgreSQL: sequence numbers stay gap-free per
-session, no duplicates, and reconstruction equals what a single proxy gives."""
+session, no duplicates, and reconstruction equals what a single proxy gives.
+
+Replicas here are proxies in this process (each a whole proxy, like a worker); ``serve
+--workers 2`` on PostgreSQL is ``test_workers``'s kill -9 test."""
 
 from __future__ import annotations
 

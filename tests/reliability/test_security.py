@@ -51,16 +51,17 @@ def _post(url: str, body: dict, headers: dict) -> tuple[int, dict]:  # type: ign
         return e.code, json.loads(e.read())
 
 
-def test_keys_sessions_admin_and_secrets(key_upstream, proxy_factory, db_url, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_keys_sessions_admin_and_secrets(key_upstream, served_factory, workers, db_url, caplog) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.DEBUG)
     url, seen = key_upstream
-    proxy = proxy_factory(
+    proxy = served_factory(
         url,
         db_url,
         mode="token",
         api_keys=(CLIENT_KEY, f"{BOUND_KEY}:team-a-"),
         admin_keys=(ADMIN_KEY,),
         upstream_key=UPSTREAM_KEY,
+        **({"log_level": "debug"} if workers > 1 else {}),  # served: its own log, on stderr
     )
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -114,7 +115,9 @@ def test_keys_sessions_admin_and_secrets(key_upstream, proxy_factory, db_url, ca
             for row in conn.execute(text(f"SELECT * FROM {table}")):
                 dump += repr(tuple(row))
     eng.dispose()
+    logs = caplog.text if workers == 1 else proxy.log.read_text()
+    assert workers == 1 or "orchard-rec proxy" in logs  # the served log was read
     for secret in (CLIENT_KEY, BOUND_KEY, ADMIN_KEY, UPSTREAM_KEY):
         assert secret not in dump, "a secret reached the database"
-        assert secret not in caplog.text, "a secret reached the logs"
+        assert secret not in logs, "a secret reached the logs"
     assert "run-1" in dump and "team-a-7" in dump

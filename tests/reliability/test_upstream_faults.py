@@ -1,5 +1,6 @@
 """Upstream faults: the client gets the kind of failure the upstream gave (status, a dialect
-error, or a cut stream), never a proxy traceback, and the call is recorded with its error."""
+error, or a cut stream), never a proxy traceback, and the call is recorded with its error.
+Each test runs against the proxy in this process and against ``serve --workers 2`` (``served_factory``)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ async def _call(
             return -1, b"", stamps, type(exc).__name__
 
 
-def test_upstream_5xx_is_relayed_and_recorded(faulty, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
-    proxy = proxy_factory(faulty[1], sqlite_url, mode="passthrough")
+def test_upstream_5xx_is_relayed_and_recorded(faulty, served_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = served_factory(faulty[1], sqlite_url, mode="passthrough")
     status, body, _, _ = asyncio.run(_call(f"{proxy.url}/s/f/v1/chat/completions", "fault-500", stream=False))
     assert status == 500 and b"engine crashed" in body
     proxy.flush()
@@ -54,8 +55,8 @@ def test_upstream_5xx_is_relayed_and_recorded(faulty, proxy_factory, sqlite_url)
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "token"])
-def test_reset_mid_stream_cuts_the_clients_stream(faulty, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
-    proxy = proxy_factory(faulty[1], sqlite_url, mode=mode)
+def test_reset_mid_stream_cuts_the_clients_stream(faulty, served_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
+    proxy = served_factory(faulty[1], sqlite_url, mode=mode)
     _status, body, _, err = asyncio.run(_call(f"{proxy.url}/s/r/v1/chat/completions", "fault-reset"))
     assert err == "ClientPayloadError" or not body.endswith(
         b"[DONE]\n\n"
@@ -67,8 +68,8 @@ def test_reset_mid_stream_cuts_the_clients_stream(faulty, proxy_factory, sqlite_
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "token"])
-def test_malformed_sse_is_relayed_without_crashing(faulty, proxy_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
-    proxy = proxy_factory(faulty[1], sqlite_url, mode=mode)
+def test_malformed_sse_is_relayed_without_crashing(faulty, served_factory, sqlite_url, mode) -> None:  # type: ignore[no-untyped-def]
+    proxy = served_factory(faulty[1], sqlite_url, mode=mode)
     status, body, _, _ = asyncio.run(_call(f"{proxy.url}/s/m/v1/chat/completions", "fault-malformed"))
     assert status == 200 and body.endswith(b"data: [DONE]\n\n") and b"not json" in body
     proxy.flush()
@@ -76,16 +77,16 @@ def test_malformed_sse_is_relayed_without_crashing(faulty, proxy_factory, sqlite
     assert rec.outcome is CallOutcome.OK and rec.events[0][1] == "{not json at all"
 
 
-def test_slow_stream_is_forwarded_chunk_by_chunk(faulty, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
-    proxy = proxy_factory(faulty[1], sqlite_url, mode="passthrough")
+def test_slow_stream_is_forwarded_chunk_by_chunk(faulty, served_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    proxy = served_factory(faulty[1], sqlite_url, mode="passthrough")
     status, body, stamps, _ = asyncio.run(_call(f"{proxy.url}/v1/chat/completions", "fault-slow"))
     assert status == 200 and body.count(b"tok") == 5
     assert stamps[0] < 0.15 and stamps[-1] > 0.8  # the first chunk came at once, not with the rest
 
 
-def test_read_timeouts_before_and_during_the_stream(faulty, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+def test_read_timeouts_before_and_during_the_stream(faulty, served_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     _fake, url = faulty
-    proxy = proxy_factory(url, sqlite_url, mode="passthrough", read_timeout=0.5)
+    proxy = served_factory(url, sqlite_url, mode="passthrough", read_timeout=0.5)
     status, body, _, _ = asyncio.run(_call(f"{proxy.url}/s/t/v1/chat/completions", "fault-hang"))
     assert status == 504 and b"timed out" in body and b'"error"' in body
     status, body, _, err = asyncio.run(_call(f"{proxy.url}/s/t/v1/chat/completions", "fault-hang-midstream"))
@@ -96,9 +97,9 @@ def test_read_timeouts_before_and_during_the_stream(faulty, proxy_factory, sqlit
     assert b.outcome is CallOutcome.FAILED and "Timeout" in (b.error or "")
 
 
-def test_client_gone_before_the_upstream_answers_cancels_it(faulty, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+def test_client_gone_before_the_upstream_answers_cancels_it(faulty, served_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     fake, url = faulty
-    proxy = proxy_factory(url, sqlite_url, mode="passthrough")
+    proxy = served_factory(url, sqlite_url, mode="passthrough")
 
     async def leave_early() -> None:
         with pytest.raises(asyncio.TimeoutError):

@@ -6,7 +6,9 @@ one SQLite database written by both (WAL, ``busy_timeout``). Calls spread over b
 say which took them; tito sessions whose turns land on either stay one branch and one sample;
 ``kill -9`` of one worker under load loses no answered call and stores none twice (the parent
 starts it again, the new one replays its spool); SIGTERM of the parent drains a stream in flight;
-spools of earlier runs that no worker owns are replayed at start.
+spools of earlier runs that no worker owns are replayed at start. The tito and kill -9 tests run on
+PostgreSQL too (the throwaway cluster of ``tests/pg.py``); the trainer's policy version reaches
+every worker.
 """
 
 from __future__ import annotations
@@ -159,11 +161,16 @@ def test_workers_zero_is_a_usage_error() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
-    upstream_factory, tmp_path
+    upstream_factory, tmp_path, request, database
 ) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(drift=True)  # re-rendering the model's text would re-tokenize it differently
-    db = f"sqlite:///{tmp_path / 'o.db'}"
+    db = (
+        f"sqlite:///{tmp_path / 'o.db'}"
+        if database == "sqlite"
+        else request.getfixturevalue("pg").new_database()
+    )
     base = tmp_path / "o.db.spool"
     for path, cid in [(base, "single-run"), (tmp_path / "o.db.spool.w3", "four-workers")]:
         sp = Spool(path)  # what earlier runs left: one with a single process, one with four workers
@@ -214,13 +221,22 @@ def test_two_workers_share_tito_sessions_exactly_and_replay_earlier_spools(
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_worker_under_load_loses_no_answered_call(upstream, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_kill_9_of_a_worker_under_load_loses_no_answered_call(
+    upstream, tmp_path, monkeypatch, request, database
+) -> None:  # type: ignore[no-untyped-def]
+    """Calls spread over both workers; kill -9 of one under load: every answered call stored, none
+    twice, on SQLite (one file, two writers) and on PostgreSQL (the throwaway cluster)."""
     monkeypatch.setenv("ORCHARD_FAULT_WRITE_DELAY_S", "0.05")  # the database behind: lines wait in the spools
     monkeypatch.setenv("ORCHARD_SPOOL_KEEP_MB", "0")  # acknowledged lines cut at once: what stays is pending
-    db = f"sqlite:///{tmp_path / 'o.db'}"
+    if database == "sqlite":
+        db = f"sqlite:///{tmp_path / 'o.db'}"
+    else:
+        db = request.getfixturevalue("pg").new_database()
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:
-        parent = serve_process(port, upstream.url, db, "--workers", "2", stderr=log)
+        # no --spool: the default's (beside a SQLite file; .orchard-spool/ in the working folder)
+        parent = serve_process(port, upstream.url, db, "--workers", "2", stderr=log, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}/s/{{}}/v1/chat/completions"
     answered: list[str] = []
     failed: list[str] = []
@@ -338,5 +354,46 @@ def test_sqlite_takes_writes_from_several_processes_at_once(tmp_path: Path) -> N
         calls = store.calls("earlier-run")
         assert len(calls) == 4 * 30 * 4 == len({c.call_id for c in calls})
         assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
+    finally:
+        store.close()
+
+
+@pytest.mark.slow  # a served process: ~3 s
+def test_the_trainers_policy_version_reaches_every_worker(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``POST /v1/orchard/policy`` lands on one worker, which passes it on: every call, on either
+    worker, is fenced with it."""
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    port = free_port()
+    with open(tmp_path / "serve.log", "wb") as log:
+        parent = serve_process(
+            port,
+            upstream.url,
+            db,
+            "--workers",
+            "2",
+            "--policy-refresh",
+            "0",
+            "--spool",
+            str(tmp_path / "s"),
+            stderr=log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        said = json.loads(_post(f"{base}/v1/orchard/policy", {"version": "v3"}))
+        assert said["version"] == "v3" and said["workers"] == {"told": 2, "of": 2}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(12):
+            _post(f"{base}/s/fenced/v1/chat/completions", body)
+        for _ in range(8):  # whichever worker answers
+            req = urllib.request.Request(f"{base}/v1/orchard/policy", headers={"Connection": "close"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert json.loads(r.read())["version"] == "v3"
+    finally:
+        assert _stop(parent) == 0
+    store = Store(db)
+    try:
+        calls = store.calls("fenced")
+        assert len(calls) == 12 and {c.metadata["worker"]["index"] for c in calls} == {0, 1}
+        assert all(c.policy_versions == (("v3", 0, len(c.completion_ids or ())),) for c in calls)
     finally:
         store.close()

@@ -49,6 +49,11 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _workers(pid: int, n: int) -> list[int]:
+    """The processes that serve: the one, or the N workers of ``--workers N``."""
+    return [pid] if n == 1 else _children(pid)
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -184,26 +189,33 @@ def test_a_record_the_writer_process_cannot_build_is_set_aside_by_the_replay(tmp
 
 
 @pytest.mark.slow  # starts writer processes: 3-8 s (issue 37: the fast tier stays under a minute)
-def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, tmp_path, workers) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the proxy (with ``--workers 2``: of the parent and its workers, each of which
+    has a writer process of its own): the writer processes die too; a restart replays."""
     port = free_port()
     db = f"sqlite:///{tmp_path / 'k9.db'}"
     spool = tmp_path / "k9.spool"
-    proc = serve_process(port, upstream.url, db, "--spool", str(spool), "--db-writer", "process")
+    served = ("--spool", str(spool), "--workers", str(workers))
+    proc = serve_process(port, upstream.url, db, *served, "--db-writer", "process")
+    procs = _workers(proc.pid, workers)
     try:
-        kids = _children(proc.pid)
-        assert len(kids) == 1  # the writer process
+        wait_for(lambda: all(len(_children(p)) == 1 for p in procs))
+        kids = [k for p in procs for k in _children(p)]  # the writer processes, one a proxy process
         for t in range(3):
             path, body, headers = growing_body("chat", t, stream=False)
             post_json(f"http://127.0.0.1:{port}/s/k9/{path}", body, headers)
     finally:
+        os.kill(proc.pid, signal.SIGSTOP)  # it would start its workers again
+        for p in procs:
+            os.kill(p, signal.SIGKILL)
         proc.kill()
         proc.wait()
-    wait_for(lambda: not _alive(kids[0]))
-    again = serve_process(port, upstream.url, db, "--spool", str(spool))
+    wait_for(lambda: not any(_alive(k) for k in kids))
+    again = serve_process(port, upstream.url, db, *served)
     try:
         store = Store(db)
         wait_for(lambda: len(store.calls("k9")) == 3)  # every answered call: stored, or replayed now
-        assert not _children(again.pid)  # the default: the thread
+        assert not [k for p in _workers(again.pid, workers) for k in _children(p)]  # the default: the thread
         store.close()
     finally:
         again.terminate()
