@@ -208,6 +208,7 @@ def _reward_key_check(selected: list[Any], key: str) -> None:
     )
 
 
+# ``export``'s own options, one alias each: its signature keeps one line per parameter
 _ExportFmt = Annotated[str, typer.Option("--format", "-f", help="Output format (see --list-formats).")]
 _ExportOutArg = Annotated[
     str | None,

@@ -31,6 +31,7 @@ from orchard_rec.cli.common import (
 from orchard_rec.intercept.config import DEFAULT_HOSTS
 from orchard_rec.proxy.config import ProxyConfig
 
+# ``serve``'s own options, one alias each: its signature keeps one line per parameter
 _ServeUpstream = Annotated[
     list[str] | None,
     typer.Option(
@@ -330,6 +331,7 @@ def _durability(durability: _Durability) -> _Durability:
 
 
 def _check_health_and_tito(health_interval: float | None, mode: str, tokenizer: str | None) -> None:
+    """``--health-interval`` above 0; ``--mode tito`` with a ``--tokenizer``."""
     if health_interval is not None and health_interval <= 0:
         raise usage_error(
             f"--health-interval {health_interval:g}: must be above 0", "the default is 10 (seconds)"
@@ -386,6 +388,7 @@ def _serve_workers(cfg: ProxyConfig, host: str, port: int, n: int, shutdown_time
         raise typer.Exit(code)
 
 
+# ``intercept``'s own options, one alias each: its signature keeps one line per parameter
 _InterceptListen = Annotated[
     str, typer.Option("--listen", help="HOST:PORT for the harness's HTTPS_PROXY (port 0: any free port).")
 ]

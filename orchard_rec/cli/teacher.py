@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # -- teacher log-probs (on-policy distillation) ---------------------------------------------------------------------
 
 
+# ``teacher``'s own options, one alias each: its signature keeps one line per parameter
 _TeacherUrl = Annotated[
     str,
     typer.Option("--url", help="Teacher server base URL (vLLM: http://HOST:PORT; SGLang: http://HOST:PORT)."),
