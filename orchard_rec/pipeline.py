@@ -1,7 +1,11 @@
 """Samples straight from the database: storage → reconstruct, with selection, grouping and filters.
 
 This is the one place that reads calls from a ``Store`` for reconstruction (``reconstruct/``
-itself never touches storage); exporters, trainers and the CLI all take samples from here.
+itself never touches storage); exporters, trainers and the CLI all take samples from here,
+each with one ``Selection`` (``orchard_rec.selection.spec``: the options below are its
+fields). ``iter_samples`` runs four stages: select the sessions and their calls, grouped
+(``select_batches``); reconstruct each session (``Reconstruction``); keep and annotate
+samples (``SampleFilter``); number them.
 
 Selection is by session (``sessions``, ``since``, ``harness``). ``group_by`` names a key
 of the sessions' outcome metadata (``task_id``, say; the special value ``session`` makes
@@ -31,15 +35,11 @@ one group's calls at a time (one query per group).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from orchard_rec.errors import UsageError
-from orchard_rec.policy import Staleness
 from orchard_rec.reconstruct import (
-    CreditPolicy,
     Generation,
-    MismatchPolicy,
     Sample,
     TeacherData,
     credit_policy,
@@ -50,11 +50,21 @@ from orchard_rec.reconstruct import (
 )
 from orchard_rec.reconstruct.merge import template_turn_end
 from orchard_rec.records import Outcome
-from orchard_rec.selection import BarSpec, FilterChain, bar_select
-from orchard_rec.selection.staleness import StaleMode, StalenessStats, apply_staleness
+from orchard_rec.selection import BarSpec, FilterChain, Selection, bar_select
+from orchard_rec.selection.staleness import StalenessStats, apply_staleness
 from orchard_rec.storage.store import SessionSummary, Store
 
-__all__ = ["Attempt", "SelectionStats", "iter_samples", "pick_reward", "select_group"]
+__all__ = [
+    "Attempt",
+    "Reconstruction",
+    "SampleFilter",
+    "Selection",
+    "SelectionStats",
+    "iter_samples",
+    "pick_reward",
+    "select_batches",
+    "select_group",
+]
 
 
 def pick_reward(outcome: Outcome | None, key: str) -> float | None:
@@ -144,88 +154,109 @@ def select_group(
     return chosen
 
 
+Batch = tuple[int | None, Iterator[tuple[SessionSummary, Any]]]
+"""A group's index (None without grouping) and its sessions with their calls, streamed."""
+
+
 def iter_samples(
     store: Store,
+    selection: Selection | None = None,
     *,
-    sessions: Sequence[str] | None = None,
-    since: float | None = None,
-    harness: str | None = None,
-    on_mismatch: MismatchPolicy | str = MismatchPolicy.SPLIT,
-    credit: CreditPolicy | str | None = None,
-    group_by: str | None = None,
-    pass_rate: tuple[float, float] | None = None,
-    pass_threshold: float = 0.0,
-    statuses: Sequence[str] | None = None,
-    min_reward: float | None = None,
+    tokenizer: Any = None,
+    teacher: Callable[[Sample], TeacherData | None] | None = None,
     with_messages: Callable[[Store, Sample], None] | None = None,
     on_session: Callable[[Any], None] | None = None,
-    tokenizer: Any = None,
-    reward_key: str | None = None,
-    select: BarSpec | None = None,
-    seed: int | None = None,
-    filters: Sequence[str] | None = None,
     selection_stats: SelectionStats | None = None,
-    teacher: Callable[[Sample], TeacherData | None] | None = None,
-    require_teacher: bool = False,
-    auxiliary: bool = True,
-    image_token: int | None = None,
-    aborted: str = "drop",
-    staleness: Staleness | None = None,
-    stale: StaleMode = "drop",
     staleness_stats: StalenessStats | None = None,
+    **options: Any,
 ) -> Iterator[Sample]:
-    """``auxiliary=False`` leaves out the samples of harnesses' side conversations (``metadata.auxiliary``).
-    ``image_token``: a VLM's image placeholder id (default: the tokenizer's, ``image_token_id``);
-    samples with images then carry ``metadata.image_spans``. ``aborted``: generations the
-    server cut for a weight update (finish reason ``abort``) are left out (``drop``) or kept.
-    ``staleness``: the policy-version floor (``selection.staleness``); samples with stale tokens
-    are dropped or have them masked (``stale``), counted in ``staleness_stats``."""
-    if aborted not in ("drop", "keep"):
-        raise UsageError(f"--aborted is keep or drop (got {aborted!r})")
-    if stale not in ("drop", "mask"):
-        raise UsageError(f"--stale is drop or mask (got {stale!r})")
-    stale_stats = staleness_stats if staleness_stats is not None else StalenessStats()
-    policy = credit_policy(credit) if isinstance(credit, str) else credit
-    if image_token is None:
-        image_token = image_token_id(tokenizer)
-    if pass_rate is not None and group_by is None:
-        raise UsageError("--pass-rate needs --group-by (a pass rate is a property of a group)")
-    if (select is not None or filters) and group_by is None:
-        raise UsageError("--select and --filter need --group-by (they choose within a task's attempts)")
-    chain = FilterChain(list(filters or ()), seed=seed or 0) if filters else None
+    """The samples ``selection`` names, in four stages: select the sessions and their calls and
+    group them (``select_batches``), reconstruct each session (``Reconstruction``), keep and
+    annotate samples (``SampleFilter``), then number them (``index``, ``group_index``).
+
+    ``options``: ``Selection`` fields, on top of ``selection`` (``iter_samples(store,
+    sessions=[...], group_by="task")`` as well as ``iter_samples(store, Selection(...))``).
+    ``tokenizer`` gives ids to calls recorded without them and the image token; ``teacher``
+    looks up a sample's stored teacher log-probs; ``with_messages(store, sample)`` attaches
+    the conversation; ``on_session(summary)`` is called once per session read or dropped;
+    ``selection_stats`` and ``staleness_stats`` count what recipe selection and the staleness
+    floor dropped."""
+    sel = Selection.of(selection, **options)
+    rebuild = Reconstruction(sel, tokenizer)
+    keep = SampleFilter(sel, teacher, staleness_stats)
     stats = selection_stats if selection_stats is not None else SelectionStats()
-    if group_by is None:
-        batches: Iterator[tuple[int | None, Iterator[tuple[SessionSummary, Any]]]] = iter(
-            [(None, store.iter_sessions_calls(sessions, since=since, harness=harness, lazy=True))]
-        )
-    else:
-        groups: dict[str, list[SessionSummary]] = defaultdict(list)
-        for summary in store.sessions(sessions, since=since, harness=harness):
-            groups[_group_key(summary, group_by)].append(summary)
-        kept = []
-        for key in sorted(groups):
-            members = groups[key]
-            if pass_rate is not None:
-                rewards = [_reward_value(m) for m in members]
-                rate = sum(1 for r in rewards if r is not None and r > pass_threshold) / len(members)
-                if not (pass_rate[0] <= rate <= pass_rate[1]):
-                    for m in members:
-                        if on_session is not None:
-                            on_session(m)
-                    continue
-            kept.append(members)
-        batches = (
-            (gi, store.iter_sessions_calls([m.id for m in members], lazy=True))
-            for gi, members in enumerate(kept)
-        )
+    chain = FilterChain(list(sel.filters or ()), seed=sel.seed or 0) if sel.filters else None
+    index = out_group = 0
+    for group_index, rows in select_batches(store, sel, on_session):
+        kept = stats.kept
+        if group_index is not None and sel.chooses:
+            chosen = _chosen_group(rows, sel, chain, out_group, rebuild, keep, stats, on_session)
+        else:
+            chosen = _plain_batch(rows, group_index, rebuild, keep, on_session)
+        for s in chosen:
+            s.index = index
+            index += 1
+            if with_messages is not None:
+                with_messages(store, s)
+            yield s
+        if stats.kept > kept:
+            out_group += 1
 
-    def samples_of(summary: SessionSummary, calls: Iterable[Any]) -> list[Sample]:
-        # the calls stream in causal order, decoded one at a time from the storage deltas, and
-        # become generations as reconstruction takes them: memory O(one final sample)
-        out = []
+
+def select_batches(
+    store: Store, sel: Selection, on_session: Callable[[Any], None] | None = None
+) -> Iterator[Batch]:
+    """Stages 1 and 2: the selected sessions with their calls (one streaming query), or with
+    ``group_by`` their groups in key order, one query per group, groups outside ``pass_rate``
+    left out (``on_session`` told of their sessions)."""
+    if sel.group_by is None:
+        yield None, store.iter_sessions_calls(sel.sessions, since=sel.since, harness=sel.harness, lazy=True)
+        return
+    groups: dict[str, list[SessionSummary]] = defaultdict(list)
+    for summary in store.sessions(sel.sessions, since=sel.since, harness=sel.harness):
+        groups[_group_key(summary, sel.group_by)].append(summary)
+    kept = []
+    for key in sorted(groups):
+        members = groups[key]
+        if sel.pass_rate is not None and not _passes(members, sel.pass_rate, sel.pass_threshold):
+            for m in members:
+                if on_session is not None:
+                    on_session(m)
+            continue
+        kept.append(members)
+    for gi, members in enumerate(kept):
+        yield gi, store.iter_sessions_calls([m.id for m in members], lazy=True)
+
+
+def _passes(members: list[SessionSummary], window: tuple[float, float], threshold: float) -> bool:
+    rewards = [_reward_value(m) for m in members]
+    rate = sum(1 for r in rewards if r is not None and r > threshold) / len(members)
+    return window[0] <= rate <= window[1]
+
+
+class Reconstruction:
+    """Stage 3: one session's calls → its samples. The calls stream in causal order, decoded one
+    at a time from the storage deltas, and become generations as reconstruction takes them:
+    memory O(one final sample)."""
+
+    def __init__(self, sel: Selection, tokenizer: Any = None) -> None:
+        self.sel = sel
+        self.tokenizer = tokenizer
+        self.policy = credit_policy(sel.credit) if isinstance(sel.credit, str) else sel.credit
+        self.image_token = sel.image_token if sel.image_token is not None else image_token_id(tokenizer)
+        self._turn_end: list[int | None] = []
+
+    @property
+    def turn_end(self) -> int | None:
+        if self.tokenizer is None:
+            return None
+        if not self._turn_end:  # asked of the template once, when the first session needs it
+            self._turn_end.append(template_turn_end(self.tokenizer))
+        return self._turn_end[0]
+
+    def __call__(self, summary: SessionSummary, calls: Iterable[Any]) -> list[Sample]:
         skipped: list[str] = []
-
-        turn_end = template_turn_end(tokenizer) if tokenizer is not None else None
+        aborted, tokenizer = self.sel.aborted, self.tokenizer
 
         def generations() -> Iterator[Generation]:
             for c in calls:
@@ -237,80 +268,106 @@ def iter_samples(
                 else:
                     yield g
 
-        for s in reconstruct(
+        out = reconstruct(
             generations(),
-            on_mismatch=on_mismatch,
-            credit=policy,
+            on_mismatch=self.sel.on_mismatch,
+            credit=self.policy,
             outcome=summary.outcome,
             session_id=summary.id,
             skipped=skipped,
-            turn_end=turn_end,
-            image_token=image_token,
-        ):
-            if reward_key is not None:
-                s.reward = pick_reward(summary.outcome, reward_key)
-            out.append(s)
+            turn_end=self.turn_end,
+            image_token=self.image_token,
+        )
+        if self.sel.reward_key is not None:
+            for s in out:
+                s.reward = pick_reward(summary.outcome, self.sel.reward_key)
         return out
 
-    def keep(s: Sample, summary: SessionSummary) -> bool:
-        if not auxiliary and s.metadata.get("auxiliary"):
+
+class SampleFilter:
+    """Stage 4: whether a sample is kept (side conversations, status, staleness, teacher data,
+    reward); attaches the teacher's log-probs and masks stale tokens on the way."""
+
+    def __init__(
+        self,
+        sel: Selection,
+        teacher: Callable[[Sample], TeacherData | None] | None = None,
+        staleness_stats: StalenessStats | None = None,
+    ) -> None:
+        self.sel = sel
+        self.teacher = teacher
+        self.stale_stats = staleness_stats if staleness_stats is not None else StalenessStats()
+
+    def __call__(self, s: Sample, summary: SessionSummary) -> bool:
+        sel = self.sel
+        if sel.auxiliary is not None and not sel.auxiliary and s.metadata.get("auxiliary"):
             return False
-        if statuses and s.status not in statuses:
+        if sel.statuses and s.status not in sel.statuses:
             return False
-        if staleness is not None and not apply_staleness(s, staleness, stale, stale_stats):
+        if sel.staleness is not None and not apply_staleness(s, sel.staleness, sel.stale, self.stale_stats):
             return False
-        if teacher is not None:
-            s.teacher = teacher(s)
-        if require_teacher and s.teacher is None:
+        if self.teacher is not None:
+            s.teacher = self.teacher(s)
+        if sel.require_teacher and s.teacher is None:
             return False
-        if min_reward is not None:
+        if sel.min_reward is not None:
             r = numeric_reward(s.reward) if not isinstance(s.reward, dict) else _reward_value(summary)
-            if r is None or r < min_reward:
+            if r is None or r < sel.min_reward:
                 return False
         return True
 
-    index = 0
-    out_group = 0
-    for group_index, rows in batches:
-        if group_index is not None and (select is not None or chain is not None):
-            attempts = [Attempt(summary, samples_of(summary, calls)) for summary, calls in rows]
-            chosen = select_group(attempts, select, chain, seed, stats)
-            if chosen is None:
-                for a in attempts:
-                    if on_session is not None:
-                        on_session(a.summary)
-                continue
-            stats.kept += 1
-            chosen_ids = {id(a) for a in chosen}
-            for a in attempts:
-                if id(a) in chosen_ids:
-                    removed = bool(a.metadata.get("remove_sample"))
-                    for s in a.samples:
-                        if not keep(s, a.summary):
-                            continue
-                        if removed:
-                            s.metadata["remove_sample"] = True
-                            s.loss_mask = [0] * len(s.loss_mask)
-                            stats.removed_samples += 1
-                        s.group_index = out_group
-                        s.index = index
-                        index += 1
-                        if with_messages is not None:
-                            with_messages(store, s)
-                        yield s
-                if on_session is not None:
-                    on_session(a.summary)
-            out_group += 1
-            continue
-        for summary, calls in rows:
-            for s in samples_of(summary, calls):
-                if not keep(s, summary):
-                    continue
+
+def _plain_batch(
+    rows: Iterable[tuple[SessionSummary, Any]],
+    group_index: int | None,
+    rebuild: Reconstruction,
+    keep: SampleFilter,
+    on_session: Callable[[Any], None] | None,
+) -> Iterator[Sample]:
+    """A batch's kept samples, session by session (``group_index`` set on each)."""
+    for summary, calls in rows:
+        for s in rebuild(summary, calls):
+            if keep(s, summary):
                 s.group_index = group_index
-                s.index = index
-                index += 1
-                if with_messages is not None:
-                    with_messages(store, s)
                 yield s
+        if on_session is not None:
+            on_session(summary)
+
+
+def _chosen_group(
+    rows: Iterable[tuple[SessionSummary, Any]],
+    sel: Selection,
+    chain: FilterChain | None,
+    out_group: int,
+    rebuild: Reconstruction,
+    keep: SampleFilter,
+    stats: SelectionStats,
+    on_session: Callable[[Any], None] | None,
+) -> Iterator[Sample]:
+    """One group reconstructed whole, recipe selection over its attempts (``select_group``), the
+    kept samples of the chosen ones; a chosen attempt whose outcome says ``remove_sample`` keeps
+    its samples with the loss mask zeroed, as group ``out_group`` (kept groups are numbered
+    consecutively). ``chain``: the run's filters (their draws and counts go on across groups)."""
+    attempts = [Attempt(summary, rebuild(summary, calls)) for summary, calls in rows]
+    chosen = select_group(attempts, sel.select, chain, sel.seed, stats)
+    if chosen is None:
+        for a in attempts:
             if on_session is not None:
-                on_session(summary)
+                on_session(a.summary)
+        return
+    stats.kept += 1
+    chosen_ids = {id(a) for a in chosen}
+    for a in attempts:
+        if id(a) in chosen_ids:
+            removed = bool(a.metadata.get("remove_sample"))
+            for s in a.samples:
+                if not keep(s, a.summary):
+                    continue
+                if removed:
+                    s.metadata["remove_sample"] = True
+                    s.loss_mask = [0] * len(s.loss_mask)
+                    stats.removed_samples += 1
+                s.group_index = out_group
+                yield s
+        if on_session is not None:
+            on_session(a.summary)

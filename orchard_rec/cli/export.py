@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 
@@ -34,6 +34,7 @@ from orchard_rec.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from orchard_rec.selection import Selection
     from orchard_rec.storage.store import Store
 
 
@@ -131,7 +132,7 @@ def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | N
     ray: sharded over a Ray cluster (``exporters.ray_engine``, the only place Ray is imported)."""
 
     def run(
-        db: str, fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **selection: Any
+        db: str, fmt: str, _out: Path, *, format_options: Any = None, check: Any = None, **options: Any
     ) -> Any:
         from orchard_rec.exporters.upload import names_a_file, upload_export
 
@@ -145,25 +146,23 @@ def _url_export(url: str, storage: dict[str, Any], engine: str, address: str | N
             return upload_export(
                 url,
                 storage,
-                lambda local: run_export(db, fmt, local, format_options=format_options, **selection),
+                lambda local: run_export(db, fmt, local, format_options=format_options, **options),
             )
         if engine == "ray":
             from orchard_rec.exporters.ray_engine import export_dataset_ray
 
-            return export_dataset_ray(db, url, storage_options=storage, address=address, **selection)
+            return export_dataset_ray(db, url, storage_options=storage, address=address, **options)
         from orchard_rec.exporters.pipeline import export_dataset
 
-        return export_dataset(db, url, storage_options=storage, **selection)
+        return export_dataset(db, url, storage_options=storage, **options)
 
     return run
 
 
-def _group_warning(store: Store, selection: dict[str, Any], group_by: str) -> None:
+def _group_warning(store: Store, selection: Selection, group_by: str) -> None:
     if group_by == "session":
         return
-    selected = store.sessions(
-        selection.get("sessions"), since=selection.get("since"), harness=selection.get("harness")
-    )
+    selected = store.sessions(selection.sessions, since=selection.since, harness=selection.harness)
     missing = [s for s in selected if s.outcome is None or s.outcome.metadata.get(group_by) is None]
     if selected and len(missing) == len(selected):
         _warn(
@@ -209,126 +208,183 @@ def _reward_key_check(selected: list[Any], key: str) -> None:
     )
 
 
-def export(
-    fmt: str = typer.Option("jsonl", "--format", "-f", help="Output format (see --list-formats)."),
-    out_arg: str | None = typer.Option(
-        None,
+# ``export``'s own options, one alias each: its signature keeps one line per parameter
+_ExportFmt = Annotated[str, typer.Option("--format", "-f", help="Output format (see --list-formats).")]
+_ExportOutArg = Annotated[
+    str | None,
+    typer.Option(
         "--out",
         "-o",
         help="Output file; '-' is stdout (jsonl, slime-sft, openrlhf); a URL (s3://, gs://, file://) is a partitioned parquet dataset.",
     ),
+]
+_ExportTokenizer = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        help="HF tokenizer (path or 'demo') to give ids to calls recorded without them (passthrough).",
+    ),
+]
+_ExportGroupBy = Annotated[
+    str | None,
+    typer.Option(
+        "--group-by", help="Outcome metadata key whose value groups sessions (GRPO groups), or 'session'."
+    ),
+]
+_ExportStatus = Annotated[
+    list[str] | None,
+    typer.Option("--status", metavar=StatusMetavar, help="Keep samples with this status (repeatable)."),
+]
+_ExportMinReward = Annotated[
+    float | None, typer.Option("--min-reward", help="Keep samples whose scalar reward is at least this.")
+]
+_ExportPassRate = Annotated[
+    str | None,
+    typer.Option(
+        "--pass-rate", help="LO:HI - keep groups whose pass rate is in [LO, HI] (needs --group-by)."
+    ),
+]
+_ExportRolloutSize = Annotated[
+    int | None,
+    typer.Option(
+        "--rollout-size",
+        help="slime: samples per file (files out_0.pt, out_1.pt, ... or a {rollout_id} template).",
+    ),
+]
+_ExportProcessor = Annotated[
+    str | None,
+    typer.Option(
+        "--processor",
+        help="slime: the model's image processor (model folder, hub id or 'demo') for samples with images.",
+    ),
+]
+_ExportRewardKey = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-key",
+        help="Which reward samples carry: 'process' (orchard-rec reward), a named reward, or an outcome metadata number.",
+    ),
+]
+_ExportSelect = Annotated[
+    str | None,
+    typer.Option(
+        "--select",
+        help="bar:N:LO:HI[:STRIDE] - Balanced Adaptive Rollout: exactly N attempts per group, positives ratio in [LO, HI], tried on growing prefixes of STRIDE attempts (needs --group-by).",
+    ),
+]
+_ExportFilters = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--filter",
+        help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, has-positive, pass-rate, positive-only.",
+    ),
+]
+_ExportSeed = Annotated[
+    int | None,
+    typer.Option("--seed", help="Seed for --select's tie order and --filter pass-rate (needs one of them)."),
+]
+_ExportRequireTeacher = Annotated[
+    bool,
+    typer.Option(
+        "--require-teacher", help="Drop samples that have no stored teacher log-probs (orchard-rec teacher)."
+    ),
+]
+_ExportListFormats = Annotated[bool, typer.Option("--list-formats", help="List the formats and exit.")]
+_ExportStorageOptions = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        help="For the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
+    ),
+]
+_ExportEngine = Annotated[
+    Literal["local", "ray"],
+    typer.Option("--engine", help="ray: shard sessions over a Ray cluster (an --out URL; the ray extra)."),
+]
+_ExportRayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address", help="The Ray cluster for --engine ray (default: RAY_ADDRESS, else a local one)."
+    ),
+]
+_ExportAuxiliary = Annotated[
+    bool | None,
+    typer.Option(
+        "--auxiliary/--no-auxiliary",
+        help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
+    ),
+]
+_ExportForce = Annotated[bool, typer.Option("--force", help=FORCE_HELP)]
+_ExportPolicyVersion = Annotated[
+    int | None,
+    typer.Option("--policy-version", help="The trainer's current policy version V (with --max-staleness K)."),
+]
+_ExportMaxStaleness = Annotated[
+    int | None,
+    typer.Option("--max-staleness", min=0, help="Tokens sampled by versions older than V - K are stale."),
+]
+_ExportMinPolicyVersion = Annotated[
+    int | None,
+    typer.Option("--min-policy-version", help="Tokens sampled by versions older than this are stale."),
+]
+_ExportStale = Annotated[
+    Literal["drop", "mask"],
+    typer.Option("--stale", help="drop samples holding stale tokens, or mask those tokens (loss mask 0)."),
+]
+_ExportAborted = Annotated[
+    Literal["drop", "keep"],
+    typer.Option(
+        "--aborted",
+        help="Generations the server aborted for a weight update (finish reason abort): left out, or kept with their partial tokens.",
+    ),
+]
+
+
+def export(
+    fmt: _ExportFmt = "jsonl",
+    out_arg: _ExportOutArg = None,
     db: str = DbOpt,
     session: list[str] | None = SessionsOpt,
     since: datetime | None = SinceOpt,
     harness: str | None = HarnessOpt,
     on_mismatch: OnMismatch = OnMismatchOpt,
     credit: Credit = CreditOpt,
-    tokenizer: str | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="HF tokenizer (path or 'demo') to give ids to calls recorded without them (passthrough).",
-    ),
-    group_by: str | None = typer.Option(
-        None,
-        "--group-by",
-        help="Outcome metadata key whose value groups sessions (GRPO groups), or 'session'.",
-    ),
-    status: list[str] | None = typer.Option(
-        None, "--status", metavar=StatusMetavar, help="Keep samples with this status (repeatable)."
-    ),
-    min_reward: float | None = typer.Option(
-        None, "--min-reward", help="Keep samples whose scalar reward is at least this."
-    ),
-    pass_rate: str | None = typer.Option(
-        None, "--pass-rate", help="LO:HI - keep groups whose pass rate is in [LO, HI] (needs --group-by)."
-    ),
-    rollout_size: int | None = typer.Option(
-        None,
-        "--rollout-size",
-        help="slime: samples per file (files out_0.pt, out_1.pt, ... or a {rollout_id} template).",
-    ),
-    processor: str | None = typer.Option(
-        None,
-        "--processor",
-        help="slime: the model's image processor (model folder, hub id or 'demo') for samples with images.",
-    ),
-    reward_key: str | None = typer.Option(
-        None,
-        "--reward-key",
-        help="Which reward samples carry: 'process' (orchard-rec reward), a named reward, or an outcome metadata number.",
-    ),
-    select: str | None = typer.Option(
-        None,
-        "--select",
-        help="bar:N:LO:HI[:STRIDE] - Balanced Adaptive Rollout: exactly N attempts per group, positives ratio in [LO, HI], tried on growing prefixes of STRIDE attempts (needs --group-by).",
-    ),
-    filters: list[str] | None = typer.Option(
-        None,
-        "--filter",
-        help="Dynamic-sampling filter per group (repeatable, applied in order): nonzero-std, no-aborted, no-truncated, has-positive, pass-rate, positive-only.",
-    ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Seed for --select's tie order and --filter pass-rate (needs one of them)."
-    ),
-    require_teacher: bool = typer.Option(
-        False,
-        "--require-teacher",
-        help="Drop samples that have no stored teacher log-probs (orchard-rec teacher).",
-    ),
-    list_formats: bool = typer.Option(False, "--list-formats", help="List the formats and exit."),
-    storage_options: list[str] | None = typer.Option(
-        None,
-        "--storage-option",
-        help="For the filesystem of an --out URL, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable).",
-    ),
-    engine: Literal["local", "ray"] = typer.Option(
-        "local", "--engine", help="ray: shard sessions over a Ray cluster (an --out URL; the ray extra)."
-    ),
-    ray_address: str | None = typer.Option(
-        None,
-        "--ray-address",
-        help="The Ray cluster for --engine ray (default: RAY_ADDRESS, else a local one).",
-    ),
-    auxiliary: bool | None = typer.Option(
-        None,
-        "--auxiliary/--no-auxiliary",
-        help="Keep samples of harnesses' side conversations (metadata.auxiliary, e.g. title generation); default: in jsonl/parquet only.",
-    ),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
-    policy_version: int | None = typer.Option(
-        None, "--policy-version", help="The trainer's current policy version V (with --max-staleness K)."
-    ),
-    max_staleness: int | None = typer.Option(
-        None, "--max-staleness", min=0, help="Tokens sampled by versions older than V - K are stale."
-    ),
-    min_policy_version: int | None = typer.Option(
-        None, "--min-policy-version", help="Tokens sampled by versions older than this are stale."
-    ),
-    stale: Literal["drop", "mask"] = typer.Option(
-        "drop", "--stale", help="drop samples holding stale tokens, or mask those tokens (loss mask 0)."
-    ),
-    aborted: Literal["drop", "keep"] = typer.Option(
-        "drop",
-        "--aborted",
-        help="Generations the server aborted for a weight update (finish reason abort): left out, or kept with their partial tokens.",
-    ),
+    tokenizer: _ExportTokenizer = None,
+    group_by: _ExportGroupBy = None,
+    status: _ExportStatus = None,
+    min_reward: _ExportMinReward = None,
+    pass_rate: _ExportPassRate = None,
+    rollout_size: _ExportRolloutSize = None,
+    processor: _ExportProcessor = None,
+    reward_key: _ExportRewardKey = None,
+    select: _ExportSelect = None,
+    filters: _ExportFilters = None,
+    seed: _ExportSeed = None,
+    require_teacher: _ExportRequireTeacher = False,
+    list_formats: _ExportListFormats = False,
+    storage_options: _ExportStorageOptions = None,
+    engine: _ExportEngine = "local",
+    ray_address: _ExportRayAddress = None,
+    auxiliary: _ExportAuxiliary = None,
+    force: _ExportForce = False,
+    policy_version: _ExportPolicyVersion = None,
+    max_staleness: _ExportMaxStaleness = None,
+    min_policy_version: _ExportMinPolicyVersion = None,
+    stale: _ExportStale = "drop",
+    aborted: _ExportAborted = "drop",
 ) -> None:
     """Reconstruct sessions into training samples and write them in a trainer's format."""
-    from orchard_rec.exporters.base import available
     from orchard_rec.exporters.pipeline import export as run_export
     from orchard_rec.pipeline import SelectionStats
     from orchard_rec.policy import Staleness
+    from orchard_rec.selection import Selection
     from orchard_rec.selection.staleness import StalenessStats
 
-    known = available()
     if list_formats:
-        for name in sorted(known):
-            ext, what = FORMAT_INFO.get(name) or ("", _format_doc(known[name]))
-            typer.echo(f"{name:<10} {ext or '-':<9} {what}")
+        _list_formats()
         return
     url, storage, out, window, bar = _check_export_options(
         fmt=fmt,
-        known=known,
         out_arg=out_arg,
         storage_options=storage_options,
         engine=engine,
@@ -346,79 +402,110 @@ def export(
         policy_version=policy_version,
         max_staleness=max_staleness,
     )
-    floor = Staleness(policy_version, max_staleness, min_policy_version)
-    stale_stats = StalenessStats()
-    sel_stats = SelectionStats()
-    options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
-    if processor is not None:
-        options["processor"] = processor
-    since_ts = _since(since)
+    selection = Selection(
+        sessions=session,
+        since=_since(since),
+        harness=harness,
+        on_mismatch=on_mismatch,
+        credit=credit,
+        aborted=aborted,
+        group_by=group_by,
+        pass_rate=window,
+        select=bar,
+        filters=filters,
+        seed=seed,
+        statuses=status,
+        min_reward=min_reward,
+        reward_key=reward_key,
+        auxiliary=auxiliary,
+        require_teacher=require_teacher,
+        staleness=Staleness(policy_version, max_staleness, min_policy_version),
+        stale=stale,
+    )
     tok = _load_tokenizer(tokenizer, hf=True) if tokenizer else None
-    total = _select_sessions(db, session, since, since_ts, harness, group_by, reward_key)
-    to_stdout = str(out) == "-"
+    total = _select_sessions(db, selection)
+    stale_stats, sel_stats = StalenessStats(), SelectionStats()
     stats = _run_with_progress(
         run_export if url is None else _url_export(url, storage, engine, ray_address),
         total,
         db,
         fmt,
         out,
-        sessions=session,
-        since=since_ts,
-        harness=harness,
-        on_mismatch=on_mismatch,
-        credit=credit,
+        selection=selection,
         tokenizer=tok,
-        format_options=options,
-        group_by=group_by,
-        statuses=status,
-        min_reward=min_reward,
-        pass_rate=window,
-        reward_key=reward_key,
-        select=bar,
-        seed=seed,
-        filters=filters,
+        format_options=_format_options(rollout_size, processor),
         selection_stats=sel_stats,
-        auxiliary=auxiliary,
-        require_teacher=require_teacher,
         check=lambda p: _check_output(p, db, force),
-        aborted=aborted,
-        staleness=floor if floor.floor is not None else None,
-        stale=stale,
         staleness_stats=stale_stats,
     )
-    where = "stdout" if to_stdout else ", ".join(map(str, stats.files)) or (url or str(out))
-    selection_line = f"selection: {sel_stats.summary()}" if (bar is not None or filters) else None
+    _export_report(stats, selection, sel_stats, stale_stats, total, out, url)
+
+
+def _format_options(rollout_size: int | None, processor: str | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"rollout_size": rollout_size} if rollout_size else {}
+    if processor is not None:
+        options["processor"] = processor
+    return options
+
+
+def _export_report(
+    stats: Any,
+    selection: Selection,
+    sel_stats: Any,
+    stale_stats: Any,
+    total: int,
+    out: Path,
+    url: str | None,
+) -> None:
+    """``export``'s closing lines on stderr; no sample written is an error naming the filters."""
+    where = "stdout" if str(out) == "-" else ", ".join(map(str, stats.files)) or (url or str(out))
+    selection_line = f"selection: {sel_stats.summary()}" if selection.chooses else None
     if stats.samples == 0:
-        given = [
-            name
-            for name, on in (
-                ("--status", status),
-                ("--min-reward", min_reward is not None),
-                ("--pass-rate", pass_rate),
-                ("--select", bar),
-                ("--filter", filters),
-                ("--require-teacher", require_teacher),
-                ("--no-auxiliary", auxiliary is False),
-                ("--policy-version/--max-staleness/--min-policy-version", floor.floor is not None),
-            )
-            if on
-        ]
         _nothing_exported(
-            given, total, "" if to_stdout else f"; nothing written ({out} left as it was)", selection_line
+            _filters_given(selection),
+            total,
+            "" if str(out) == "-" else f"; nothing written ({out} left as it was)",
+            selection_line,
         )
     if selection_line:
         typer.echo(selection_line, err=True)
-    if floor.floor is not None:
+    if selection.staleness is not None:
         typer.echo(f"staleness: {stale_stats.summary()}", err=True)
     typer.echo(
         f"wrote {stats.samples} samples ({stats.tokens} tokens) from {total} sessions to {where}", err=True
     )
 
 
+def _list_formats() -> None:
+    from orchard_rec.exporters.base import available
+
+    known = available()
+    for name in sorted(known):
+        ext, what = FORMAT_INFO.get(name) or ("", _format_doc(known[name]))
+        typer.echo(f"{name:<10} {ext or '-':<9} {what}")
+
+
+def _filters_given(selection: Selection) -> list[str]:
+    """The options that filter samples or groups out, as ``export`` names them."""
+    return [
+        name
+        for name, on in (
+            ("--status", selection.statuses),
+            ("--min-reward", selection.min_reward is not None),
+            ("--pass-rate", selection.pass_rate is not None),
+            ("--select", selection.select is not None),
+            ("--filter", selection.filters),
+            ("--require-teacher", selection.require_teacher),
+            ("--no-auxiliary", selection.auxiliary is False),
+            ("--policy-version/--max-staleness/--min-policy-version", selection.staleness is not None),
+        )
+        if on
+    ]
+
+
 def _check_export_options(
     *,
     fmt: str,
-    known: dict[str, Any],
     out_arg: str | None,
     storage_options: list[str] | None,
     engine: str,
@@ -438,6 +525,9 @@ def _check_export_options(
 ) -> tuple[str | None, dict[str, Any], Path, tuple[float, float] | None, Any]:
     """``export``'s options, checked before the database is opened: (the dataset URL or None, its
     storage options, ``--out``, the ``--pass-rate`` window, the ``--select`` bar)."""
+    from orchard_rec.exporters.base import available
+
+    known = available()
     if fmt not in known:
         raise usage_error(
             f"--format {fmt!r} is not a format", f"one of: {', '.join(sorted(known))} (--list-formats)"
@@ -499,34 +589,28 @@ def _check_export_options(
     return url, storage, out, window, bar
 
 
-def _select_sessions(
-    db: str,
-    session: list[str] | None,
-    since: datetime | None,
-    since_ts: float | None,
-    harness: str | None,
-    group_by: str | None,
-    reward_key: str | None,
-) -> int:
+def _select_sessions(db: str, selection: Selection) -> int:
     """How many sessions ``export`` selects (warnings for what is missing; none is an error)."""
-    selection = {"sessions": session, "since": since_ts, "harness": harness}
+    session, since, harness = selection.sessions, selection.since, selection.harness
     with _reading(db) as store:
-        selected = store.sessions(session, since=since_ts, harness=harness)
+        selected = store.sessions(session, since=since, harness=harness)
         if session:
             missing = sorted(set(session) - {s.id for s in selected})
             if missing:
                 _warn(f"no session {', '.join(map(repr, missing))} in {db}")
-        if group_by:
-            _group_warning(store, selection, group_by)
-    if reward_key is not None and selected:
-        _reward_key_check(selected, reward_key)
+        if selection.group_by:
+            _group_warning(store, selection, selection.group_by)
+    if selection.reward_key is not None and selected:
+        _reward_key_check(selected, selection.reward_key)
     total = len(selected)
     if total == 0:
         raise CliError(
             "nothing to export: no session matches the selection"
-            if (session or since or harness)
+            if (session or since is not None or harness)
             else f"nothing to export: {db} has no sessions",
-            None if not (session or since or harness) else "list them with `orchard-rec sessions`",
+            None
+            if not (session or since is not None or harness)
+            else "list them with `orchard-rec sessions`",
         )
     return total
 
@@ -591,13 +675,13 @@ def train_sft_cmd(
 
     from orchard_rec.pipeline import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
+    from orchard_rec.selection import Selection
 
     if not model.is_dir():
         raise usage_error(f"--model {model}: no such folder")
+    selection = Selection(sessions=session, credit=credit_policy(credit), on_mismatch=on_mismatch)
     with _reading(db) as store:
-        samples = list(
-            iter_samples(store, sessions=session, credit=credit_policy(credit), on_mismatch=on_mismatch)
-        )
+        samples = list(iter_samples(store, selection))
     if not samples:
         raise CliError("no samples to train on", "record sessions first, or check --session")
     lm = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)

@@ -325,14 +325,14 @@ def show(
     from orchard_rec.pipeline import iter_samples
     from orchard_rec.reconstruct.credit import credit_policy
     from orchard_rec.render import render_sample
+    from orchard_rec.selection import Selection
 
     tok = _load_tokenizer(tokenizer, hf=False) if tokenizer else None
     with _reading(db) as store:
         if store.session(session) is None:
             raise CliError(f"no session {session!r} in {db}", "list them with `orchard-rec sessions`")
-        for s in iter_samples(
-            store, sessions=[session], on_mismatch=on_mismatch, credit=credit_policy(credit)
-        ):
+        selection = Selection(sessions=[session], on_mismatch=on_mismatch, credit=credit_policy(credit))
+        for s in iter_samples(store, selection):
             if as_json:
                 typer.echo(json.dumps(s.to_dict()))
             elif plain or not console.is_terminal:

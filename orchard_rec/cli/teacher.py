@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -31,46 +31,73 @@ if TYPE_CHECKING:
 # -- teacher log-probs (on-policy distillation) ---------------------------------------------------------------------
 
 
-def teacher(
-    url: str = typer.Option(
-        ..., "--url", help="Teacher server base URL (vLLM: http://HOST:PORT; SGLang: http://HOST:PORT)."
+# ``teacher``'s own options, one alias each: its signature keeps one line per parameter
+_TeacherUrl = Annotated[
+    str,
+    typer.Option("--url", help="Teacher server base URL (vLLM: http://HOST:PORT; SGLang: http://HOST:PORT)."),
+]
+_TeacherKind = Annotated[
+    Literal["vllm", "sglang"],
+    typer.Option("--kind", help="vllm (/v1/completions prompt_logprobs) or sglang (/generate)."),
+]
+_TeacherTopK = Annotated[
+    int, typer.Option("--top-k", help="Also store the teacher's top-K log-probs per response token.")
+]
+_TeacherMaxLen = Annotated[
+    int | None,
+    typer.Option(
+        "--max-len", help="Longest token sequence the teacher accepts (default: asked of the server)."
     ),
-    kind: Literal["vllm", "sglang"] = typer.Option(
-        "vllm", "--kind", help="vllm (/v1/completions prompt_logprobs) or sglang (/generate)."
+]
+_TeacherTruncation = Annotated[
+    Literal["prefix", "suffix"],
+    typer.Option(
+        "--truncation", help="Over --max-len: drop from the left (prompt first) or the right (response tail)."
     ),
-    top_k: int = typer.Option(
-        0, "--top-k", help="Also store the teacher's top-K log-probs per response token."
+]
+_TeacherConcurrency = Annotated[int, typer.Option("--concurrency", help="Requests in flight.")]
+_TeacherRetries = Annotated[
+    int, typer.Option("--retries", help="Retries per sample before it is stored as failed.")
+]
+_TeacherTimeout = Annotated[float, typer.Option("--timeout", help="Seconds per request.")]
+_TeacherShard = Annotated[
+    str | None, typer.Option("--shard", help="I/N: this worker's share of the samples (0 <= I < N).")
+]
+_TeacherModel = Annotated[
+    str | None, typer.Option("--model", help="Model name sent to vLLM (default: its first /v1/models entry).")
+]
+_TeacherName = Annotated[
+    str | None, typer.Option("--name", help="The teacher's name/version as stored (default: the model name).")
+]
+_TeacherTokenizer = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer", help="The student's tokenizer (path or 'demo'); needed with --retokenize-teacher."
     ),
-    max_len: int | None = typer.Option(
-        None, "--max-len", help="Longest token sequence the teacher accepts (default: asked of the server)."
-    ),
-    truncation: Literal["prefix", "suffix"] = typer.Option(
-        "prefix",
-        "--truncation",
-        help="Over --max-len: drop from the left (prompt first) or the right (response tail).",
-    ),
-    concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight."),
-    retries: int = typer.Option(2, "--retries", help="Retries per sample before it is stored as failed."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per request."),
-    shard: str | None = typer.Option(
-        None, "--shard", help="I/N: this worker's share of the samples (0 <= I < N)."
-    ),
-    model: str | None = typer.Option(
-        None, "--model", help="Model name sent to vLLM (default: its first /v1/models entry)."
-    ),
-    name: str | None = typer.Option(
-        None, "--name", help="The teacher's name/version as stored (default: the model name)."
-    ),
-    tokenizer: str | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="The student's tokenizer (path or 'demo'); needed with --retokenize-teacher.",
-    ),
-    retokenize_teacher: str | None = typer.Option(
-        None,
+]
+_TeacherRetokenizeTeacher = Annotated[
+    str | None,
+    typer.Option(
         "--retokenize-teacher",
         help="The teacher's tokenizer when its vocabulary differs: positions are mapped by text, unaligned ones invalid.",
     ),
+]
+
+
+def teacher(
+    url: _TeacherUrl,
+    kind: _TeacherKind = "vllm",
+    top_k: _TeacherTopK = 0,
+    max_len: _TeacherMaxLen = None,
+    truncation: _TeacherTruncation = "prefix",
+    concurrency: _TeacherConcurrency = 8,
+    retries: _TeacherRetries = 2,
+    timeout: _TeacherTimeout = 300.0,
+    shard: _TeacherShard = None,
+    model: _TeacherModel = None,
+    name: _TeacherName = None,
+    tokenizer: _TeacherTokenizer = None,
+    retokenize_teacher: _TeacherRetokenizeTeacher = None,
     session: list[str] | None = SessionsOpt,
     since: datetime | None = SinceOpt,
     harness: str | None = HarnessOpt,
@@ -82,6 +109,7 @@ def teacher(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from orchard_rec.pipeline import iter_samples
+    from orchard_rec.selection import Selection
     from orchard_rec.storage.queries import teacher_store
     from orchard_rec.teacher import SampleRef, TeacherConfig, score_all
     from orchard_rec.teacher.run import run_coroutine
@@ -92,9 +120,9 @@ def teacher(
     if top_k < 0 or concurrency < 1 or retries < 0 or (max_len is not None and max_len < 2):
         raise usage_error("--top-k >= 0, --concurrency >= 1, --retries >= 0 and --max-len >= 2")
     part = _shard(shard)
-    since_ts = _since(since)
+    selection = Selection(sessions=session, since=_since(since), harness=harness, on_mismatch=on_mismatch)
     with _reading(db) as store:
-        total = len(store.sessions(session, since=since_ts, harness=harness))
+        total = len(store.sessions(selection.sessions, since=selection.since, harness=selection.harness))
     if total == 0:
         raise CliError(
             "no session to score"
@@ -136,9 +164,7 @@ def teacher(
     try:
         refs = (
             SampleRef(s.session_id, s.sample_key, list(s.tokens), s.response_length)
-            for s in iter_samples(
-                store, sessions=session, since=since_ts, harness=harness, on_mismatch=on_mismatch
-            )
+            for s in iter_samples(store, selection)
         )
         with progress:
             task = progress.add_task("teacher", total=None)

@@ -50,6 +50,7 @@ def verify(
 ) -> None:
     """Recompute every sample's log-probs with transformers (teacher forcing) and compare them with
     the recorded rollout log-probs on trained positions. Exit 1 when a sample is misaligned."""
+    from orchard_rec.selection import Selection
     from orchard_rec.verify.command import run as run_verify
 
     if source is not None and (since is not None or harness is not None):
@@ -58,8 +59,7 @@ def verify(
         model=model,
         source=source,
         open_store=lambda: open_read(db),
-        sessions=session,
-        selection={"since": _since(since), "harness": harness, "on_mismatch": on_mismatch},
+        selection=Selection(sessions=session, since=_since(since), harness=harness, on_mismatch=on_mismatch),
         dtype=dtype,
         device=device,
         max_samples=max_samples,

@@ -26,7 +26,7 @@ from orchard_rec.demo.tokenizer import IMAGE_PAD, build_tokenizer
 from orchard_rec.demo.upstream import DemoUpstream
 from orchard_rec.demo.vision import VisionConfig
 from orchard_rec.exporters import ExportError, get
-from orchard_rec.pipeline import iter_samples
+from orchard_rec.pipeline import Selection, iter_samples
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.server import BackgroundServer, RecordingProxy, run_forever
 from orchard_rec.reconstruct import Sample
@@ -84,7 +84,7 @@ def run_demo(workdir: Path, *, mode: str = "token", vlm: bool = False) -> DemoRe
         store.set_outcome(SESSION, outcome)
         calls = store.calls(SESSION)
         pad = build_tokenizer().token_to_id(IMAGE_PAD) if vlm else None
-        samples = list(iter_samples(store, sessions=[SESSION], image_token=pad))
+        samples = list(iter_samples(store, Selection(sessions=[SESSION], image_token=pad)))
     finally:
         store.close()
     jsonl = workdir / "samples.jsonl"

@@ -75,6 +75,34 @@ def _sse(data: Any, event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def _tool_call_deltas(
+    s: Section, call: dict[str, Any], tool_index: int
+) -> list[tuple[dict[str, Any], list[int], int]]:
+    """A tool call section as chat deltas ``(delta, token ids, positions advanced)``: the call's
+    head with the first half of its ids, then its arguments in up to three pieces."""
+    half = max(1, len(s.ids) // 2)
+    tid = "chatcmpl-tool-" + uuid.uuid4().hex[:16]
+    head = {
+        "index": tool_index,
+        "id": tid,
+        "type": "function",
+        "function": {"name": call["name"], "arguments": ""},
+    }
+    out: list[tuple[dict[str, Any], list[int], int]] = [({"tool_calls": [head]}, s.ids[:half], half)]
+    rest = s.ids[half:]
+    args = call["arguments"]
+    pieces = min(3, max(1, len(rest)))
+    step = -(-len(args) // pieces) if args else 1
+    arg_parts = [args[i : i + step] for i in range(0, len(args), step)] or [""]
+    id_parts = [
+        rest[i * len(rest) // len(arg_parts) : (i + 1) * len(rest) // len(arg_parts)]
+        for i in range(len(arg_parts))
+    ]
+    for a, ids in zip(arg_parts, id_parts):
+        out.append(({"tool_calls": [{"index": tool_index, "function": {"arguments": a}}]}, ids, len(ids)))
+    return out
+
+
 class DemoUpstream:
     def __init__(
         self,
@@ -261,39 +289,9 @@ class DemoUpstream:
             if s.kind == "eos":
                 continue
             if s.kind == "tool_call" and s.call is not None:
-                half = max(1, len(s.ids) // 2)
-                tid = "chatcmpl-tool-" + uuid.uuid4().hex[:16]
-                out.append(
-                    chunk(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": tool_index,
-                                    "id": tid,
-                                    "type": "function",
-                                    "function": {"name": s.call["name"], "arguments": ""},
-                                }
-                            ]
-                        },
-                        s.ids[:half],
-                        pos,
-                    )
-                )
-                pos += half
-                rest = s.ids[half:]
-                args = s.call["arguments"]
-                pieces = min(3, max(1, len(rest)))
-                step = -(-len(args) // pieces) if args else 1
-                arg_parts = [args[i : i + step] for i in range(0, len(args), step)] or [""]
-                id_parts = [
-                    rest[i * len(rest) // len(arg_parts) : (i + 1) * len(rest) // len(arg_parts)]
-                    for i in range(len(arg_parts))
-                ]
-                for a, ids in zip(arg_parts, id_parts):
-                    out.append(
-                        chunk({"tool_calls": [{"index": tool_index, "function": {"arguments": a}}]}, ids, pos)
-                    )
-                    pos += len(ids)
+                for delta, ids, advance in _tool_call_deltas(s, s.call, tool_index):
+                    out.append(chunk(delta, ids, pos))
+                    pos += advance
                 tool_index += 1
                 continue
             key = "reasoning_content" if s.kind == "reasoning" else "content"
@@ -346,37 +344,44 @@ class DemoUpstream:
             prompt_ids, k, self.model.tok.get_vocab_size(), lambda t: self.model.tok.decode(t)
         )
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        if isinstance(body, web.Response):
-            return body
-        prompt = body.get("prompt")
+    def _prompt_ids(self, prompt: Any) -> list[int] | None:
+        """A completions ``prompt`` (text or ids, or a batch of one) as token ids; None if neither."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_ids = self.model.encode(prompt)
-        elif isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-            prompt_ids = list(prompt)
-        else:
-            return _err(400, "prompt: expected a string or a list of token ids")
+            return self.model.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            return list(prompt)
+        return None
+
+    def _complete(self, body: dict[str, Any], prompt_ids: list[int]) -> tuple[list[int], str]:
+        """The completion's ids and finish reason: a chat rendered by the client (token-in/token-out)
+        is answered as the chat; any other prompt with a fixed answer."""
         prompt_text = self.model.decode(prompt_ids)
-        if prompt_text.endswith(
-            "<|im_start|>assistant\n"
-        ):  # a chat rendered by the client (token-in/token-out)
+        if prompt_text.endswith("<|im_start|>assistant\n"):
             messages, tools = parse_chatml(prompt_text)
             gen = self.model.generate(
                 messages, tools, max_tokens=body.get("max_tokens"), prompt_ids=prompt_ids
             )
-            ids, finish = gen.ids, ("length" if gen.finish_reason == "length" else "stop")
-        else:
-            text = " The answer is 42."
-            ids = self.model._noncanonical(self.model.encode(text)) + [self.model.eos]
-            finish = "stop"
-            max_tokens = body.get("max_tokens") or 16
-            if len(ids) > max_tokens:
-                ids, finish = ids[:max_tokens], "length"
+            return gen.ids, ("length" if gen.finish_reason == "length" else "stop")
+        text = " The answer is 42."
+        ids = self.model._noncanonical(self.model.encode(text)) + [self.model.eos]
+        finish = "stop"
+        max_tokens = body.get("max_tokens") or 16
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        return ids, finish
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt_ids = self._prompt_ids(body.get("prompt"))
+        if prompt_ids is None:
+            return _err(400, "prompt: expected a string or a list of token ids")
+        ids, finish = self._complete(body, prompt_ids)
         want_lp = body.get("logprobs") is not None and body.get("logprobs") is not False
         want_ids = bool(body.get("return_token_ids"))
         rid = "cmpl-" + uuid.uuid4().hex

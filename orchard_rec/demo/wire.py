@@ -243,6 +243,110 @@ def response_object(body: dict[str, Any], gen: Generation, custom: set[str], mod
     return resp
 
 
+Emit = Callable[..., None]
+
+
+def _item_groups(gen: Generation) -> list[tuple[str, list[Section]]]:
+    """The generation's sections, consecutive ones of one kind (not tool calls) in one group:
+    each group makes one output item."""
+    groups: list[tuple[str, list[Section]]] = []
+    for s in gen.sections:
+        if s.kind == "eos" or (s.kind != "tool_call" and not s.text):
+            continue
+        if groups and groups[-1][0] == s.kind and s.kind != "tool_call":
+            groups[-1][1].append(s)
+        else:
+            groups.append((s.kind, [s]))
+    return groups
+
+
+def _reasoning_events(emit: Emit, n: int, secs: list[Section], pieces: Pieces) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "reasoning", "id": _new("rs_"), "summary": [], "content": []}
+    emit("response.output_item.added", output_index=n, item=dict(item))
+    text = ""
+    for s in secs:
+        for p in pieces(s):
+            text += p
+            emit(
+                "response.reasoning_text.delta",
+                item_id=item["id"],
+                output_index=n,
+                content_index=0,
+                delta=p,
+            )
+    emit("response.reasoning_text.done", item_id=item["id"], output_index=n, content_index=0, text=text)
+    item["content"] = [{"type": "reasoning_text", "text": text}]
+    return item
+
+
+def _message_events(emit: Emit, n: int, secs: list[Section], pieces: Pieces) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "type": "message",
+        "id": _new("msg_"),
+        "status": "in_progress",
+        "role": "assistant",
+        "content": [],
+    }
+    emit("response.output_item.added", output_index=n, item=dict(item))
+    part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    emit(
+        "response.content_part.added",
+        item_id=item["id"],
+        output_index=n,
+        content_index=0,
+        part=dict(part),
+    )
+    for s in secs:
+        for p in pieces(s):
+            part["text"] += p
+            emit(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=n,
+                content_index=0,
+                delta=p,
+                logprobs=[],
+            )
+    emit(
+        "response.output_text.done",
+        item_id=item["id"],
+        output_index=n,
+        content_index=0,
+        text=part["text"],
+        logprobs=[],
+    )
+    emit("response.content_part.done", item_id=item["id"], output_index=n, content_index=0, part=part)
+    item["content"], item["status"] = [part], "completed"
+    return item
+
+
+def _call_events(emit: Emit, n: int, call: dict[str, Any], custom: set[str]) -> dict[str, Any]:
+    item = _call_output(call, custom)
+    emit("response.output_item.added", output_index=n, item={**item, "status": "in_progress"})
+    if item["type"] == "function_call":
+        emit(
+            "response.function_call_arguments.delta",
+            item_id=item["id"],
+            output_index=n,
+            delta=item["arguments"],
+        )
+        emit(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=n,
+            name=item["name"],
+            arguments=item["arguments"],
+        )
+    else:
+        emit(
+            "response.custom_tool_call_input.done",
+            item_id=item["id"],
+            output_index=n,
+            input=item["input"],
+        )
+    return item
+
+
 def response_events(
     body: dict[str, Any], gen: Generation, custom: set[str], model: str, pieces: Pieces
 ) -> list[Event]:
@@ -256,98 +360,14 @@ def response_events(
     emit("response.created", response=dict(resp))
     emit("response.in_progress", response=dict(resp))
     out: list[dict[str, Any]] = []
-    # consecutive sections of one kind make one output item
-    groups: list[tuple[str, list[Section]]] = []
-    for s in gen.sections:
-        if s.kind == "eos" or (s.kind != "tool_call" and not s.text):
-            continue
-        if groups and groups[-1][0] == s.kind and s.kind != "tool_call":
-            groups[-1][1].append(s)
-        else:
-            groups.append((s.kind, [s]))
-    for kind, secs in groups:
+    for kind, secs in _item_groups(gen):
         n = len(out)
         if kind == "reasoning":
-            item: dict[str, Any] = {"type": "reasoning", "id": _new("rs_"), "summary": [], "content": []}
-            emit("response.output_item.added", output_index=n, item=dict(item))
-            text = ""
-            for s in secs:
-                for p in pieces(s):
-                    text += p
-                    emit(
-                        "response.reasoning_text.delta",
-                        item_id=item["id"],
-                        output_index=n,
-                        content_index=0,
-                        delta=p,
-                    )
-            emit(
-                "response.reasoning_text.done", item_id=item["id"], output_index=n, content_index=0, text=text
-            )
-            item["content"] = [{"type": "reasoning_text", "text": text}]
+            item = _reasoning_events(emit, n, secs, pieces)
         elif kind == "content":
-            item = {
-                "type": "message",
-                "id": _new("msg_"),
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            emit("response.output_item.added", output_index=n, item=dict(item))
-            part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=n,
-                content_index=0,
-                part=dict(part),
-            )
-            for s in secs:
-                for p in pieces(s):
-                    part["text"] += p
-                    emit(
-                        "response.output_text.delta",
-                        item_id=item["id"],
-                        output_index=n,
-                        content_index=0,
-                        delta=p,
-                        logprobs=[],
-                    )
-            emit(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=n,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            )
-            emit("response.content_part.done", item_id=item["id"], output_index=n, content_index=0, part=part)
-            item["content"], item["status"] = [part], "completed"
+            item = _message_events(emit, n, secs, pieces)
         else:
-            call = secs[0].call or {"name": "", "arguments": "{}"}
-            item = _call_output(call, custom)
-            emit("response.output_item.added", output_index=n, item={**item, "status": "in_progress"})
-            if item["type"] == "function_call":
-                emit(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=n,
-                    delta=item["arguments"],
-                )
-                emit(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=n,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            else:
-                emit(
-                    "response.custom_tool_call_input.done",
-                    item_id=item["id"],
-                    output_index=n,
-                    input=item["input"],
-                )
+            item = _call_events(emit, n, secs[0].call or {"name": "", "arguments": "{}"}, custom)
         emit("response.output_item.done", output_index=n, item=item)
         out.append(item)
     resp["output"] = out

@@ -500,21 +500,7 @@ class ResponsesStream:
             r = d.get("reasoning_content") or d.get("reasoning")
             if r:
                 if self.open_kind != "reasoning":
-                    evs += self._close()
-                    self.open = {
-                        "type": "reasoning",
-                        "id": "rs_" + hex_id(),
-                        "summary": [],
-                        "content": [{"type": "reasoning_text", "text": ""}],
-                    }
-                    self.open_kind = "reasoning"
-                    evs.append(
-                        self._ev(
-                            "response.output_item.added",
-                            output_index=len(self.items),
-                            item={**self.open, "content": []},
-                        )
-                    )
+                    self._open_reasoning(evs)
                 self.open["content"][0]["text"] += r
                 evs.append(
                     self._ev(
@@ -527,32 +513,7 @@ class ResponsesStream:
                 )
             if d.get("content"):
                 if self.open_kind != "message":
-                    evs += self._close()
-                    self.open = {
-                        "type": "message",
-                        "id": "msg_" + hex_id(),
-                        "status": "in_progress",
-                        "role": "assistant",
-                        "content": [],
-                    }
-                    self.open_kind = "message"
-                    idx = len(self.items)
-                    evs.append(
-                        self._ev(
-                            "response.output_item.added", output_index=idx, item={**self.open, "content": []}
-                        )
-                    )
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    self.open["content"].append(part)
-                    evs.append(
-                        self._ev(
-                            "response.content_part.added",
-                            item_id=self.open["id"],
-                            output_index=idx,
-                            content_index=0,
-                            part=dict(part),
-                        )
-                    )
+                    self._open_message(evs)
                 self.open["content"][0]["text"] += d["content"]
                 evs.append(
                     self._ev(
@@ -568,22 +529,7 @@ class ResponsesStream:
                 ti = tc.get("index", 0)
                 fn = tc.get("function") or {}
                 if self.open_kind != "call" or self.tool_index != ti:
-                    evs += self._close()
-                    self.tool_index = ti
-                    self.open_kind = "call"
-                    self.open = {
-                        "call_id": tc.get("id") or "call_" + hex_id(),
-                        "name": fn.get("name") or "",
-                        "arguments": "",
-                    }
-                    self._call_id_item = ("ctc_" if self.open["name"] in self.custom else "fc_") + hex_id()
-                    added = _call_item(
-                        self.open["call_id"], self.open["name"], "", self.custom, status="in_progress"
-                    )
-                    added["id"] = self._call_id_item
-                    evs.append(
-                        self._ev("response.output_item.added", output_index=len(self.items), item=added)
-                    )
+                    self._open_call(evs, tc, ti, fn)
                 elif fn.get("name"):
                     self.open["name"] += fn["name"]
                 if fn.get("arguments"):
@@ -601,6 +547,68 @@ class ResponsesStream:
             if c.get("finish_reason"):
                 self.finish_reason = c["finish_reason"]
         return evs
+
+    def _open_reasoning(self, evs: list[tuple[str, dict[str, Any]]]) -> None:
+        """The open item closed, a reasoning item opened (its events appended to ``evs``)."""
+        evs += self._close()
+        self.open = {
+            "type": "reasoning",
+            "id": "rs_" + hex_id(),
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": ""}],
+        }
+        self.open_kind = "reasoning"
+        evs.append(
+            self._ev(
+                "response.output_item.added",
+                output_index=len(self.items),
+                item={**self.open, "content": []},
+            )
+        )
+
+    def _open_message(self, evs: list[tuple[str, dict[str, Any]]]) -> None:
+        """The open item closed, a message item and its text part opened."""
+        evs += self._close()
+        self.open = {
+            "type": "message",
+            "id": "msg_" + hex_id(),
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        self.open_kind = "message"
+        idx = len(self.items)
+        evs.append(
+            self._ev("response.output_item.added", output_index=idx, item={**self.open, "content": []})
+        )
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self.open["content"].append(part)
+        evs.append(
+            self._ev(
+                "response.content_part.added",
+                item_id=self.open["id"],
+                output_index=idx,
+                content_index=0,
+                part=dict(part),
+            )
+        )
+
+    def _open_call(
+        self, evs: list[tuple[str, dict[str, Any]]], tc: dict[str, Any], ti: int, fn: dict[str, Any]
+    ) -> None:
+        """The open item closed, tool call ``ti`` opened (a custom tool's item id is ``ctc_``)."""
+        evs += self._close()
+        self.tool_index = ti
+        self.open_kind = "call"
+        self.open = {
+            "call_id": tc.get("id") or "call_" + hex_id(),
+            "name": fn.get("name") or "",
+            "arguments": "",
+        }
+        self._call_id_item = ("ctc_" if self.open["name"] in self.custom else "fc_") + hex_id()
+        added = _call_item(self.open["call_id"], self.open["name"], "", self.custom, status="in_progress")
+        added["id"] = self._call_id_item
+        evs.append(self._ev("response.output_item.added", output_index=len(self.items), item=added))
 
     def finish(self) -> list[tuple[str, dict[str, Any]]]:
         evs = [] if self.started else self._start()

@@ -12,6 +12,7 @@ from orchard_rec.exporters.base import ExportStats, get, output_set
 from orchard_rec.exporters.conversation import conversation_of
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.reconstruct import Sample
+from orchard_rec.selection import Selection
 from orchard_rec.storage.queries import teacher_store
 from orchard_rec.storage.store import Store
 
@@ -26,11 +27,15 @@ __all__ = [
 ]
 
 
-def select_samples(store: Store, *, with_messages: bool = False, **selection: Any) -> Iterator[Sample]:
+def select_samples(
+    store: Store, selection: Selection | None = None, *, with_messages: bool = False, **options: Any
+) -> Iterator[Sample]:
     """``pipeline.iter_samples``, with recorded data that cannot be reconstructed reported as an
     ``ExportError`` (usage mistakes stay ``UsageError``)."""
     try:
-        yield from iter_samples(store, with_messages=attach_messages if with_messages else None, **selection)
+        yield from iter_samples(
+            store, selection, with_messages=attach_messages if with_messages else None, **options
+        )
     except OrchardError:
         raise
     except ValueError as exc:
@@ -66,36 +71,39 @@ def export(
     db_url: str,
     fmt: str,
     out: Path,
+    selection: Selection | None = None,
     *,
     format_options: dict[str, Any] | None = None,
     on_session: Callable[[Any], None] | None = None,
-    auxiliary: bool | None = None,
     check: Callable[[Path], None] | None = None,
-    **selection: Any,
+    **options: Any,
 ) -> ExportStats:
-    """``auxiliary``: keep side-conversation samples (``metadata.auxiliary``); default: only in
-    formats that declare ``includes_auxiliary`` (jsonl, parquet), never in trainer formats.
+    """The samples ``selection`` names (``options``: its fields, and ``iter_samples``' other
+    keywords) written in format ``fmt``. ``selection.auxiliary``: keep side-conversation samples
+    (``metadata.auxiliary``); default: only in formats that declare ``includes_auxiliary``
+    (jsonl, parquet), never in trainer formats.
 
     Every file is written under a temporary name and renamed into place at the end, all parts
     together (``base.output_set``); ``check`` is asked about each final path first. An export
     that keeps no sample renames nothing: an earlier output stays as it was (``stats.files``
     is then empty)."""
+    sel, hooks = Selection.take(selection, options)
     exporter = get(fmt, **(format_options or {}))
-    if auxiliary is None:
-        auxiliary = bool(getattr(exporter, "includes_auxiliary", False))
+    if sel.auxiliary is None:
+        sel = sel.replace(auxiliary=bool(getattr(exporter, "includes_auxiliary", False)))
     store = Store(db_url, readonly=True)  # an export never writes the database
     try:
         teachers = teacher_store(store)
-        if teachers.has_table() and "teacher" not in selection:
-            selection["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
+        if teachers.has_table() and "teacher" not in hooks:
+            hooks["teacher"] = teachers.lookup  # samples carry stored teacher log-probs
             if hasattr(exporter, "teacher_fill") and teachers.has_rows():
                 exporter.teacher_fill = True  # a sample the teacher missed: zeros, masked out
         samples = select_samples(
             store,
+            sel,
             on_session=on_session,
             with_messages=getattr(exporter, "needs_messages", False),
-            auxiliary=auxiliary,
-            **selection,
+            **hooks,
         )
         with output_set(check) as outputs:
             stats = exporter.write(fill_images(store, samples), out)
@@ -112,21 +120,22 @@ def export(
 def export_dataset(
     db_url: str,
     url: str,
+    selection: Selection | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
     on_session: Callable[[Any], None] | None = None,
-    auxiliary: bool | None = None,
-    **selection: Any,
+    **options: Any,
 ) -> ExportStats:
     """Database -> a partitioned parquet dataset at ``url`` (``exporters.dataset``): the ``parquet``
     format's rows, partitioned by the session's outcome metadata ``run``, the policy version and
     the session's day; the manifest records ``selection``."""
     from orchard_rec.exporters.dataset import write_dataset
 
-    recorded = _recorded(selection, auxiliary)
+    sel, hooks = Selection.take(selection, options)
+    recorded = _recorded(sel, hooks)
     store = Store(db_url, readonly=True)  # an export never writes the database
     try:
-        samples, session_info = _dataset_samples(store, on_session, auxiliary, selection)
+        samples, session_info = _dataset_samples(store, on_session, sel, hooks)
         return write_dataset(
             samples, url, storage_options=storage_options, session_info=session_info, selection=recorded
         )
@@ -135,13 +144,13 @@ def export_dataset(
 
 
 def _dataset_samples(
-    store: Store, on_session: Callable[[Any], None] | None, auxiliary: bool | None, selection: dict[str, Any]
+    store: Store, on_session: Callable[[Any], None] | None, sel: Selection, hooks: dict[str, Any]
 ) -> tuple[Iterator[Sample], Callable[[str], tuple[Any, float | None]]]:
     """The samples of a dataset export (teacher data attached, images filled) and each session's
     ``(run, created_at)``, the partition values the dataset writer needs."""
     teachers = teacher_store(store)
-    if teachers.has_table() and "teacher" not in selection:
-        selection["teacher"] = teachers.lookup
+    if teachers.has_table() and "teacher" not in hooks:
+        hooks = {**hooks, "teacher": teachers.lookup}
 
     def session_info(sid: str) -> tuple[Any, float | None]:
         summary = store.session(sid)
@@ -150,9 +159,9 @@ def _dataset_samples(
         meta = summary.outcome.metadata if summary.outcome is not None else {}
         return meta.get("run"), summary.created_at
 
-    samples = select_samples(
-        store, on_session=on_session, auxiliary=True if auxiliary is None else auxiliary, **selection
-    )
+    if sel.auxiliary is None:
+        sel = sel.replace(auxiliary=True)
+    samples = select_samples(store, sel, on_session=on_session, **hooks)
     return fill_images(store, samples), session_info
 
 
@@ -168,23 +177,24 @@ def session_ids(db_url: str, *, sessions: Any = None, since: Any = None, harness
 def write_shard(
     db_url: str,
     url: str,
+    selection: Selection | None = None,
     *,
     storage_options: dict[str, Any] | None,
     export_id: str,
     shard: int,
-    auxiliary: bool | None = None,
-    **selection: Any,
+    **options: Any,
 ) -> dict[str, Any]:
     """One shard of a sharded dataset export (a Ray task): its own read-only store, its parts
     staged (``DatasetWriter(shard=)``); removes what it wrote when it fails. Returns the staged
     parts, the images it wrote, and its sample and token counts."""
     from orchard_rec.exporters.dataset import DatasetWriter, storage_errors
 
+    sel, hooks = Selection.take(selection, options)
     store = Store(db_url, readonly=True)
     writer: DatasetWriter | None = None
     stats = ExportStats()
     try:
-        samples, session_info = _dataset_samples(store, None, auxiliary, selection)
+        samples, session_info = _dataset_samples(store, None, sel, hooks)
         with storage_errors(url):
             writer = DatasetWriter(
                 url,
@@ -211,13 +221,10 @@ def write_shard(
         store.close()
 
 
-def _recorded(selection: dict[str, Any], auxiliary: bool | None) -> dict[str, Any]:
-    """The selection as the manifest records it: options given, JSON-safe (callables left out)."""
-    out: dict[str, Any] = {"auxiliary": True if auxiliary is None else auxiliary}
-    for k, v in selection.items():
-        if v is None or callable(v) or k in ("selection_stats", "tokenizer"):
-            continue
-        out[k] = list(v) if isinstance(v, tuple) else v
-    if selection.get("tokenizer") is not None:
-        out["tokenizer"] = str(getattr(selection["tokenizer"], "name_or_path", "given"))
+def _recorded(sel: Selection, hooks: dict[str, Any]) -> dict[str, Any]:
+    """The selection as the manifest records it (``Selection.recorded``), with the tokenizer's name."""
+    out = sel.recorded()
+    out["auxiliary"] = True if sel.auxiliary is None else sel.auxiliary
+    if hooks.get("tokenizer") is not None:
+        out["tokenizer"] = str(getattr(hooks["tokenizer"], "name_or_path", "given"))
     return out

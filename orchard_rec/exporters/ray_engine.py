@@ -26,6 +26,7 @@ from orchard_rec.errors import ExportError, OrchardError, UsageError
 from orchard_rec.exporters.base import ExportStats
 from orchard_rec.exporters.dataset import STAGING_DIR, DatasetWriter, finalize_part, open_fs, storage_errors
 from orchard_rec.exporters.pipeline import _recorded, session_ids, write_shard
+from orchard_rec.selection import Selection
 
 __all__ = ["UNSHARDABLE", "export_dataset_ray", "shards_of"]
 
@@ -53,16 +54,18 @@ def _finalize(url: str, storage_options: dict[str, Any] | None, staged: str, off
 def export_dataset_ray(
     db_url: str,
     url: str,
+    selection: Selection | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
     address: str | None = None,
     shards: int | None = None,
     on_session: Callable[[Any], None] | None = None,
-    auxiliary: bool | None = None,
-    **selection: Any,
+    **options: Any,
 ) -> ExportStats:
-    """``shards``: default two per CPU of the cluster."""
-    given = [k for k in UNSHARDABLE if selection.get(k)]
+    """``shards``: default two per CPU of the cluster; ``options``: fields of ``selection`` and
+    ``iter_samples``' other keywords, as ``pipeline.export_dataset`` takes them."""
+    sel, hooks = Selection.take(selection, options)
+    given = [k for k in UNSHARDABLE if getattr(sel, k)]
     if given:
         raise UsageError(
             f"--engine ray shards by session; {', '.join('--' + k.replace('_', '-') for k in given)} "
@@ -72,13 +75,8 @@ def export_dataset_ray(
         import ray
     except ImportError:
         raise ExportError("--engine ray needs Ray: pip install 'orchard-rec[ray]'") from None
-    recorded = {**_recorded(selection, auxiliary), "engine": "ray"}
-    ids = session_ids(
-        db_url,
-        sessions=selection.get("sessions"),
-        since=selection.get("since"),
-        harness=selection.get("harness"),
-    )
+    recorded = {**_recorded(sel, hooks), "engine": "ray"}
+    ids = session_ids(db_url, sessions=sel.sessions, since=sel.since, harness=sel.harness)
     with storage_errors(url):
         driver = DatasetWriter(url, storage_options=storage_options)  # checks the prefix, names the export
     started = not ray.is_initialized()
@@ -94,11 +92,11 @@ def export_dataset_ray(
             shard_task.remote(
                 db_url,
                 url,
+                sel.replace(sessions=run),
                 storage_options=storage_options,
                 export_id=driver.export_id,
                 shard=k,
-                auxiliary=auxiliary,
-                **{**selection, "sessions": run},
+                **hooks,
             )
             for k, run in enumerate(runs)
         ]

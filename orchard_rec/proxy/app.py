@@ -626,6 +626,31 @@ async def metrics_handler(request: web.Request) -> web.Response:
 # -- lifecycle -------------------------------------------------------------------------------------
 
 
+def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
+    """The viewer under ``/ui`` (``--ui``), on the app's store."""
+    from orchard_rec.ui import build_ui_app
+
+    admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
+    locked = bool(config.api_keys or config.admin_keys)
+    from orchard_rec.ui.calls import Resend
+
+    resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
+    shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
+    app.router.add_get("/ui", _ui_slash)
+    app.add_subapp(
+        "/ui",
+        build_ui_app(
+            app[STORE],
+            base="/ui",
+            keys=admins,
+            locked=locked,
+            tokenizer=shown_by,
+            resend_to=resend_to,
+            writer=app[STORE],
+        ),
+    )
+
+
 def build_app(config: ProxyConfig, store: Store | None = None) -> web.Application:
     """The proxy app. Owns the upstream ``ClientSession`` and the recorder through one cleanup context."""
     app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
@@ -707,27 +732,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
     if config.ui:
-        from orchard_rec.ui import build_ui_app
-
-        admins = config.admin_keys or tuple(k for k in config.api_keys if ":" not in k)[:1]
-        locked = bool(config.api_keys or config.admin_keys)
-        from orchard_rec.ui.calls import Resend
-
-        resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
-        shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
-        app.router.add_get("/ui", _ui_slash)
-        app.add_subapp(
-            "/ui",
-            build_ui_app(
-                app[STORE],
-                base="/ui",
-                keys=admins,
-                locked=locked,
-                tokenizer=shown_by,
-                resend_to=resend_to,
-                writer=app[STORE],
-            ),
-        )
+        _mount_ui(app, config)
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect)
     app.router.add_route("*", "/s/{sid}", probe_handler)

@@ -73,7 +73,7 @@ from orchard_rec.proxy.dbthread import STOP as _STOP
 from orchard_rec.proxy.dbthread import DatabaseThread
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
-from orchard_rec.settings import current
+from orchard_rec.settings import Settings, current
 from orchard_rec.storage.spool import Spool, SpoolFormatError, record_to_json
 from orchard_rec.storage.store import Store
 
@@ -188,6 +188,10 @@ class Recorder(DatabaseThread):
         self._bytes_out = 0
         """Bytes released by the writer (writer threads, under ``_count_lock``)."""
         self._init_process(fsync_interval)
+        self._init_writer(knobs)
+
+    def _init_writer(self, knobs: Settings) -> None:
+        """The writer thread's settings and the counters of the spool and of pacing."""
         self.nice = knobs.writer_nice
         """The writer thread's OS niceness (``ORCHARD_WRITER_NICE``, default 0: the process's own).
         A positive value makes the scheduler run the event loop (and the model server, the harness)

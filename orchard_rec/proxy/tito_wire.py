@@ -96,6 +96,14 @@ def chat_completion(
     }
 
 
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    """One chat completion chunk of a single choice."""
+    return {
+        **base,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
 def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) -> list[dict[str, Any]]:
     """The chunk stream a chat completion object corresponds to.
 
@@ -112,48 +120,14 @@ def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) 
     }
     choice = obj["choices"][0]
     msg = choice["message"]
-    first: dict[str, Any] = {
-        **base,
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ],
-    }
+    first = _chunk(base, {"role": "assistant", "content": ""})
     if translated:
         first["usage"] = obj["usage"]
     out = [first]
     if msg.get("reasoning_content"):
-        out.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"reasoning_content": msg["reasoning_content"]},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
+        out.append(_chunk(base, {"reasoning_content": msg["reasoning_content"]}))
     if msg.get("content"):
-        out.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": msg["content"]},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
+        out.append(_chunk(base, {"content": msg["content"]}))
     for k, tc in enumerate(msg.get("tool_calls") or ()):
         head = {
             "index": k,
@@ -161,39 +135,10 @@ def synth_chunks(obj: dict[str, Any], *, usage: bool, translated: bool = False) 
             "type": "function",
             "function": {"name": tc["function"]["name"], "arguments": ""},
         }
-        out.append(
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None}
-                ],
-            }
-        )
-        out.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {
-                            "tool_calls": [
-                                {"index": k, "function": {"arguments": tc["function"]["arguments"]}}
-                            ]
-                        },
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
-    out.append(
-        {
-            **base,
-            "choices": [
-                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
-            ],
-        }
-    )
+        out.append(_chunk(base, {"tool_calls": [head]}))
+        args = {"index": k, "function": {"arguments": tc["function"]["arguments"]}}
+        out.append(_chunk(base, {"tool_calls": [args]}))
+    out.append(_chunk(base, {}, choice["finish_reason"]))
     if usage or translated:
         out.append({**base, "choices": [], "usage": obj["usage"]})
     return out

@@ -185,6 +185,40 @@ def template_turn_end(tokenizer: Any) -> int | None:
     return ids[0] if ids else getattr(tokenizer, "eos_token_id", None)
 
 
+def _built(
+    b: SampleBuilder, k: int, step_of: dict[str, int], image_token: int | None, outcome: Outcome | None
+) -> Sample:
+    """Builder ``k`` of a session as its sample: status, metadata, image spans, the outcome's
+    reward (before the credit policy applies)."""
+    s = b.build()
+    s.index = k
+    s.status = SampleStatus.TRUNCATED if b.last_finish in _TRUNCATED else SampleStatus.COMPLETED
+    if b.last_finish == "abort":  # kept with --aborted keep: the server cut its last generation
+        s.status = SampleStatus.ABORTED
+    s.metadata["call_ids"] = list(b.call_ids)
+    source = b.sources.pop() if len(b.sources) == 1 else TokenSource.MIXED
+    s.metadata["token_source"] = source.value
+    s.metadata["branch"] = k
+    s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
+    if b.missing_logprobs:
+        s.metadata["missing_logprobs"] = True
+    if s.routed_experts is not None and routing.covers(s.routed_experts) != len(s.tokens) - 1:
+        s.routed_experts = None  # the rows do not start at the sample's first token
+    if b.routed_seen and s.routed_experts is None:  # realigned, or its last call had none
+        s.metadata["routed_experts_missing"] = True
+    if image_token is not None and (s.images or image_token in s.tokens):
+        spans = image_runs(s.tokens, image_token)
+        s.metadata["image_spans"] = spans
+        if len(spans) != len(s.images):
+            s.metadata["image_spans_mismatch"] = True
+    if outcome is not None:
+        s.outcome = outcome
+        s.reward = dict(outcome.reward) if isinstance(outcome.reward, Mapping) else outcome.reward
+        if outcome.status is not None and s.status is SampleStatus.COMPLETED:
+            s.status = SampleStatus(outcome.status)
+    return s
+
+
 def reconstruct(
     generations: Iterable[Generation],
     *,
@@ -269,32 +303,7 @@ def reconstruct(
     policy = credit or AssistantCredit()
     samples: list[Sample] = []
     for k, b in enumerate(builders):
-        s = b.build()
-        s.index = k
-        s.status = SampleStatus.TRUNCATED if b.last_finish in _TRUNCATED else SampleStatus.COMPLETED
-        if b.last_finish == "abort":  # kept with --aborted keep: the server cut its last generation
-            s.status = SampleStatus.ABORTED
-        s.metadata["call_ids"] = list(b.call_ids)
-        source = b.sources.pop() if len(b.sources) == 1 else TokenSource.MIXED
-        s.metadata["token_source"] = source.value
-        s.metadata["branch"] = k
-        s.metadata["turn_steps"] = [step_of[c] for c in b.call_ids]
-        if b.missing_logprobs:
-            s.metadata["missing_logprobs"] = True
-        if s.routed_experts is not None and routing.covers(s.routed_experts) != len(s.tokens) - 1:
-            s.routed_experts = None  # the rows do not start at the sample's first token
-        if b.routed_seen and s.routed_experts is None:  # realigned, or its last call had none
-            s.metadata["routed_experts_missing"] = True
-        if image_token is not None and (s.images or image_token in s.tokens):
-            spans = image_runs(s.tokens, image_token)
-            s.metadata["image_spans"] = spans
-            if len(spans) != len(s.images):
-                s.metadata["image_spans_mismatch"] = True
-        if outcome is not None:
-            s.outcome = outcome
-            s.reward = dict(outcome.reward) if isinstance(outcome.reward, Mapping) else outcome.reward
-            if outcome.status is not None and s.status is SampleStatus.COMPLETED:
-                s.status = SampleStatus(outcome.status)
+        s = _built(b, k, step_of, image_token, outcome)
         policy.apply(s, outcome)
         samples.append(s)
     if samples and skipped:

@@ -204,6 +204,49 @@ def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) 
     return out
 
 
+def _run(t: str, i: int, key: str, k0: int, prev: Split | None, out: Split, cur: int) -> int:
+    """The previous split's pieces ``k0`` to the last of ``key``'s array, when ``t`` has the
+    same text at ``i`` (one comparison, not one per message): taken at once, their end returned
+    (the caller's new ``cur``); else -1. Identical text from an element's start parses into the
+    identical elements."""
+    if prev is None or prev.text is None:
+        return -1
+    was: Sequence[tuple[str, bytes]] = prev.pieces.get(key, ())
+    g = prev.first.get(key, -1)
+    if g < 0 or k0 + 2 > len(was):
+        return -1
+    g0, gl = g + k0, g + len(was) - 1
+    if gl >= len(prev.refs) or prev.refs[g0] != was[k0][1] or prev.refs[gl] != was[-1][1]:
+        return -1
+    a, b = prev.starts[g0], prev.starts[gl] + len(was[-1][0])
+    if not t.startswith(prev.text[a:b], i):
+        return -1
+    refs = out.refs
+    if key not in out.first:
+        out.first[key] = len(refs)
+    lits = out.literals
+    lits.append(t[cur:i])
+    lits.extend(prev.literals[g0 + 1 : gl + 1])
+    refs.extend(prev.refs[g0 : gl + 1])
+    out.starts.extend([x + i - a for x in prev.starts[g0 : gl + 1]])
+    out.pieces.setdefault(key, []).extend(was[k0:])
+    return i + b - a
+
+
+def _blob(t: str, out: Split, key: str, start: int, end: int, reuse: bytes | None, cur: int) -> None:
+    """``t[start:end]`` as a blob of ``key`` (hashed unless ``reuse`` is its digest), the text
+    since ``cur`` as the literal before it; the caller's ``cur`` becomes ``end``."""
+    piece = t[start:end]
+    h = reuse
+    if h is None:
+        h = digest(piece.encode())
+        out.blobs[h] = piece
+    out.literals.append(t[cur:start])
+    out.refs.append(h)
+    out.starts.append(start)
+    out.pieces.setdefault(key, []).append((piece, h))
+
+
 def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
     i = _ws(t, 0)
     if t[i] != "{":
@@ -212,45 +255,6 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
     cur = 0
     lits, refs = out.literals, out.refs
     old = prev.pieces if prev is not None else {}
-
-    def run(key: str, i: int, k0: int) -> int:
-        """The previous split's pieces ``k0`` to the last of ``key``'s array, when ``t`` has the
-        same text at ``i`` (one comparison, not one per message): taken at once, their end returned;
-        else -1. Identical text from an element's start parses into the identical elements."""
-        nonlocal cur
-        was: Sequence[tuple[str, bytes]] = old.get(key, ())
-        g = prev.first.get(key, -1) if prev is not None else -1
-        if prev is None or prev.text is None or g < 0 or k0 + 2 > len(was):
-            return -1
-        g0, gl = g + k0, g + len(was) - 1
-        if gl >= len(prev.refs) or prev.refs[g0] != was[k0][1] or prev.refs[gl] != was[-1][1]:
-            return -1
-        a, b = prev.starts[g0], prev.starts[gl] + len(was[-1][0])
-        if not t.startswith(prev.text[a:b], i):
-            return -1
-        if key not in out.first:
-            out.first[key] = len(refs)
-        lits.append(t[cur:i])
-        lits.extend(prev.literals[g0 + 1 : gl + 1])
-        refs.extend(prev.refs[g0 : gl + 1])
-        out.starts.extend([x + i - a for x in prev.starts[g0 : gl + 1]])
-        out.pieces.setdefault(key, []).extend(was[k0:])
-        cur = i + b - a
-        return cur
-
-    def blob(key: str, start: int, end: int, j: int, reuse: bytes | None) -> None:
-        nonlocal cur
-        piece = t[start:end]
-        h = reuse
-        if h is None:
-            h = digest(piece.encode())
-            out.blobs[h] = piece
-        lits.append(t[cur:start])
-        refs.append(h)
-        out.starts.append(start)
-        out.pieces.setdefault(key, []).append((piece, h))
-        cur = end
-
     while True:
         i = _ws(t, i)
         if t[i] == "}":
@@ -276,8 +280,9 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
             else:
                 closed = False
                 while not closed:
-                    end = run(key, i, j + shift)
+                    end = _run(t, i, key, j + shift, prev, out, cur)
                     if end >= 0:
+                        cur = end
                         j = len(was) - shift
                     else:
                         reuse = None
@@ -287,17 +292,20 @@ def _split(t: str, prev: Split | None, out: Split, deltas: bool = True) -> None:
                             shift = k - j  # a harness that dropped or inserted messages: the rest shifts too
                         else:
                             end = _skip(t, i)
-                        blob(key, i, end, j, reuse)
+                        _blob(t, out, key, i, end, reuse, cur)
+                        cur = end
                         j += 1
                     i, closed = _next_element(t, end)
         else:
             if was and t.startswith(was[0][0], i) and was[0][0][:1] in ("{", "[", '"'):
-                blob(key, i, i + len(was[0][0]), 0, was[0][1])
-                i += len(was[0][0])
+                end = i + len(was[0][0])
+                _blob(t, out, key, i, end, was[0][1], cur)
+                cur = i = end
             else:
                 end = _skip(t, i)
                 if end - i >= BLOB_MIN:
-                    blob(key, i, end, 0, None)
+                    _blob(t, out, key, i, end, None, cur)
+                    cur = end
                     if deltas and was:
                         n = common_prefix(was[0][0], t[i:end])
                         if n >= DELTA_MIN:

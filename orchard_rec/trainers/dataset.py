@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import torch
@@ -25,6 +25,9 @@ from torch.utils.data import Dataset, IterableDataset
 
 from orchard_rec.errors import UsageError
 from orchard_rec.reconstruct import Sample
+
+if TYPE_CHECKING:
+    from orchard_rec.selection import Selection
 
 __all__ = ["OrchardDataset", "OrchardIterableDataset", "collate", "collate_packed", "sample_tensors"]
 
@@ -95,11 +98,15 @@ class OrchardIterableDataset(IterableDataset):
         db: str | None = None,
         path: str | Path | None = None,
         advantage_fn: AdvantageFn | None = None,
-        **selection: Any,
+        selection: Selection | None = None,
+        **options: Any,
     ) -> None:
+        """``selection`` (``orchard_rec.selection.Selection``) and ``options`` (its fields, or
+        ``iter_samples``' other keywords): which samples ``db=`` streams."""
         if (db is None) == (path is None):
             raise UsageError("give exactly one of db= or path=")
-        self.db, self.path, self.advantage_fn, self.selection = db, path, advantage_fn, selection
+        self.db, self.path, self.advantage_fn = db, path, advantage_fn
+        self.selection, self.options = selection, options
 
     def samples(self) -> Iterator[Sample]:
         if self.path is not None:
@@ -112,7 +119,7 @@ class OrchardIterableDataset(IterableDataset):
 
         store = Store(self.db)  # type: ignore[arg-type]
         try:
-            yield from iter_samples(store, **self.selection)
+            yield from iter_samples(store, self.selection, **self.options)
         finally:
             store.close()
 

@@ -40,10 +40,11 @@ from orchard_rec.exporters.contracts import slime_runs, slime_sample_class, to_s
 from orchard_rec.pipeline import iter_samples
 from orchard_rec.policy import Staleness
 from orchard_rec.reconstruct import Sample
+from orchard_rec.selection import Selection
 from orchard_rec.selection.staleness import StalenessStats
 from orchard_rec.storage.store import Store
 
-__all__ = ["generate", "generate_rollout", "to_slime_sample"]
+__all__ = ["generate", "generate_rollout", "rollout_selection", "to_slime_sample"]
 
 log = logging.getLogger("orchard_rec.trainers.slime")
 
@@ -61,35 +62,38 @@ def to_slime_sample(s: Sample, group_id: int | None = None) -> Any:
     return slime_sample_class().from_dict(to_slime_dict(s, prompt=s.messages_prompt(), group_id=group_id))
 
 
+def rollout_selection(args: Any) -> Selection:
+    """The samples ``generate_rollout`` serves, from slime's ``args`` (``orchard_*`` options)."""
+    return Selection(
+        group_by=_opt(args, "orchard_group_by", "session"),
+        on_mismatch=_opt(args, "orchard_on_mismatch", "split"),
+        credit=_opt(args, "orchard_credit", "assistant"),
+        aborted=_opt(args, "orchard_aborted", "drop"),
+        staleness=Staleness(
+            _int(args, "orchard_policy_version"),
+            _int(args, "orchard_max_staleness"),
+            _int(args, "orchard_min_policy_version"),
+        ),
+        stale=_opt(args, "orchard_stale", "drop"),
+    )
+
+
 def generate_rollout(
     args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False
 ) -> list[list[Any]]:
     """Groups ``rollout_id * batch .. (rollout_id + 1) * batch`` of the recorded sessions."""
     db = _opt(args, "orchard_db", os.environ.get("ORCHARD_DB", "sqlite:///./orchard.db"))
     batch = int(_opt(args, "rollout_batch_size", 1))
+    selection = rollout_selection(args)
     store = Store(db)
     try:
-        floor = Staleness(
-            _int(args, "orchard_policy_version"),
-            _int(args, "orchard_max_staleness"),
-            _int(args, "orchard_min_policy_version"),
-        )
         stale_stats = StalenessStats()
-        samples = iter_samples(
-            store,
-            group_by=_opt(args, "orchard_group_by", "session"),
-            on_mismatch=_opt(args, "orchard_on_mismatch", "split"),
-            credit=_opt(args, "orchard_credit", "assistant"),
-            aborted=_opt(args, "orchard_aborted", "drop"),
-            staleness=floor if floor.floor is not None else None,
-            stale=_opt(args, "orchard_stale", "drop"),
-            staleness_stats=stale_stats,
-        )
+        samples = iter_samples(store, selection, staleness_stats=stale_stats)
         groups = (
             list(g) for _, g in itertools.groupby(slime_runs(samples), key=lambda sr: sr[0].group_index)
         )
         wanted = list(itertools.islice(groups, rollout_id * batch, (rollout_id + 1) * batch))
-        if floor.floor is not None:
+        if selection.staleness is not None:
             log.info("orchard-rec rollout %s: staleness: %s", rollout_id, stale_stats.summary())
         teacher_url = _opt(args, "orchard_teacher_url")
         if teacher_url:

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchard_rec.errors import SessionNotFound
 from orchard_rec.exporters.contracts import agent_loop_fields
-from orchard_rec.pipeline import iter_samples
+from orchard_rec.pipeline import Selection, iter_samples
 from orchard_rec.reconstruct import Sample
 from orchard_rec.storage.store import Store
 
@@ -31,8 +31,10 @@ def agent_loop_output(s: Sample) -> Any:
     return AgentLoopOutput(**fields)
 
 
-def agent_loop_outputs(store: Store, **selection: Any) -> Iterator[Any]:
-    for s in iter_samples(store, **selection):
+def agent_loop_outputs(store: Store, selection: Selection | None = None, **options: Any) -> Iterator[Any]:
+    """verl's ``AgentLoopOutput`` of every sample ``selection`` (and ``options``: its fields, or
+    ``iter_samples``' other keywords) names."""
+    for s in iter_samples(store, selection, **options):
         yield agent_loop_output(s)
 
 
@@ -45,7 +47,8 @@ class RecordedAgentLoop:
 
     async def run(self, sampling_params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         sid = kwargs["session_id"]
-        samples = list(iter_samples(self.store, sessions=[sid], on_mismatch=self.on_mismatch))
+        selection = Selection(sessions=[sid], on_mismatch=self.on_mismatch)
+        samples = list(iter_samples(self.store, selection))
         if not samples:
             raise SessionNotFound(f"no recorded samples for session {sid!r}")
         return agent_loop_output(max(samples, key=lambda s: len(s.turns)))

@@ -20,7 +20,7 @@ import orjson
 from sqlalchemy.engine import make_url
 
 from orchard_rec.errors import OrchardError
-from orchard_rec.pipeline import iter_samples
+from orchard_rec.pipeline import Selection, iter_samples
 from orchard_rec.reconstruct import Sample, image_token_id
 from orchard_rec.records import CallRecord, context_tokens
 from orchard_rec.storage import queries
@@ -489,15 +489,13 @@ def session_view(
     if on_mismatch not in ("split", "realign"):
         raise UIError(f"on_mismatch must be split or realign, got {on_mismatch!r}")
     try:
-        samples = list(
-            iter_samples(
-                store,
-                sessions=[session_id],
-                on_mismatch=on_mismatch,
-                credit=credit,
-                image_token=image_token_id(tokenizer),  # thumbnails name their token runs
-            )
+        selection = Selection(
+            sessions=[session_id],
+            on_mismatch=on_mismatch,
+            credit=credit,
+            image_token=image_token_id(tokenizer),  # thumbnails name their token runs
         )
+        samples = list(iter_samples(store, selection))
     except (ValueError, OrchardError) as exc:  # an unknown credit policy, say
         raise UIError(str(exc)) from None
     t0 = min((c.received_at for c in calls), default=summary.created_at)

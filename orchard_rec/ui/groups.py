@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchard_rec.errors import OrchardError
-from orchard_rec.pipeline import Attempt, SelectionStats, iter_samples, select_group
+from orchard_rec.pipeline import Attempt, Selection, SelectionStats, iter_samples, select_group
 from orchard_rec.reconstruct import Sample, numeric_reward
 from orchard_rec.selection import FILTERS, BarSpec, FilterChain, parse_bar
 from orchard_rec.selection.filters import is_positive
@@ -138,7 +138,7 @@ def group_view(
     by_session: dict[str, list[Sample]] = defaultdict(list)
     if ids:
         try:
-            for s in iter_samples(store, sessions=ids, on_mismatch=on_mismatch, credit=credit):
+            for s in iter_samples(store, Selection(sessions=ids, on_mismatch=on_mismatch, credit=credit)):
                 by_session[s.session_id].append(s)
         except (ValueError, OrchardError) as exc:
             raise GroupError(str(exc)) from None

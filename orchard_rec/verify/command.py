@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -17,6 +17,9 @@ from orchard_rec.verify.compare import SampleCheck, SampleView, VerifyReport
 from orchard_rec.verify.run import DEFAULT_TOLERANCE, verify_samples
 from orchard_rec.verify.scorer import DTYPES, Scorer
 from orchard_rec.verify.sources import read_export, samples_from_db
+
+if TYPE_CHECKING:
+    from orchard_rec.pipeline import Selection
 
 __all__ = ["run"]
 
@@ -33,8 +36,7 @@ def run(
     model: str,
     source: Path | None,
     open_store: Callable[[], Any],
-    sessions: Sequence[str] | None,
-    selection: dict[str, Any],
+    selection: Selection,
     dtype: str,
     device: str,
     max_samples: int | None,
@@ -43,7 +45,7 @@ def run(
     echo: Callable[[str], None],
 ) -> VerifyReport:
     """Verify the samples of ``source`` (an export file) or of the database ``open_store()``
-    gives (``selection``: ``pipeline.iter_samples`` keywords); every line goes to ``echo``."""
+    gives (``selection``; of an export file only its ``sessions`` apply); every line goes to ``echo``."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
     if max_samples is not None and max_samples < 1:
@@ -56,12 +58,13 @@ def run(
         echo(orjson.dumps(check.to_dict()).decode() if as_json else check.line())
 
     store = None
+    sessions = selection.sessions
     try:
         if source is not None:
             views = _only(read_export(source), sessions)
         else:
             store = open_store()
-            views = samples_from_db(store, sessions=sessions, **selection)
+            views = samples_from_db(store, selection)
         first = next(views, None)
         if first is None:
             raise UsageError("no sample to verify" + (" matches --session" if sessions else ""))

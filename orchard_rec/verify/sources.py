@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from orchard_rec.errors import UsageError
 from orchard_rec.verify.compare import SampleView, sample_view
+
+if TYPE_CHECKING:
+    from orchard_rec.pipeline import Selection
 
 __all__ = ["FILE_KINDS", "read_export", "samples_from_db"]
 
@@ -73,10 +76,10 @@ def _slime(path: Path) -> Iterator[SampleView]:
         yield sample_view(row if isinstance(row, dict) else row.to_dict())
 
 
-def samples_from_db(store: Any, **selection: Any) -> Iterator[SampleView]:
-    """The samples reconstruction gives from the database (``pipeline.iter_samples``), their
-    images filled from the store."""
+def samples_from_db(store: Any, selection: Selection | None = None, **options: Any) -> Iterator[SampleView]:
+    """The samples reconstruction gives from the database (``pipeline.iter_samples`` with
+    ``selection`` and ``options``), their images filled from the store."""
     from orchard_rec.exporters.pipeline import fill_images, select_samples
 
-    for s in fill_images(store, select_samples(store, **selection)):
+    for s in fill_images(store, select_samples(store, selection, **options)):
         yield sample_view(s)
