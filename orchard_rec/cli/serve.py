@@ -292,10 +292,29 @@ def intercept(
         "--hosts",
         help="Comma-separated hosts whose LLM calls are recorded; other hosts are tunnelled untouched.",
     ),
-    upstream_override: str | None = typer.Option(
+    upstream_override: list[str] | None = typer.Option(
         None,
         "--upstream-override",
-        help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM.",
+        help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM (repeatable: a fleet).",
+    ),
+    route: Literal["session", "least-busy", "round-robin"] = typer.Option(
+        "session", "--route", help="Fleet routing: session (sticky, bounded load), least-busy, round-robin."
+    ),
+    cache_salt: Literal["off", "policy"] = typer.Option(
+        "off",
+        "--cache-salt",
+        help="policy: send cache_salt = the current policy version with token and tito calls (no prefix cache across weight updates).",
+    ),
+    policy_refresh: float = typer.Option(
+        1.0,
+        "--policy-refresh",
+        min=0,
+        help="Seconds between asks of the first server's policy version (GET /weight_info); 0: only a call's X-Orchard-Policy-Version header.",
+    ),
+    tito_endpoint: Literal["completions", "generate"] = typer.Option(
+        "completions",
+        "--tito-endpoint",
+        help="tito with vLLM: /v1/completions, or /inference/v1/generate (per-token weight_versions, aborted generations continued).",
     ),
     mode: Literal["token", "passthrough", "tito"] = typer.Option(
         "token",
@@ -346,9 +365,8 @@ def intercept(
     host, _, port_text = listen.rpartition(":")
     if not port_text.isdigit() or int(port_text) > 65535:
         raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
-    if upstream_override:
-        upstream_override = _check_upstream(upstream_override, "--upstream-override")
-    if mode == "tito" and upstream_override and not tokenizer:
+    overrides = [_check_upstream(u, "--upstream-override") for u in upstream_override or ()]
+    if mode == "tito" and overrides and not tokenizer:
         raise usage_error(
             "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
         )
@@ -370,7 +388,12 @@ def intercept(
         listen_port=int(port_text),
         db=db,
         hosts=tuple(hosts.split(",")),
-        upstream_override=upstream_override,
+        upstream_override=overrides[0] if overrides else None,
+        fleet=tuple(overrides[1:]),
+        route=route,
+        cache_salt=cache_salt,
+        policy_refresh=policy_refresh,
+        tito_endpoint=tito_endpoint,
         mode=mode,
         tokenizer=tokenizer,
         upstream_kind=upstream_kind,
