@@ -3,9 +3,10 @@
 The same pieces as the HTTP proxy, not a copy of them: a ``Capture`` per call (filled
 with cheap appends on mitmproxy's event loop), the ``Recorder`` writer thread that turns
 it into a ``CallRecord`` and stores it, session and harness identity from the headers,
-and, when ``upstream_override`` sends the calls to a local model server, the token-mode
-``Plan`` (ids and logprobs injected upstream, removed again for the client; Responses and
-Messages translated to chat and back) or tito's ``TitoCall`` (the session's exact ids).
+and, when ``upstream_override`` sends the calls to local model servers (``servers``: which one,
+the policy version, the cache salt), the token-mode ``Plan`` (ids and logprobs injected upstream,
+removed again for the client; Responses and Messages translated to chat and back) or tito's
+``TitoCall`` (the session's exact ids; an aborted generation continued, ``proxy.partial``).
 
 Flow of one call through mitmproxy's hooks:
 - ``request`` (body complete): recognise host and path (the dialects and models),
