@@ -300,6 +300,14 @@ def intercept(
     route: Literal["session", "least-busy", "round-robin"] = typer.Option(
         "session", "--route", help="Fleet routing: session (sticky, bounded load), least-busy, round-robin."
     ),
+    routing_header: str | None = typer.Option(
+        None, "--routing-header", help="Also send the session id to the server in this header."
+    ),
+    routed_experts: bool = typer.Option(
+        False,
+        "--routed-experts",
+        help="MoE routing replay: record the routed_experts the server answers, token and tito mode.",
+    ),
     cache_salt: Literal["off", "policy"] = typer.Option(
         "off",
         "--cache-salt",
@@ -391,6 +399,8 @@ def intercept(
         upstream_override=overrides[0] if overrides else None,
         fleet=tuple(overrides[1:]),
         route=route,
+        routing_header=routing_header,
+        routed_experts=routed_experts,
         cache_salt=cache_salt,
         policy_refresh=policy_refresh,
         tito_endpoint=tito_endpoint,

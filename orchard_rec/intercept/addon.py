@@ -193,6 +193,10 @@ class InterceptAddon:
             if overridden:
                 held.server = self.servers.pick(cap.session_id)
                 cap.metadata["intercept"]["upstream"] = held.server.url
+                if self.config.routing_header and cap.session_id:
+                    req.headers[self.config.routing_header] = cap.session_id
+                if self.config.routed_experts and dialect.is_generation:
+                    cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
             if self.tito is not None and renders(dialect) and isinstance(body, dict):
                 await self._tito_request(flow, req, call, body, salt)
             elif held.server is not None:

@@ -33,6 +33,12 @@ class InterceptConfig(BaseModel):
     route: Literal["session", "least-busy", "round-robin"] = "session"
     """Fleet routing, as ``serve --route``: ``session`` (a session stays on its server, bounded
     loads), ``least-busy`` or ``round-robin``."""
+    routing_header: str | None = None
+    """Send the session id to the server in this header too (e.g. ``X-SMG-Routing-Key``), as
+    ``serve --routing-header``."""
+    routed_experts: bool = False
+    """MoE routing replay: record the ``routed_experts`` the server answers (vLLM
+    ``--enable-return-routed-experts``), as ``serve --routed-experts``."""
     cache_salt: Literal["off", "policy"] = "off"
     """``policy``: send ``cache_salt`` = the policy version in force with every token and tito call
     (no KV computed by older weights is reused after an update), as ``serve --cache-salt``."""

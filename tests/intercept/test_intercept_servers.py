@@ -5,7 +5,8 @@
 - ``--cache-salt policy`` sends the policy version in force as ``cache_salt`` (told by a call's
   ``X-Orchard-Policy-Version`` or polled from ``/weight_info``), and each call is fenced with it;
 - tito continues a generation the server aborted for a weight update (``proxy.partial``): the
-  client gets one answer, the record holds both parts and their versions.
+  client gets one answer, the record holds both parts and their versions;
+- ``--routing-header`` and ``--routed-experts`` as ``serve``'s.
 
 The clients are the real openai SDK, configured only through ``HTTPS_PROXY`` and mitmproxy's CA.
 """
@@ -16,11 +17,15 @@ import time
 
 import openai
 import pytest
+from proxy import test_routed_experts as moe
 
+from orchard_rec import routing
 from orchard_rec.proxy.fleet import Fleet
 from orchard_rec.storage import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]  # mitmproxy runtimes in subprocesses
+
+moe_upstream = moe.moe_upstream  # the demo server answering vLLM's routed_experts (a fixture)
 
 CHAT_PATHS = ("/v1/chat/completions", "/v1/completions")
 
@@ -162,3 +167,21 @@ def test_tito_continues_a_generation_the_server_aborted(upstream, intercept_fact
     sent = [b for p, b in upstream.fake.log if p == "/inference/v1/generate"]
     assert sent[-1]["token_ids"] == list(cont.prompt_ids) + list((cont.completion_ids or ())[:2])
     assert sent[-1]["sampling_params"]["max_tokens"] == 62
+
+
+def test_routing_header_and_routed_experts_as_serve_has_them(
+    upstream, moe_upstream, intercept_factory, via, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """``--routing-header`` carries the session id to the server; ``--routed-experts`` records the
+    MoE routing the server answered (``orchard_rec.routing``), token mode."""
+    db = f"sqlite:///{tmp_path / 'moe.db'}"
+    it = intercept_factory(
+        db, "--upstream-override", moe_upstream, "--routing-header", "X-SMG-Routing-Key", "--routed-experts"
+    )
+    via(it)
+    _ask(_client("moe"), "hi")
+    assert upstream.fake.headers[-1]["x-smg-routing-key"] == "moe"
+    assert it.stop() == 0
+    [c] = Store(db).calls("moe")
+    ids = list(c.prompt_ids or ()) + list(c.completion_ids or ())
+    assert routing.unpack(c.routed_experts or b"").to_lists() == moe._experts(ids).tolist()
