@@ -162,12 +162,12 @@ class InterceptAddon:
         route = llm_route(self.config.hosts, req.pretty_host, req.method, req.path)
         overridden = bool(self.config.overrides)
         if route is None:
-            if overridden and req.pretty_host.lower() in self.config.hosts:
+            ours = req.pretty_host.lower() in self.config.hosts
+            server = self.servers.pick(None, counted=False) if ours else None
+            if server is not None:
                 # the real host is not to be contacted: its other routes go to the local server too
                 # (a quick 404 there instead of a connection timeout to an unreachable API)
                 i = req.path.find("/v1/")
-                server = self.servers.fleet.pick(None)
-                assert server is not None
                 self._reroute(req, req.path[i:] if i >= 0 else req.path, server.url)
             return
         dialect, _prefix, path = route
@@ -190,8 +190,8 @@ class InterceptAddon:
                 req.get_content(strict=False) or b"", req.headers.get("content-type"), mode, salt
             )
             req.headers["accept-encoding"] = "identity"  # we must read what we record
-            if overridden:
-                held.server = self.servers.pick(cap.session_id)
+            held.server = self.servers.pick(cap.session_id)
+            if held.server is not None:
                 cap.metadata["intercept"]["upstream"] = held.server.url
                 if self.config.routing_header and cap.session_id:
                     req.headers[self.config.routing_header] = cap.session_id

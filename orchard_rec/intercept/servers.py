@@ -57,7 +57,8 @@ class Servers:
 
     def __init__(self, config: InterceptConfig) -> None:
         self.config = config
-        self.fleet = Fleet(config.overrides or ("http://unused",), config.route)
+        self.fleet = Fleet(config.overrides, config.route) if config.overrides else None
+        """None without an override: calls go to the real hosts."""
         self.policy = PolicyTracker()
         self.client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -65,8 +66,8 @@ class Servers:
     # -- lifecycle (on mitmproxy's event loop) -------------------------------------------------------
 
     async def start(self) -> None:
-        cfg = self.config
-        if not cfg.overrides:
+        cfg, fleet = self.config, self.fleet
+        if fleet is None:
             return
         tls: ssl.SSLContext | bool = True
         if cfg.ssl_insecure:
@@ -78,15 +79,15 @@ class Servers:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600),
             skip_auto_headers=("User-Agent",),
         )
-        if len(self.fleet.servers) > 1:
-            self._tasks.append(asyncio.create_task(watch(self.fleet, self.client, CHECK_INTERVAL, {}, 5.0)))
+        if len(fleet.servers) > 1:
+            self._tasks.append(asyncio.create_task(watch(fleet, self.client, CHECK_INTERVAL, {}, 5.0)))
         if cfg.policy_refresh > 0 and self.policy.tracking:
-            self._tasks.append(asyncio.create_task(self._poll()))
+            self._tasks.append(asyncio.create_task(self._poll(fleet.servers[0].url)))
 
-    async def _poll(self) -> None:
-        """The first server's policy version, every ``policy_refresh`` seconds (until it has none)."""
+    async def _poll(self, url: str) -> None:
+        """Server ``url``'s policy version, every ``policy_refresh`` seconds (until it has none)."""
         assert self.client is not None
-        root = rlwire.server_root(self.fleet.servers[0].url)
+        root = rlwire.server_root(url)
         while self.policy.polling:
             await self.policy.refresh(self.client, root, self.config.upstream_kind)
             await asyncio.sleep(self.config.policy_refresh)
@@ -102,16 +103,21 @@ class Servers:
 
     # -- one call ----------------------------------------------------------------------------------
 
-    def pick(self, key: str | None) -> Upstream:
-        """The server for a call of session ``key``, counted in flight until ``end``."""
+    def pick(self, key: str | None, counted: bool = True) -> Upstream | None:
+        """The server for a call of session ``key`` (None without an override); a ``counted`` one
+        is in flight there until ``end``."""
+        if self.fleet is None:
+            return None
         s = self.fleet.pick(key)
         assert s is not None  # nothing is excluded: every server is a candidate
-        self.fleet.begin(s)
+        if counted:
+            self.fleet.begin(s)
         return s
 
     def end(self, s: Upstream, never_connected: str | None = None) -> None:
         """The call on ``s`` is over; ``never_connected``: why no connection to it was made
         (then ``s`` is ejected until a health check passes)."""
+        assert self.fleet is not None
         self.fleet.end(s)
         if never_connected is not None:
             self.fleet.failed(s, never_connected)
