@@ -1,9 +1,11 @@
 """A recorded request or response as chat turns, whatever its dialect.
 
-The dialect registry reads the stored body (``dialects.turns_of`` / ``answer_turn_of``, neutral
-turns with raw values); this module renders those values as text. Each turn is ``{"role": ..., "blocks": [...]}``; a block is ``{"kind": "text" | "reasoning" |
-"tool_call" | "tool_result" | "image", ...}`` with ``text`` (and ``name``/``id`` for tool calls
-and results, ``url`` for images). Unknown shapes fall back to their JSON text: nothing is lost.
+The dialect registry reads the stored body (``dialects.turns_of`` / ``answer_turn_of``: neutral
+turns with raw values, so a dialect added by an entry point shows with no edit here); this module
+renders those values as text. Each turn is ``{"role": ..., "blocks": [...]}``; a block is
+``{"kind": "text" | "reasoning" | "tool_call" | "tool_result" | "image", ...}`` with ``text`` (and
+``name``/``id`` for tool calls and results, ``url`` for images). Unknown shapes fall back to their
+JSON text: nothing is lost.
 """
 
 from __future__ import annotations
