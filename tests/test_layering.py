@@ -391,3 +391,95 @@ def test_the_sql_checker_sees_queries_and_engines() -> None:
         "x:4 imports sqlalchemy.orm (queries live in storage/)",
         "x:5 uses store.engine (the engine stays in storage/)",
     ]
+
+
+# -- 7. dialect knowledge lives in dialects/ ---------------------------------------------------------------------
+
+# The wire dialects' names (what ``Dialect`` members and stored calls hold): the registry's, read from the
+# source so nothing is imported (``dialects/registry.py`` lists the modules, each names itself).
+WIRE_NAMES = frozenset({"chat", "completions", "responses", "messages", "gemini"})
+WIRE_MEMBERS = frozenset({"CHAT", "COMPLETIONS", "RESPONSES", "MESSAGES"})
+"""``Dialect`` members that name a wire dialect (``MODELS`` and ``OTHER`` are the two non-generation
+routes the proxy records without a dialect module: naming them is no dialect knowledge)."""
+
+# Each place outside dialects/ that may still name a wire dialect, and why. A new one fails the test:
+# ask the registry (``dialects.get(d).<what it knows>``) instead of branching on the name.
+DIALECT_BRANCHES_ALLOWED = {
+    # Token and tito modes translate every non-native dialect *to chat*: chat is the pivot of the
+    # WireDialect interface itself (``to_chat`` / ``from_chat``), so the translated upstream is chat.
+    ("orchard_rec.proxy.token", "Dialect.CHAT"),
+    # tito asks the engine's ``/v1/completions`` with the rendered ids: the upstream's wire (vLLM's),
+    # which a client's dialect does not change.
+    ("orchard_rec.proxy.titocall", "Dialect.COMPLETIONS"),
+    # Storage continues a completions session's prompt from the previous call's prompt + completion text
+    # (``Encoder._continue``). Left as it is while storage/ is reworked; a registry trait is the follow-up.
+    ("orchard_rec.storage.delta", '"completions"'),
+    ("orchard_rec.storage.store", '"completions"'),
+}
+
+
+def _names_a_dialect(node: ast.expr) -> bool:
+    """``dialect``, ``call.dialect``, ``r.dialect.value``, ``self.upstream_dialect``: an expression
+    holding a dialect by its name."""
+    d = _dotted(node) or ""
+    return "dialect" in d.rsplit(".value", 1)[0].rsplit(".", 1)[-1].lower()
+
+
+def _wire_strings(node: ast.expr) -> list[str]:
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [
+        repr(e.value).replace("'", '"')
+        for e in elts
+        if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in WIRE_NAMES
+    ]
+
+
+def _dialect_branches(name: str, tree: ast.AST) -> list[str]:
+    """``(module, what)`` for each ``Dialect.<wire member>`` and each comparison (or ``match``) of an
+    expression holding a dialect against a wire dialect's name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in WIRE_MEMBERS and _dotted(node.value) == "Dialect":
+            found.append((name, f"Dialect.{node.attr}", node.lineno))
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_names_a_dialect(o) for o in operands):
+                found += [(name, s, node.lineno) for o in operands for s in _wire_strings(o)]
+        elif isinstance(node, ast.Match) and _names_a_dialect(node.subject):
+            for case in node.cases:
+                for sub in ast.walk(case.pattern):
+                    if isinstance(sub, ast.MatchValue):
+                        found += [(name, s, case.pattern.lineno) for s in _wire_strings(sub.value)]
+    return found
+
+
+def test_no_branch_on_a_dialect_outside_dialects() -> None:
+    """Callers ask the registry; only the allow-listed places (each with its reason) name a wire dialect."""
+    found, used = [], set()
+    for name in MODULES:
+        if _under(name, "orchard_rec.dialects") or name == "orchard_rec.records":
+            continue  # the dialects themselves, and the ``Dialect`` name type that declares the members
+        for module, what, line in _dialect_branches(name, _parse(name)):
+            used.add((module, what))
+            if (module, what) not in DIALECT_BRANCHES_ALLOWED:
+                found.append(f"{MODULES[name]}:{line} names {what} (ask orchard_rec.dialects instead)")
+    assert found == []
+    assert DIALECT_BRANCHES_ALLOWED - used == set(), "an allow-list entry no longer needed: remove it"
+
+
+def test_the_dialect_branch_checker_sees_branches() -> None:
+    tree = ast.parse(
+        "def f(call, dialect, kind):\n"
+        "    if dialect == 'messages': pass\n"
+        "    if call.dialect.value in ('responses', 'x'): pass\n"
+        "    if call.dialect is Dialect.RESPONSES or call.dialect is Dialect.OTHER: pass\n"
+        "    if kind == 'chat' or store.dialect == 'sqlite': pass\n"
+        "    match call.upstream_dialect:\n"
+        "        case 'gemini': pass\n"
+    )
+    assert sorted((n, w) for _, w, n in _dialect_branches("x", tree)) == [
+        (2, '"messages"'),
+        (3, '"responses"'),
+        (4, "Dialect.RESPONSES"),
+        (7, '"gemini"'),
+    ]

@@ -400,10 +400,47 @@ _InterceptHosts = Annotated[
     ),
 ]
 _InterceptUpstreamOverride = Annotated[
-    str | None,
+    list[str] | None,
     typer.Option(
         "--upstream-override",
-        help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM.",
+        help="Send intercepted LLM calls to this base URL (incl. /v1) instead, e.g. a local vLLM (repeatable: a fleet).",
+    ),
+]
+_InterceptRoute = Annotated[
+    Literal["session", "least-busy", "round-robin"],
+    typer.Option("--route", help="Fleet routing: session (sticky, bounded load), least-busy, round-robin."),
+]
+_InterceptRoutingHeader = Annotated[
+    str | None,
+    typer.Option("--routing-header", help="Also send the session id to the server in this header."),
+]
+_InterceptRoutedExperts = Annotated[
+    bool,
+    typer.Option(
+        "--routed-experts",
+        help="MoE routing replay: record the routed_experts the server answers, token and tito mode.",
+    ),
+]
+_InterceptCacheSalt = Annotated[
+    Literal["off", "policy"],
+    typer.Option(
+        "--cache-salt",
+        help="policy: send cache_salt = the current policy version with token and tito calls (no prefix cache across weight updates).",
+    ),
+]
+_InterceptPolicyRefresh = Annotated[
+    float,
+    typer.Option(
+        "--policy-refresh",
+        min=0,
+        help="Seconds between asks of the first server's policy version (GET /weight_info); 0: only a call's X-Orchard-Policy-Version header.",
+    ),
+]
+_InterceptTitoEndpoint = Annotated[
+    Literal["completions", "generate"],
+    typer.Option(
+        "--tito-endpoint",
+        help="tito with vLLM: /v1/completions, or /inference/v1/generate (per-token weight_versions, aborted generations continued).",
     ),
 ]
 _InterceptMode = Annotated[
@@ -461,6 +498,12 @@ def intercept(
     db: str = DbOpt,
     hosts: _InterceptHosts = ",".join(DEFAULT_HOSTS),
     upstream_override: _InterceptUpstreamOverride = None,
+    route: _InterceptRoute = "session",
+    routing_header: _InterceptRoutingHeader = None,
+    routed_experts: _InterceptRoutedExperts = False,
+    cache_salt: _InterceptCacheSalt = "off",
+    policy_refresh: _InterceptPolicyRefresh = 1.0,
+    tito_endpoint: _InterceptTitoEndpoint = "completions",
     mode: _InterceptMode = "token",
     tokenizer: _InterceptTokenizer = None,
     upstream_kind: _InterceptUpstreamKind = "vllm",
@@ -484,9 +527,8 @@ def intercept(
     host, _, port_text = listen.rpartition(":")
     if not port_text.isdigit() or int(port_text) > 65535:
         raise usage_error(f"--listen {listen!r}: use HOST:PORT (port 0 to 65535), e.g. 127.0.0.1:8080")
-    if upstream_override:
-        upstream_override = _check_upstream(upstream_override, "--upstream-override")
-    if mode == "tito" and upstream_override and not tokenizer:
+    overrides = [_check_upstream(u, "--upstream-override") for u in upstream_override or ()]
+    if mode == "tito" and overrides and not tokenizer:
         raise usage_error(
             "--mode tito needs --tokenizer (the model's Hugging Face tokenizer, with its chat template)"
         )
@@ -508,7 +550,14 @@ def intercept(
         listen_port=int(port_text),
         db=db,
         hosts=tuple(hosts.split(",")),
-        upstream_override=upstream_override,
+        upstream_override=overrides[0] if overrides else None,
+        fleet=tuple(overrides[1:]),
+        route=route,
+        routing_header=routing_header,
+        routed_experts=routed_experts,
+        cache_salt=cache_salt,
+        policy_refresh=policy_refresh,
+        tito_endpoint=tito_endpoint,
         mode=mode,
         tokenizer=tokenizer,
         upstream_kind=upstream_kind,

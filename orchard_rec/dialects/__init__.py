@@ -7,7 +7,8 @@ stream reassembly and token extraction, terminal events, error bodies, images an
 opening. ``registry`` lists them (one line each, plus the entry-point group
 ``orchard_rec.dialects``). This package root answers by registry lookup, never by a dialect's
 name: a caller asks ``get(dialect)`` or one of the functions below. Shared: ``content`` (text of
-a content value, template messages), ``sse`` (parse and encode) and ``images`` (image refs).
+a content value, template messages), ``sse`` (parse and encode), ``images`` (image refs) and
+``view`` (a stored conversation as neutral turns, what the viewer and the step parser read).
 
 May import: the standard library, pydantic, orjson, ``orchard_rec.errors``, ``orchard_rec.records``
 (the ``Dialect`` name). Never imports ``proxy``, ``storage``, ``reconstruct``, ``exporters``,
@@ -26,20 +27,25 @@ from orchard_rec.dialects.content import template_message
 from orchard_rec.dialects.images import ImageRef
 from orchard_rec.dialects.registry import registered
 from orchard_rec.dialects.sse import SSEParser, last_boundary
+from orchard_rec.dialects.view import Block, Turn, chat_turns
 from orchard_rec.errors import OrchardError
 from orchard_rec.records import Dialect
 
 __all__ = [
+    "Block",
     "ChatStream",
     "Dialect",
     "Fold",
     "Route",
     "StreamEnd",
+    "Turn",
     "WireDialect",
+    "answer_turn_of",
     "assemble",
     "assistant_message",
     "caller",
     "chat_request_of",
+    "chat_turns",
     "conversation_keys",
     "error_body",
     "extract_tokens",
@@ -48,11 +54,13 @@ __all__ = [
     "is_terminal",
     "known",
     "opening",
+    "raw_text",
     "redact_query",
     "route",
     "secret_headers",
     "template_message",
     "to_chat",
+    "turns_of",
     "upstream_address",
     "without_secrets",
 ]
@@ -168,6 +176,39 @@ def chat_request_of(dialect: Dialect | str, request: Any) -> dict[str, Any] | No
     if not isinstance(request, dict) or d is None or not d.chat_view:
         return None
     return d.to_chat(request)
+
+
+_UNREADABLE = (TypeError, AttributeError, KeyError, ValueError, IndexError)
+"""What a dialect's reader raises on a stored body it cannot read (the view then says None)."""
+
+
+def turns_of(dialect: Dialect | str, request: Any) -> list[Turn] | None:
+    """A recorded request's conversation as neutral turns (``view``), read by its dialect; None
+    when no registered dialect reads it (``models``, ``other``, an unknown name, a shape it cannot read)."""
+    d = get(dialect)
+    if d is None or not isinstance(request, dict):
+        return None
+    try:
+        return d.turns(request)
+    except _UNREADABLE:
+        return None
+
+
+def answer_turn_of(dialect: Dialect | str, response: Any) -> Turn | None:
+    """The assistant turn a recorded answer carried, as a neutral turn, or None."""
+    d = get(dialect)
+    if d is None or not isinstance(response, dict):
+        return None
+    try:
+        return d.answer_turn(response)
+    except _UNREADABLE:
+        return None
+
+
+def raw_text(dialect: Dialect | str, request: Any, response: Any) -> tuple[str, str] | None:
+    """A text-in, text-out call's prompt and completion text (``WireDialect.raw_text``), or None."""
+    d = get(dialect)
+    return d.raw_text(request, response) if d is not None else None
 
 
 def to_chat(dialect: Dialect | str, body: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,15 @@ from orchard_rec.dialects.base import (
 from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, anthropic_images
 from orchard_rec.dialects.sse import encode
+from orchard_rec.dialects.view import (
+    Block,
+    Turn,
+    call_block,
+    image_block,
+    parts_with,
+    result_block,
+    text_block,
+)
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.records import Dialect
 
@@ -130,12 +139,7 @@ def _anthropic_parts(blocks: list[Any]) -> Any:
             if t == "text":
                 parts.append({"type": "text", "text": b.get("text", "")})
             elif t == "image":
-                src = b.get("source") or {}
-                if src.get("type") == "base64":
-                    url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
-                else:
-                    url = src.get("url", "")
-                parts.append({"type": "image_url", "image_url": {"url": url}})
+                parts.append({"type": "image_url", "image_url": {"url": _image_url(b.get("source")) or ""}})
             elif t == "document":
                 src = b.get("source") or {}
                 if src.get("type") == "text":
@@ -143,6 +147,16 @@ def _anthropic_parts(blocks: list[Any]) -> Any:
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
+
+
+def _image_url(src: Any) -> str | None:
+    """An image block's source as a URL (a ``data:`` URL for base64 data)."""
+    if not isinstance(src, dict):
+        return None
+    if src.get("type") == "base64":
+        return f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
+    url = src.get("url")
+    return url if isinstance(url, str) else None
 
 
 def _tool_result_text(content: Any) -> str:
@@ -590,6 +604,42 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
     return assistant_turn(texts, reasoning, calls)
 
 
+def _view_block(b: dict[str, Any]) -> Block | None:
+    t = b.get("type")
+    if t == "text":
+        return text_block(b.get("text"))
+    if t == "image":
+        return image_block(_image_url(b.get("source")), b)
+    if t in ("thinking", "redacted_thinking"):
+        return text_block(b.get("thinking") or b.get("data"), "reasoning")
+    if t in ("tool_use", "server_tool_use"):
+        return call_block(b.get("name"), b.get("id"), b.get("input"))
+    if t == "tool_result":
+        return result_block(b.get("tool_use_id"), b.get("content"), bool(b.get("is_error")))
+    return None
+
+
+def turns(body: dict[str, Any]) -> list[Turn]:
+    """A Messages request as neutral turns, read natively (a tool result's ``is_error`` kept)."""
+    out: list[Turn] = []
+    if body.get("system"):
+        out.append({"role": "system", "blocks": parts_with(body["system"], _view_block)})
+    for m in body.get("messages") or ():
+        if isinstance(m, dict):
+            out.append({"role": str(m.get("role", "?")), "blocks": parts_with(m.get("content"), _view_block)})
+    return out
+
+
+def answer_turn(response: dict[str, Any]) -> Turn | None:
+    """A message's content blocks as the assistant turn (None: an error, no content)."""
+    content = response.get("content")
+    return (
+        {"role": "assistant", "blocks": parts_with(content, _view_block)}
+        if isinstance(content, list)
+        else None
+    )
+
+
 def opening(body: dict[str, Any]) -> list[Any] | None:
     """What every call of one conversation repeats: the system prompt and the messages up to the first user one."""
     items: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
@@ -688,6 +738,12 @@ class _Messages(WireDialect):
 
     def tool_call_ids(self, response: Any) -> list[str]:
         return ids_of_type(response, "content", "tool_use", "id")
+
+    def turns(self, request: dict[str, Any]) -> list[Turn] | None:
+        return turns(request)
+
+    def answer_turn(self, response: dict[str, Any]) -> Turn | None:
+        return answer_turn(response)
 
 
 DIALECT = _Messages()

@@ -23,6 +23,7 @@ import orjson
 
 from orchard_rec.dialects.images import ImageRef
 from orchard_rec.dialects.sse import encode
+from orchard_rec.dialects.view import Turn, chat_answer, chat_turns
 from orchard_rec.errors import BadRequest, OrchardError, UpstreamError
 from orchard_rec.records import Dialect
 
@@ -132,6 +133,9 @@ class WireDialect:
     ``is_terminal``; empty: the stream ends with ``[DONE]``."""
     finish_key: str | None = None
     """The answer's top-level key holding the finish reason its client saw (``finish_of``), if any."""
+    upstream_path: str | None = None
+    """Where a token-aware upstream (vLLM, SGLang) answers this dialect, from the root, when
+    ``token_native``: token mode calls the upstream there."""
 
     # -- routes and request -----------------------------------------------------------------------
 
@@ -270,6 +274,24 @@ class WireDialect:
         msg = self.assistant_message(response)
         calls = (msg or {}).get("tool_calls") or []
         return [str(tc.get("id")) for tc in calls if isinstance(tc, dict)]
+
+    # -- the neutral view (the viewer, the step parser) -------------------------------------------
+
+    def turns(self, request: dict[str, Any]) -> list[Turn] | None:
+        """A stored request's conversation as neutral turns (``dialects.view``), system prompt
+        first; None when this dialect cannot read it. Here: its chat view's messages."""
+        return chat_turns(self.to_chat(request)) if self.chat_view else None
+
+    def answer_turn(self, response: dict[str, Any]) -> Turn | None:
+        """The assistant turn a stored answer carried, as a neutral turn; None for an error or a
+        call that generated nothing. Here: its ``assistant_message``."""
+        return chat_answer(self.assistant_message(response))
+
+    def raw_text(self, request: Any, response: Any) -> tuple[str, str] | None:
+        """A text-in, text-out dialect's prompt and completion as plain text (no chat template
+        between them: ``reconstruct.retokenize`` encodes them as they are); None for a dialect
+        that carries a conversation."""
+        return None
 
 
 def answer_tokens(obj: Any, finish_key: str | None) -> tuple[None, None, None, Any, Any]:

@@ -25,6 +25,7 @@ from orchard_rec.dialects.base import (
     openapi_post,
 )
 from orchard_rec.dialects.images import ImageRef, chat_images
+from orchard_rec.dialects.view import Turn, chat_message_turn
 from orchard_rec.errors import BadRequest, OrchardError
 from orchard_rec.records import Dialect
 
@@ -178,6 +179,7 @@ class _Chat(WireDialect):
     conversation_keys = ("messages",)
     token_native = True
     chat_view = True
+    upstream_path = "/v1/chat/completions"
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {
@@ -220,6 +222,15 @@ class _Chat(WireDialect):
 
     def opening(self, body: dict[str, Any]) -> list[Any] | None:
         return opening(body)
+
+    def answer_turn(self, response: dict[str, Any]) -> Turn | None:
+        c0 = (response.get("choices") or [None])[0]
+        m = c0.get("message") if isinstance(c0, dict) else None
+        if not isinstance(m, dict):
+            return None
+        turn = chat_message_turn(m)
+        turn["role"] = "assistant"
+        return turn
 
     def tool_call_ids(self, response: Any) -> list[str]:
         try:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from orchard_rec.dialects.base import Route, Tokens, WireDialect, assemble_chunks, openapi_post
+from orchard_rec.dialects.view import Turn, other, text_block
 from orchard_rec.records import Dialect
 
 __all__ = ["DIALECT", "CompletionsRequest", "assemble", "extract_tokens", "injected", "opening"]
@@ -91,6 +92,7 @@ class _Completions(WireDialect):
     name = Dialect.COMPLETIONS
     routes = (Route("POST", r"/v1/completions"),)
     token_native = True
+    upstream_path = "/v1/completions"
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {
@@ -117,6 +119,35 @@ class _Completions(WireDialect):
 
     def injected(self, request: Any, upstream: Any) -> tuple[bool, bool]:
         return injected(request, upstream)
+
+    def turns(self, request: dict[str, Any]) -> list[Turn] | None:
+        if "prompt" not in request:
+            return None
+        p = request["prompt"]
+        if isinstance(p, str):
+            block = text_block(p)
+        elif isinstance(p, list):
+            block = text_block(f"{len(p)} prompt token ids")
+        else:
+            block = other(p)
+        return [{"role": "prompt", "blocks": [block]}]
+
+    def answer_turn(self, response: dict[str, Any]) -> Turn | None:
+        text = _text_of(response)
+        return {"role": "assistant", "blocks": [text_block(text)]} if text is not None else None
+
+    def raw_text(self, request: Any, response: Any) -> tuple[str, str] | None:
+        prompt = request.get("prompt") if isinstance(request, dict) else None
+        text = _text_of(response)
+        return (prompt, text) if isinstance(prompt, str) and text is not None else None
+
+
+def _text_of(response: Any) -> str | None:
+    """Choice 0's text."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    c0 = choices[0] if isinstance(choices, list) and choices else None
+    text = c0.get("text") if isinstance(c0, dict) else None
+    return text if isinstance(text, str) else None
 
 
 DIALECT = _Completions()

@@ -33,7 +33,9 @@ from orchard_rec.dialects.base import (
 )
 from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, responses_images
+from orchard_rec.dialects.responses_view import answer_turn, turns
 from orchard_rec.dialects.sse import encode
+from orchard_rec.dialects.view import Turn
 from orchard_rec.errors import BadRequest
 from orchard_rec.records import Dialect
 
@@ -786,6 +788,12 @@ class _Responses(WireDialect):
 
     def tool_call_ids(self, response: Any) -> list[str]:
         return ids_of_type(response, "output", "function_call", "call_id")
+
+    def turns(self, request: dict[str, Any]) -> list[Turn] | None:
+        return turns(request)
+
+    def answer_turn(self, response: dict[str, Any]) -> Turn | None:
+        return answer_turn(response)
 
 
 DIALECT = _Responses()

@@ -3,9 +3,10 @@
 The same pieces as the HTTP proxy, not a copy of them: a ``Capture`` per call (filled
 with cheap appends on mitmproxy's event loop), the ``Recorder`` writer thread that turns
 it into a ``CallRecord`` and stores it, session and harness identity from the headers,
-and, when ``upstream_override`` sends the calls to a local model server, the token-mode
-``Plan`` (ids and logprobs injected upstream, removed again for the client; Responses and
-Messages translated to chat and back) or tito's ``TitoCall`` (the session's exact ids).
+and, when ``upstream_override`` sends the calls to local model servers (``servers``: which one,
+the policy version, the cache salt), the token-mode ``Plan`` (ids and logprobs injected upstream,
+removed again for the client; Responses and Messages translated to chat and back) or tito's
+``TitoCall`` (the session's exact ids; an aborted generation continued, ``proxy.partial``).
 
 Flow of one call through mitmproxy's hooks:
 - ``request`` (body complete): recognise host and path (the dialects and models),
@@ -41,8 +42,11 @@ from urllib.parse import urlsplit
 from orchard_rec import dialects
 from orchard_rec.errors import OrchardError
 from orchard_rec.intercept.config import InterceptConfig
+from orchard_rec.intercept.servers import Servers
+from orchard_rec.proxy import partial
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.core import Call, refuse_websocket, renders, upstream_address
+from orchard_rec.proxy.fleet import Upstream
 from orchard_rec.proxy.identity import SESSION_HEADER
 from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.server import tune_interpreter
@@ -84,13 +88,17 @@ def llm_route(hosts: tuple[str, ...], host: str, method: str, path: str) -> tupl
 class _Flow:
     """What the addon keeps on ``flow.metadata`` for one recorded call."""
 
-    __slots__ = ("call", "chunks", "streamed", "tito")
+    __slots__ = ("call", "chunks", "server", "streamed", "tito", "tito_path")
 
     def __init__(self, call: Call) -> None:
         self.call = call
         self.chunks: list[bytes] | None = None
         self.streamed = False
         self.tito: TitoCall | None = None
+        self.tito_path = ""
+        """Tito: the token endpoint's path (an aborted generation is continued there)."""
+        self.server: Upstream | None = None
+        """The override server the call went to (counted in flight until the call ends)."""
 
 
 class InterceptAddon:
@@ -106,7 +114,8 @@ class InterceptAddon:
         spool = Path(config.spool) if config.spool else default_spool(config.db)
         self.recorder = Recorder(self.store, spool=spool, durability=config.durability)
         self._announce = announce or (lambda line: print(line, flush=True, file=sys.stdout))
-        self._override = urlsplit(config.upstream_override) if config.upstream_override else None
+        self.servers = Servers(config)
+        """The override servers (a fleet), the policy version, tito's continuation (``servers``)."""
         self.tito: TitoSessions | None = None
         if config.effective_mode == "tito":
             from orchard_rec.proxy.tito_history import StoreHistory
@@ -119,10 +128,11 @@ class InterceptAddon:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def running(self) -> None:
+    async def running(self) -> None:
         if self._owned_store:
             self.store.upgrade()
         self.recorder.start()
+        await self.servers.start()
         tune_interpreter()  # the same server settings as `serve` (GC, GIL switch interval)
         from mitmproxy import ctx
 
@@ -132,7 +142,8 @@ class InterceptAddon:
             f"orchard-rec intercept listening on http://{host}:{port} (hosts: {', '.join(self.config.hosts)})"
         )
 
-    def done(self) -> None:
+    async def done(self) -> None:
+        await self.servers.close()
         self.recorder.close()
         if self._owned_store:
             self.store.close()
@@ -149,52 +160,70 @@ class InterceptAddon:
                 flow.response = http.Response.make(*refusal, {"content-type": "application/json"})
                 return
         route = llm_route(self.config.hosts, req.pretty_host, req.method, req.path)
+        overridden = bool(self.config.overrides)
         if route is None:
-            if self._override is not None and req.pretty_host.lower() in self.config.hosts:
+            ours = req.pretty_host.lower() in self.config.hosts
+            server = self.servers.pick(None, counted=False) if ours else None
+            if server is not None:
                 # the real host is not to be contacted: its other routes go to the local server too
                 # (a quick 404 there instead of a connection timeout to an unreachable API)
                 i = req.path.find("/v1/")
-                self._reroute(req, req.path[i:] if i >= 0 else req.path)
+                self._reroute(req, req.path[i:] if i >= 0 else req.path, server.url)
             return
         dialect, _prefix, path = route
         call = Call(dialect, req.method, dialects.redact_query(path), req.headers)
         cap = call.cap
         cap.metadata = {"intercept": {"host": req.pretty_host}}
         self.recorder.begin()
-        flow.metadata[_KEY] = _Flow(call)
+        held = flow.metadata[_KEY] = _Flow(call)
         try:
             sid = req.headers.get(SESSION_HEADER)
             call.name_session(sid)
             if sid is not None:
                 del req.headers[SESSION_HEADER]
             call.identify(req.headers)
-            mode = self.config.effective_mode if self._override is not None else "passthrough"
-            body = call.read(req.get_content(strict=False) or b"", req.headers.get("content-type"), mode)
+            if dialect.is_generation:
+                self.servers.fence(cap, req.headers)
+            mode = self.config.effective_mode if overridden else "passthrough"
+            salt = self.servers.salt() if overridden else None
+            body = call.read(
+                req.get_content(strict=False) or b"", req.headers.get("content-type"), mode, salt
+            )
             req.headers["accept-encoding"] = "identity"  # we must read what we record
+            held.server = self.servers.pick(cap.session_id)
+            if held.server is not None:
+                cap.metadata["intercept"]["upstream"] = held.server.url
+                if self.config.routing_header and cap.session_id:
+                    req.headers[self.config.routing_header] = cap.session_id
+                if self.config.routed_experts and dialect.is_generation:
+                    cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
             if self.tito is not None and renders(dialect) and isinstance(body, dict):
-                await self._tito_request(flow, req, call, body)
-            elif self._override is not None:
+                await self._tito_request(flow, req, call, body, salt)
+            elif held.server is not None:
                 target, content = call.upstream_target(*_split_query(path))
                 if content is not None:
                     req.content = content
-                self._reroute(req, target)
-                cap.metadata["intercept"]["upstream"] = self.config.upstream_override
+                self._reroute(req, target, held.server.url)
         except OrchardError as exc:
             from mitmproxy import http
 
             status, body = call.reject(exc)
             flow.response = http.Response.make(status, body, {"content-type": "application/json"})
 
-    async def _tito_request(self, flow: Any, req: Any, call: Call, body: dict[str, Any]) -> None:
+    async def _tito_request(
+        self, flow: Any, req: Any, call: Call, body: dict[str, Any], salt: str | None
+    ) -> None:
         """Tito: the core's plan (off the event loop: the chat template) and the token endpoint's
         request in place of the client's; the answer is rewritten in ``response`` (buffered)."""
         cfg = self.config
-        assert self.tito is not None and cfg.upstream_override is not None
-        tc = TitoCall(call.cap, body, self.tito, cfg.upstream_kind, cfg.tito_endpoint)
-        flow.metadata[_KEY].tito = tc
+        held: _Flow = flow.metadata[_KEY]
+        assert self.tito is not None and held.server is not None
+        tc = TitoCall(call.cap, body, self.tito, cfg.upstream_kind, cfg.tito_endpoint, salt)
+        held.tito = tc
         await asyncio.to_thread(tc.plan)
         path, wire = tc.upstream()
-        url = urlsplit(upstream_url(cfg.upstream_kind, cfg.upstream_override, path))
+        held.tito_path = path
+        url = urlsplit(upstream_url(cfg.upstream_kind, held.server.url, path))
         req.method = "POST"
         req.scheme = url.scheme
         req.host = url.hostname or "127.0.0.1"
@@ -203,13 +232,11 @@ class InterceptAddon:
         req.headers["host"] = url.netloc
         req.headers["content-type"] = "application/json"
         req.content = wire
-        call.cap.metadata["intercept"]["upstream"] = cfg.upstream_override
 
-    def _reroute(self, req: Any, path: str) -> None:
-        """Point ``req`` at the override server: ``path`` (from the root) where ``core.upstream_address``
-        places it (``/v1/...`` under its base path, anything else under its root)."""
-        o = self._override
-        assert o is not None
+    def _reroute(self, req: Any, path: str, base: str) -> None:
+        """Point ``req`` at the override server ``base``: ``path`` (from the root) where
+        ``core.upstream_address`` places it (``/v1/...`` under its base path, anything else under its root)."""
+        o = urlsplit(base)
         req.scheme = o.scheme
         req.host = o.hostname or "127.0.0.1"
         req.port = o.port or (443 if o.scheme == "https" else 80)
@@ -268,7 +295,7 @@ class InterceptAddon:
         call, resp = held.call, flow.response
         cap = call.cap
         if held.tito is not None and cap.outcome is CallOutcome.OK:
-            await self._tito_response(flow, call, held.tito)
+            await self._tito_response(flow, call, held)
         elif cap.outcome is CallOutcome.OK:
             if cap.status_code is None:  # a response set by another addon
                 cap.status_code = resp.status_code
@@ -283,6 +310,8 @@ class InterceptAddon:
                     if call.client_content_type is not None:
                         resp.headers["content-type"] = call.client_content_type
             cap.complete = True
+        self._release(held)
+        self.servers.policy.close(cap.metadata)
         key = cap.session_id if held.tito is not None and cap.outcome is CallOutcome.OK else None
         if not cap.submitted and (self.recorder.durability != "async" or key is not None):
             # a tito session's call is in the database before the client has it (``TitoCall.wait_durable``)
@@ -292,13 +321,15 @@ class InterceptAddon:
                 self.tito.acknowledge(key)
         self._submit(cap)
 
-    async def _tito_response(self, flow: Any, call: Call, tc: TitoCall) -> None:
+    async def _tito_response(self, flow: Any, call: Call, held: _Flow) -> None:
         """The token endpoint answered: the core turns it into the client's answer and commits the
-        turn to the session. An aborted generation is relayed as it ended: continuing it after
-        ``/resume`` is ``serve``'s (``proxy.partial``)."""
+        turn to the session. A generation the server aborted (a weight update) is continued after
+        ``/resume`` on the same server (``proxy.partial``, as ``serve`` does): the client gets one answer."""
         from mitmproxy import http
 
-        resp, cap = flow.response, tc.cap
+        tc, resp = held.tito, flow.response
+        assert tc is not None and held.server is not None
+        cap = tc.cap
         cap.first_byte_at = cap.first_byte_at or time.time()
         try:
             err = tc.answer(resp.status_code, resp.get_content(strict=False) or b"")
@@ -307,13 +338,16 @@ class InterceptAddon:
                     resp.status_code, err, {"content-type": "application/json"}
                 )
                 return
-            if tc.aborted:
-                log.warning(
-                    "tito: the server aborted call %s's generation (a weight update?); intercept relays it"
-                    " as it ended (finish_reason abort): `orchard-rec serve --mode tito` continues it after /resume",
-                    cap.call_id,
-                )
-            tc.settle(tc.first())
+            gen = tc.first()
+            if tc.aborted and self.servers.client is not None:
+                base = held.server.url
+                url = upstream_url(self.config.upstream_kind, base, held.tito_path)
+                headers = {"Content-Type": "application/json"}
+                if "authorization" in flow.request.headers:
+                    headers["Authorization"] = flow.request.headers["authorization"]
+                link = partial.Link(self.servers.client, url, headers, lambda: self.servers.errors(cap, base))
+                gen = await partial.settle(self.servers.target(base), cap, gen, tc.up_body, tc.prompt, link)
+            tc.settle(gen)
             await asyncio.to_thread(tc.commit)
             payload, ctype = tc.reply()
         except OrchardError as exc:
@@ -329,10 +363,19 @@ class InterceptAddon:
             return
         cap = held.call.cap
         msg = flow.error.msg if flow.error is not None else "connection error"
+        client_side = "client" in msg.lower()
         if cap.outcome is CallOutcome.OK and not cap.complete:
-            client_side = "client" in msg.lower()
             cap.fail(CallOutcome.ABORTED if client_side else CallOutcome.FAILED, msg)
+        connected = getattr(flow.server_conn, "timestamp_tcp_setup", None) is not None
+        self._release(held, None if client_side or connected or flow.response is not None else msg)
+        self.servers.policy.close(cap.metadata)
         self._submit(cap)
+
+    def _release(self, held: _Flow, never_connected: str | None = None) -> None:
+        """The call no longer holds its server (once); a server never connected to is ejected."""
+        if held.server is not None:
+            self.servers.end(held.server, never_connected)
+            held.server = None
 
     def _submit(self, cap: Capture) -> None:
         if cap.submitted:

@@ -27,6 +27,24 @@ class InterceptConfig(BaseModel):
     """Hosts whose TLS is intercepted; every other host is tunnelled untouched (not decrypted)."""
     upstream_override: str | None = None
     """Send intercepted LLM calls here instead (a local model server's base URL including ``/v1``)."""
+    fleet: tuple[str, ...] = ()
+    """More servers beside ``upstream_override`` (``--upstream-override`` repeated): every call goes
+    to one of them (``proxy.fleet``, routed by ``route``)."""
+    route: Literal["session", "least-busy", "round-robin"] = "session"
+    """Fleet routing, as ``serve --route``: ``session`` (a session stays on its server, bounded
+    loads), ``least-busy`` or ``round-robin``."""
+    routing_header: str | None = None
+    """Send the session id to the server in this header too (e.g. ``X-SMG-Routing-Key``), as
+    ``serve --routing-header``."""
+    routed_experts: bool = False
+    """MoE routing replay: record the ``routed_experts`` the server answers (vLLM
+    ``--enable-return-routed-experts``), as ``serve --routed-experts``."""
+    cache_salt: Literal["off", "policy"] = "off"
+    """``policy``: send ``cache_salt`` = the policy version in force with every token and tito call
+    (no KV computed by older weights is reused after an update), as ``serve --cache-salt``."""
+    policy_refresh: float = Field(1.0, ge=0)
+    """Seconds between asks of the first server's policy version (``/weight_info``); 0: only a
+    call's ``X-Orchard-Policy-Version`` header says it."""
     mode: Literal["token", "passthrough", "tito"] = "token"
     """With an override: ``token`` asks the (vLLM-style) server for token ids and hides them from the
     client, as the proxy's token mode does; ``tito`` renders the conversation and sends the session's
@@ -66,6 +84,18 @@ class InterceptConfig(BaseModel):
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"--upstream-override must be an http(s) URL, got {v!r}")
         return v
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(u for u in (cls._override(x) for x in v) if u is not None)
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """Every server calls are sent to instead of the real hosts, each once (none: no override)."""
+        if self.upstream_override is None:
+            return ()
+        return tuple(dict.fromkeys((self.upstream_override, *self.fleet)))
 
     @property
     def effective_mode(self) -> str:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -35,14 +35,25 @@ import orjson
 from orchard_rec import policy, rlwire
 from orchard_rec.errors import UpstreamProtocolError
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.tito_wire import read_upstream
 from orchard_rec.proxy.titocall import Generated
 
-__all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "continue_aborted", "settle"]
+__all__ = ["MAX_PARTS", "POLL_S", "Generated", "Link", "Server", "continue_aborted", "settle"]
 
 MAX_PARTS = 8
 POLL_S = 0.05
+
+
+class Server(Protocol):
+    """The server a generation runs on: ``serve``'s config is one, the intercept door passes the
+    server its call went to (``intercept.servers.Target``)."""
+
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def upstream_kind(self) -> str: ...
+    @property
+    def read_timeout(self) -> float: ...
 
 
 @dataclass
@@ -74,7 +85,7 @@ class Link:
 
 
 async def settle(
-    cfg: ProxyConfig, cap: Capture, first: Generated, body: dict[str, Any], prompt: Sequence[int], link: Link
+    cfg: Server, cap: Capture, first: Generated, body: dict[str, Any], prompt: Sequence[int], link: Link
 ) -> Generated:
     """The generation whose ``first`` part a token endpoint answered, continued when it was aborted;
     when continued the last part's answer is what the record parses."""
@@ -112,7 +123,7 @@ async def _resumed(link: Link, root: str, timeout: float) -> None:
 
 
 async def continue_aborted(
-    cfg: ProxyConfig, body: dict[str, Any], prompt: Sequence[int], first: Generated, link: Link
+    cfg: Server, body: dict[str, Any], prompt: Sequence[int], first: Generated, link: Link
 ) -> Generated:
     """``first`` (an aborted part) continued until a part ends otherwise, or ``MAX_PARTS``."""
     kind, home = cfg.upstream_kind, link.server

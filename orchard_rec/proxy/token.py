@@ -86,7 +86,10 @@ class Plan:
     @property
     def upstream_path(self) -> str:
         """Where the upstream dialect is called (from the root: ``core.upstream_url`` places it)."""
-        return _UPSTREAM_PATHS[self.upstream]
+        d = dialects.get(self.upstream)
+        if d is None or d.upstream_path is None:
+            raise ValueError(f"{self.upstream} has no token-aware upstream route")
+        return d.upstream_path
 
     # -- non-stream ---------------------------------------------------------------------------
 
@@ -289,10 +292,6 @@ class StreamFilter:
         return getattr(self.translator, "final", None)
 
 
-_UPSTREAM_PATHS = {Dialect.CHAT: "/v1/chat/completions", Dialect.COMPLETIONS: "/v1/completions"}
-"""The token-aware upstream's routes (vLLM's and SGLang's OpenAI server)."""
-
-
 def plan_for(
     mode: str,
     dialect: Dialect,
@@ -321,6 +320,8 @@ def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int
     if d is None:
         return None
     if d.token_native:
+        if d.upstream_path is None:  # spoken natively, but no token-aware upstream route named
+            return None
         up, inject_ids, inject_lp = d.token_request(body)
         return Plan(dialect, dialect, up, body, inject_ids, inject_lp, path)
     if not d.chat_view:

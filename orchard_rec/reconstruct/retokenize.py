@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchard_rec.dialects import assistant_message, chat_request_of, template_message
-from orchard_rec.records import CallRecord, Dialect
+from orchard_rec.dialects import assistant_message, chat_request_of, raw_text, template_message
+from orchard_rec.records import CallRecord
 
 __all__ = ["retokenize"]
 
@@ -27,15 +27,10 @@ def _ids(x: Any) -> list[int]:
 
 def retokenize(call: CallRecord, tokenizer: Any) -> CallRecord | None:
     """A copy of ``call`` with prompt and completion ids from ``tokenizer`` (None if it cannot)."""
-    if call.dialect is Dialect.COMPLETIONS:
-        req = call.request if isinstance(call.request, dict) else {}
-        resp = call.response if isinstance(call.response, dict) else {}
-        prompt = req.get("prompt")
-        text = ((resp.get("choices") or [{}])[0] or {}).get("text")
-        if not isinstance(prompt, str) or not isinstance(text, str):
-            return None
-        p = tokenizer.encode(prompt, add_special_tokens=False)
-        c = tokenizer.encode(text, add_special_tokens=False)
+    raw = raw_text(call.dialect, call.request, call.response)
+    if raw is not None:  # a text-in, text-out dialect (completions): no chat template between them
+        p = tokenizer.encode(raw[0], add_special_tokens=False)
+        c = tokenizer.encode(raw[1], add_special_tokens=False)
         return dataclasses.replace(
             call, prompt_ids=tuple(p), completion_ids=tuple(c), completion_logprobs=None
         )

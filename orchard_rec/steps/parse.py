@@ -142,90 +142,34 @@ class _Builder:
         step.output, step.exit_code, step.error = out, code, err or is_error
 
 
-def _chat(b: _Builder, messages: list[Any]) -> None:
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if role == "assistant":
+def _turns(b: _Builder, turns: list[dialects.Turn]) -> None:
+    """Steps from neutral turns (``dialects.view``): each assistant turn is a new turn, its
+    ``tool_call`` blocks the calls; ``tool_result`` blocks (any role) answer them."""
+    for t in turns:
+        if t.get("role") == "assistant":
             b.new_turn()
-            for tc in m.get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                name = fn.get("name") or tc.get("custom", {}).get("name") or ""
-                raw = fn.get("arguments") if "arguments" in fn else (tc.get("custom") or {}).get("input")
-                b.call(name, tc.get("id"), raw)
-        elif role == "tool":
-            b.result(m.get("tool_call_id"), m.get("content"))
-
-
-_MODEL_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call", "local_shell_call"})
-
-
-def _responses(b: _Builder, items: list[Any]) -> None:
-    """A turn is a run of consecutive model items (reasoning, assistant message, calls)."""
-    in_turn = False
-    for it in items:
-        if not isinstance(it, dict):
-            continue
-        kind = it.get("type", "message" if "role" in it else None)
-        model = kind in _MODEL_ITEMS or (kind == "message" and it.get("role") == "assistant")
-        if model and not in_turn:
-            b.new_turn()
-        in_turn = model
-        if kind == "local_shell_call":
-            b.call("local_shell", it.get("call_id"), {"command": (it.get("action") or {}).get("command")})
-        elif kind == "function_call":
-            b.call(it.get("name") or "", it.get("call_id"), it.get("arguments"))
-        elif kind == "custom_tool_call":
-            b.call(it.get("name") or "", it.get("call_id"), it.get("input"))
-        elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
-            b.result(it.get("call_id"), it.get("output"))
-
-
-def _messages(b: _Builder, messages: list[Any]) -> None:
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        content = m.get("content")
-        blocks = content if isinstance(content, list) else []
-        if m.get("role") == "assistant":
-            b.new_turn()
-            for blk in blocks:
-                if isinstance(blk, dict) and blk.get("type") in ("tool_use", "server_tool_use"):
-                    b.call(blk.get("name") or "", blk.get("id"), blk.get("input"))
-        elif m.get("role") == "user":
-            for blk in blocks:
-                if isinstance(blk, dict) and blk.get("type") == "tool_result":
-                    b.result(blk.get("tool_use_id"), blk.get("content"), bool(blk.get("is_error")))
+        for blk in t.get("blocks") or ():
+            kind = blk.get("kind")
+            if kind == "tool_call":
+                b.call(blk.get("name") or "", blk.get("id"), blk.get("arguments"))
+            elif kind == "tool_result":
+                b.result(blk.get("id"), blk.get("content"), bool(blk.get("error")))
 
 
 def steps_of_messages(messages: list[dict[str, Any]]) -> list[Step]:
     """Steps from a chat-format conversation (OpenAI ``tool_calls`` + ``tool`` messages)."""
     b = _Builder()
-    _chat(b, messages)
+    _turns(b, dialects.chat_turns({"messages": messages}) or [])
     return b.steps
 
 
 def parse_steps(dialect: str, request: Any, response: Any = None) -> list[Step]:
     """Steps of a conversation from a call in its own dialect: the request's history, then the
-    answer's tool calls. Responses and Messages are read natively (a tool result's ``is_error``),
-    any other dialect through its chat view (``dialects.chat_request_of``)."""
+    answer's tool calls, both as the dialect registry reads them (``dialects.turns_of`` /
+    ``answer_turn_of``): a dialect added by an entry point is parsed with no edit here."""
     b = _Builder()
-    req = request if isinstance(request, dict) else {}
-    resp = response if isinstance(response, dict) else {}
-    if dialect == "responses":
-        inp = req.get("input")
-        _responses(b, inp if isinstance(inp, list) else [])
-        _responses(b, resp.get("output") or [])
-    elif dialect == "messages":
-        _messages(b, req.get("messages") or [])
-        if resp.get("content") is not None:
-            _messages(b, [{"role": "assistant", "content": resp.get("content")}])
-    else:  # any other dialect through its chat view (the registry's): chat itself, Gemini ...
-        view = dialects.chat_request_of(dialect, req) if req else None
-        if view is not None:
-            _chat(b, view.get("messages") or [])
-            answer = dialects.assistant_message(dialect, resp) if resp else None
-            if answer is not None and (answer.get("content") or answer.get("tool_calls")):
-                _chat(b, [answer])
+    _turns(b, dialects.turns_of(dialect, request) or [])
+    answer = dialects.answer_turn_of(dialect, response)
+    if answer is not None:
+        _turns(b, [answer])
     return b.steps
