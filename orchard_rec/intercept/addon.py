@@ -193,6 +193,7 @@ class InterceptAddon:
             held.server = self.servers.pick(cap.session_id)
             if held.server is not None:
                 cap.metadata["intercept"]["upstream"] = held.server.url
+                self.servers.policy.at(cap.metadata, held.server.url)  # its fence: that server's version
                 if self.config.routing_header and cap.session_id:
                     req.headers[self.config.routing_header] = cap.session_id
                 if self.config.routed_experts and dialect.is_generation:
@@ -341,11 +342,19 @@ class InterceptAddon:
             gen = tc.first()
             if tc.aborted and self.servers.client is not None:
                 base = held.server.url
-                url = upstream_url(self.config.upstream_kind, base, held.tito_path)
+                path, kind = held.tito_path, self.config.upstream_kind
                 headers = {"Content-Type": "application/json"}
                 if "authorization" in flow.request.headers:
                     headers["Authorization"] = flow.request.headers["authorization"]
-                link = partial.Link(self.servers.client, url, headers, lambda: self.servers.errors(cap, base))
+                cap.metadata.setdefault("upstream", base)
+                link = partial.Link(
+                    self.servers.client,
+                    lambda b: upstream_url(kind, b, path),
+                    headers,
+                    lambda: self.servers.errors(cap, base),
+                    cap.metadata,
+                    self.servers.opener(cap),
+                )
                 gen = await partial.settle(self.servers.target(base), cap, gen, tc.up_body, tc.prompt, link)
             tc.settle(gen)
             await asyncio.to_thread(tc.commit)

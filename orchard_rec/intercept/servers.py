@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from orchard_rec import rlwire
 from orchard_rec.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.fleet import Fleet, Upstream, watch
+from orchard_rec.proxy.fleet import Fleet, Upstream, open_upstream, watch
 from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker
 from orchard_rec.records import CallOutcome
 
@@ -59,7 +59,7 @@ class Servers:
         self.config = config
         self.fleet = Fleet(config.overrides, config.route) if config.overrides else None
         """None without an override: calls go to the real hosts."""
-        self.policy = PolicyTracker()
+        self.policy = PolicyTracker([s.url for s in self.fleet.servers] if self.fleet is not None else ())
         self.client: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -82,14 +82,15 @@ class Servers:
         if len(fleet.servers) > 1:
             self._tasks.append(asyncio.create_task(watch(fleet, self.client, CHECK_INTERVAL, {}, 5.0)))
         if cfg.policy_refresh > 0 and self.policy.tracking:
-            self._tasks.append(asyncio.create_task(self._poll(fleet.servers[0].url)))
+            for s in fleet.servers:  # each server's own version, as ``serve`` asks them
+                self._tasks.append(asyncio.create_task(self._poll(s.url)))
 
     async def _poll(self, url: str) -> None:
         """Server ``url``'s policy version, every ``policy_refresh`` seconds (until it has none)."""
         assert self.client is not None
-        root = rlwire.server_root(url)
-        while self.policy.polling:
-            await self.policy.refresh(self.client, root, self.config.upstream_kind)
+        own = self.policy.servers[url]
+        while own.polling and self.policy.tracking:
+            await self.policy.refresh(self.client, url, self.config.upstream_kind)
             await asyncio.sleep(self.config.policy_refresh)
 
     async def close(self) -> None:
@@ -134,6 +135,28 @@ class Servers:
         """The ``cache_salt`` to send (``--cache-salt policy``): the version now, if known."""
         v = self.policy.version
         return rlwire.cache_salt(v) if self.config.cache_salt == "policy" and v is not None else None
+
+    def opener(self, cap: Capture) -> Callable[..., Any]:
+        """How ``proxy.partial`` reaches a server of the fleet again for ``cap`` (the rest of an
+        aborted generation): ``(url_of, prefer, **request) -> the response``, as ``serve`` does it."""
+        assert self.fleet is not None and self.client is not None
+        fleet, client, policy, header = self.fleet, self.client, self.policy, self.config.routing_header
+
+        def open_(url_of: Callable[[str], str], server: str | None, **kw: Any) -> Any:
+            return open_upstream(
+                fleet,
+                client,
+                cap.session_id,
+                "POST",
+                url_of,
+                cap.metadata,
+                header,
+                prefer=server,
+                picked=lambda url: policy.at(cap.metadata, url, again=True),
+                **kw,
+            )
+
+        return open_
 
     def target(self, url: str) -> Target:
         return Target(url, self.config.upstream_kind, 600.0)
