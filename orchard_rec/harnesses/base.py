@@ -175,18 +175,7 @@ class Harness:
 
     def recognises(self, headers: Mapping[str, str], body: Any = None) -> bool:
         """Whether this request comes from this harness (``headers``: lower-case names)."""
-        if self.user_agents and headers.get("user-agent", "").lower().startswith(self.user_agents):
-            return True
-        for h, prefix in self.header_marks:
-            v = headers.get(h)
-            if v is not None and v.lower().startswith(prefix):
-                return True
-        if self.tool_marks and isinstance(body, dict):
-            tools = body.get("tools")
-            if isinstance(tools, list) and len(tools) >= len(self.tool_marks):
-                names = {_tool_name(t) for t in tools}
-                return all(m in names for m in self.tool_marks)
-        return False
+        return declared_match(self, headers.get("user-agent", "").lower(), headers, body)
 
     def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:
         """The session id the harness itself sent, from its headers or body."""
@@ -344,3 +333,21 @@ def _s(v: Any) -> str:
 
 def which(name: str) -> str | None:
     return shutil.which(name)
+
+
+def declared_match(harness: Harness, ua: str, headers: Mapping[str, str], body: Any = None) -> bool:
+    """Whether what ``harness`` declares (user agents, header marks, tool marks) names this
+    request: ``Harness.recognises`` of a plug-in that does not override it (``ua``: the lower-case
+    ``User-Agent``, taken once per request by ``identify``; ``headers``: lower-case names)."""
+    if harness.user_agents and ua.startswith(harness.user_agents):
+        return True
+    for h, prefix in harness.header_marks:
+        v = headers.get(h)
+        if v is not None and v.lower().startswith(prefix):
+            return True
+    if harness.tool_marks and isinstance(body, dict):
+        tools = body.get("tools")
+        if isinstance(tools, list) and len(tools) >= len(harness.tool_marks):
+            names = {_tool_name(t) for t in tools}
+            return all(m in names for m in harness.tool_marks)
+    return False

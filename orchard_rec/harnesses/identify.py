@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchard_rec.harnesses.base import Harness
+from orchard_rec.harnesses.base import Harness, declared_match
 
-__all__ = ["identify", "is_probe", "side_conversation"]
+__all__ = ["identify", "identify_lower", "is_probe", "side_conversation"]
 
 _SDKS = (
     ("openai/python", "openai-python"),
@@ -31,6 +31,19 @@ def _registry() -> tuple[Harness, ...]:
     return HARNESSES
 
 
+_plan: list[Any] = [None, ()]
+"""The registry tuple last seen, and per plug-in whether it overrides ``recognises`` (else its
+declared marks are matched here, the user agent lower-cased once per request)."""
+
+
+def _walk() -> tuple[tuple[Harness, bool], ...]:
+    hs = _registry()
+    if _plan[0] is not hs:
+        _plan[1] = tuple((h, type(h).recognises is not Harness.recognises) for h in hs)
+        _plan[0] = hs
+    return _plan[1]
+
+
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
@@ -38,15 +51,19 @@ def _lower(headers: Mapping[str, str]) -> dict[str, str]:
 def identify(headers: Mapping[str, str], body: Any = None) -> tuple[str | None, str | None]:
     """``(harness, harness_session)``: the harness that sent this request (``codex``, ``pi``,
     ``kimi`` ... or the SDK it was built on) and the session id it names itself, if any."""
-    h = _lower(headers)
+    return identify_lower(_lower(headers), body)
+
+
+def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, str | None]:
+    """``identify`` of headers whose names are lower-case already (``public_headers``)."""
     name: str | None = None
     sid: str | None = None
-    for harness in _registry():
-        if harness.recognises(h, body):
+    ua = h.get("user-agent", "").lower()
+    for harness, custom in _walk():
+        if harness.recognises(h, body) if custom else declared_match(harness, ua, h, body):
             name, sid = harness.name, harness.session_of(h, body)
             break
     else:
-        ua = h.get("user-agent", "").lower()
         for prefix, sdk in _SDKS:
             if ua.startswith(prefix):
                 name = sdk

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UnsupportedMediaType
-from orchard_rec.harnesses import HARNESSES, identify, side_conversation
+from orchard_rec.harnesses import HARNESSES, side_conversation
+from orchard_rec.harnesses.identify import identify_lower
 from orchard_rec.proxy import reqparse
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import derive_session, public_headers
@@ -20,7 +21,7 @@ __all__ = ["caller", "parse_body", "take_body"]
 def caller(cap: Capture, headers: Mapping[str, str]) -> None:
     """Who is calling: the headers fit to store, and the harness they name."""
     cap.headers = public_headers(headers)
-    cap.harness, cap.harness_session = identify(cap.headers)
+    cap.harness, cap.harness_session = identify_lower(cap.headers)  # stored names are lower-case
 
 
 def _body_may_name(harness: str | None, headers: Mapping[str, str]) -> bool:
@@ -54,7 +55,7 @@ def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
         if (cap.harness_session is None or cap.harness_session.startswith("trace:")) and _body_may_name(
             cap.harness, cap.headers
         ):
-            cap.harness, cap.harness_session = identify(cap.headers, body)
+            cap.harness, cap.harness_session = identify_lower(cap.headers, body)
         aux = side_conversation(cap.harness, cap.headers, body)
         if aux is not None:
             cap.metadata["auxiliary"] = aux
