@@ -167,7 +167,9 @@ class Capture:
             wire = dialects.get(self.dialect)
             finish = (wire.finish_of(response) if wire is not None else None) or finish
         prompt, completion = _ints(prompt_ids, known), _ints(completion_ids, known)
-        _settle(response, events, prompt, self.stream and self._ids_injected())
+        if known or not self.stream or response is not upstream_obj:
+            # a stream holds an ``Ids`` only where ``ids.load`` put one (it is then in ``known``)
+            _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         completion_t = None if completion is None else tuple(completion)
