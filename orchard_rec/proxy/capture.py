@@ -12,8 +12,8 @@ import struct
 import time
 import uuid
 from array import array
-from itertools import accumulate
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -246,12 +246,12 @@ def _timed_events(
             ev: tuple[str | None, bytes | str] | None = (None, block[6:])
         else:
             ev = parse_block(block)
-            if ev is None:
-                continue
+        if ev is None:
+            continue
         while ends[j] < end:  # the chunk with byte ``end - 1``
             j += 1
-        if j != last:
-            ms, last = round((arrivals[j] - started) * 1e6) // 1000, j  # by way of µs: as a spool line's replay says
+        if j != last:  # by way of µs: as a spool line's replay says
+            ms, last = round((arrivals[j] - started) * 1e6) // 1000, j
         out.append(ev)
         at.append(ms)
     if tail.strip() and (ev := parse_block(tail)) is not None:
