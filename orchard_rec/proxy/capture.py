@@ -242,7 +242,7 @@ def _timed_events(
     j, end, ms, last = 0, 0, 0, -1
     for block in blocks:
         end += len(block) + 2
-        if block[:6] == b"data: " and b"\n" not in block:
+        if block.startswith(b"data: ") and b"\n" not in block:
             ev: tuple[str | None, bytes | str] | None = (None, block[6:])
         else:
             ev = parse_block(block)
