@@ -141,9 +141,9 @@ class Capture:
         known: list[Known] = []
         if self.stream:
             sse, at = _timed_events(self.chunks, self.arrivals, self.started)
-            parsed = [(name, _event_data(data, ids, self.session_id, known)) for name, data in sse]
-            events = [[n, d] for n, d in parsed]
-            upstream_obj = assemble(self.upstream_dialect, parsed)
+            sid = self.session_id
+            events = [[name, _event_data(data, ids, sid, known)] for name, data in sse]
+            upstream_obj = assemble(self.upstream_dialect, events)  # [name, data] pairs
         elif self.body is not None:
             try:
                 if ids is not None and self.body:
