@@ -91,7 +91,14 @@ _TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
 
 def _add_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
     delta = c.get("delta")
-    if delta:
+    if type(delta) is dict and len(delta) == 1 and "content" in delta:  # most chunks: a piece of text
+        piece = delta["content"]
+        if piece:
+            parts = acc["_texts"].get("content")
+            if parts is None:
+                acc["_texts"]["content"] = parts = []
+            parts.append(piece)
+    elif delta:
         msg = acc["message"]
         if delta.get("role"):
             msg["role"] = delta["role"]
