@@ -74,6 +74,7 @@ def _new_choice(idx: int) -> dict[str, Any]:
         "message": {"role": "assistant", "content": None},
         "finish_reason": None,
         "_tools": {},
+        "_texts": {},
     }
 
 
@@ -85,17 +86,55 @@ def _add_chunk(out: dict[str, Any], ch: dict[str, Any]) -> None:
         out["system_fingerprint"] = ch["system_fingerprint"]
 
 
+_TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
+"""The delta's text fields, each the concatenation of its pieces in the message."""
+
+
 def _add_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
-    delta = c.get("delta") or {}
-    msg = acc["message"]
-    if delta.get("role"):
-        msg["role"] = delta["role"]
-    for key in ("content", "reasoning_content", "reasoning", "refusal"):
-        piece = delta.get(key)
+    delta = c.get("delta")
+    if type(delta) is dict and len(delta) == 1 and "content" in delta:  # most chunks: a piece of text
+        piece = delta["content"]
         if piece:
-            msg[key] = (msg.get(key) or "") + piece
-    for tc in delta.get("tool_calls") or ():
-        t = acc["_tools"].setdefault(
+            parts = acc["_texts"].get("content")
+            if parts is None:
+                acc["_texts"]["content"] = parts = []
+            parts.append(piece)
+    elif delta:
+        msg = acc["message"]
+        if delta.get("role"):
+            msg["role"] = delta["role"]
+        for key in _TEXTS:
+            piece = delta.get(key)
+            if piece:  # the pieces joined once (``_done``), not the text copied per chunk
+                parts = acc["_texts"].get(key)
+                if parts is None:
+                    acc["_texts"][key] = parts = []
+                    msg.setdefault(key, None)  # its place in the message: where its first piece came
+                parts.append(piece)
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            _add_tools(acc["_tools"], tool_calls)
+    lp = c.get("logprobs")
+    if lp and lp.get("content"):
+        got = acc.get("logprobs")
+        if got is None:
+            acc["logprobs"] = got = {"content": []}
+        got["content"].extend(lp["content"])
+    ids = c.get("token_ids")
+    if ids is not None:
+        had = acc.get("token_ids")
+        if had is None:
+            acc["token_ids"] = had = []
+        had.extend(ids)
+    if c.get("finish_reason") is not None:
+        acc["finish_reason"] = c["finish_reason"]
+    if c.get("stop_reason") is not None:
+        acc["stop_reason"] = c["stop_reason"]
+
+
+def _add_tools(tools: dict[Any, dict[str, Any]], deltas: Any) -> None:
+    for tc in deltas:
+        t = tools.setdefault(
             tc.get("index", 0),
             {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
         )
@@ -108,21 +147,15 @@ def _add_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
             t["function"]["name"] += fn["name"]
         if fn.get("arguments"):
             t["function"]["arguments"] += fn["arguments"]
-    lp = c.get("logprobs")
-    if lp and lp.get("content"):
-        acc.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
-    if c.get("token_ids") is not None:
-        acc.setdefault("token_ids", []).extend(c["token_ids"])
-    if c.get("finish_reason") is not None:
-        acc["finish_reason"] = c["finish_reason"]
-    if c.get("stop_reason") is not None:
-        acc["stop_reason"] = c["stop_reason"]
 
 
 def _done(acc: dict[str, Any]) -> dict[str, Any]:
+    msg = acc["message"]
+    for key, parts in acc.pop("_texts").items():
+        msg[key] = "".join(parts)
     tools = acc.pop("_tools")
     if tools:
-        acc["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
+        msg["tool_calls"] = [tools[i] for i in sorted(tools)]
     return acc
 
 

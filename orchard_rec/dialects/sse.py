@@ -72,13 +72,22 @@ class SSEParser:
         ``chunk``; ``parse_block`` reads one. For a relay that passes most events on as they are."""
         if not chunk:
             return []
-        if self._parts and _boundary(self._tail + chunk, 0)[0] < 0:
-            self._parts.append(chunk)
-            self._tail = (self._tail + chunk)[-3:]
-            return []
-        old = sum(map(len, self._parts))
-        buf = b"".join(self._parts) + chunk if self._parts else chunk
-        out: list[bytes] = []
+        if self._parts:
+            if _boundary(self._tail + chunk, 0)[0] < 0:
+                self._parts.append(chunk)
+                self._tail = (self._tail + chunk)[-3:]
+                return []
+            old = sum(map(len, self._parts))
+            buf = b"".join(self._parts) + chunk
+        else:
+            old, buf = 0, chunk
+        if b"\r" not in buf:  # blank lines are "\n\n" only: the leftmost ones, as the loop below finds
+            out = buf.split(b"\n\n")
+            rest = out.pop()
+            self._parts = [rest] if rest else []
+            self._tail = rest[-3:]
+            return out
+        out = []
         pos = 0
         while True:  # the first boundary is not in the old bytes but their last 3
             start, end = _boundary(buf, max(pos, old - 3))

@@ -14,13 +14,14 @@ import threading
 import time
 from array import array
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 import orjson
 
 from orchard_rec import dialects, policy, routing
 from orchard_rec.dialects import assemble, extract_tokens
-from orchard_rec.dialects.sse import SSEParser, parse_sse
+from orchard_rec.dialects.sse import SSEParser, parse_block, parse_sse
 from orchard_rec.proxy.idcut import MIN_BYTES, IdParser, Known
 from orchard_rec.records import CallOutcome, CallRecord, Dialect
 from orchard_rec.storage import layout
@@ -165,20 +166,10 @@ class Capture:
         upstream_obj: Any = None
         known: list[Known] = []
         if self.stream:
-            parsed = []
             sse, at = _timed_events(self.chunks, self.arrivals, self.started)
-            for name, data in sse:
-                try:
-                    if ids is not None and len(data) >= MIN_BYTES:
-                        obj, more = ids.load(data.encode(), self.session_id)
-                        known += more
-                    else:
-                        obj = orjson.loads(data) if data and data != "[DONE]" else data
-                except orjson.JSONDecodeError:
-                    obj = data
-                parsed.append((name, obj))
-            events = [[n, d] for n, d in parsed]
-            upstream_obj = assemble(self.upstream_dialect, parsed)
+            sid = self.session_id
+            events = [[name, _event_data(data, ids, sid, known)] for name, data in sse]
+            upstream_obj = assemble(self.upstream_dialect, events)  # [name, data] pairs
         elif self.body is not None:
             try:
                 if ids is not None and self.body:
@@ -202,7 +193,9 @@ class Capture:
             wire = dialects.get(self.dialect)
             finish = (wire.finish_of(response) if wire is not None else None) or finish
         prompt, completion = _ints(prompt_ids, known), _ints(completion_ids, known)
-        _settle(response, events, prompt, self.stream and self._ids_injected())
+        if known or not self.stream or response is not upstream_obj:
+            # a stream holds an ``Ids`` only where ``ids.load`` put one (it is then in ``known``)
+            _settle(response, events, prompt, self.stream and self._ids_injected())
         if self.outcome is CallOutcome.OK and self.status_code is not None and self.status_code >= 400:
             self.outcome = CallOutcome.UPSTREAM_ERROR
         completion_t = None if completion is None else tuple(completion)
@@ -253,20 +246,58 @@ class Capture:
 
 def _timed_events(
     chunks: list[bytes], arrivals: list[float], started: float
-) -> tuple[list[tuple[str | None, str]], list[int] | None]:
+) -> tuple[list[tuple[str | None, bytes | str]], list[int] | None]:
     """The stream's events, and when each arrived: whole ms after the request (the arrival of
     the chunk that completed it, floored); None when the chunks' times are not known (a line of
-    an older build)."""
+    an older build). An event's data is its bytes as they came where that is all it is (one
+    ``data:`` line), else the text ``parse_block`` makes of it (``_event_data`` reads either).
+
+    The chunks are joined and split at their blank lines once, each event timed by the chunk
+    that holds its blank line's last byte: the events and times ``SSEParser`` gives fed chunk
+    by chunk (a stream with a CR anywhere takes that way itself), without a parser's work per chunk."""
     if len(arrivals) != len(chunks):
-        return parse_sse(chunks), None
+        return parse_sse(chunks), None  # type: ignore[return-value]
+    buf = b"".join(chunks)
+    if b"\r" in buf:
+        return _timed_parsed(chunks, arrivals, started)
+    blocks = buf.split(b"\n\n")
+    tail = blocks.pop()  # after the last blank line: an event only if the stream ended without one
+    out: list[tuple[str | None, bytes | str]] = []
+    at: list[int] = []
+    ends = list(accumulate(map(len, chunks)))
+    j, end, ms, last = 0, 0, 0, -1
+    for block in blocks:
+        end += len(block) + 2
+        if block.startswith(b"data: ") and b"\n" not in block:
+            ev: tuple[str | None, bytes | str] | None = (None, block[6:])
+        else:
+            ev = parse_block(block)
+        if ev is None:
+            continue
+        while ends[j] < end:  # the chunk with byte ``end - 1``
+            j += 1
+        if j != last:  # by way of µs: as a spool line's replay says
+            ms, last = round((arrivals[j] - started) * 1e6) // 1000, j
+        out.append(ev)
+        at.append(ms)
+    if tail.strip() and (ev := parse_block(tail)) is not None:
+        out.append(ev)
+        at.append(round((arrivals[-1] - started) * 1e6) // 1000)
+    return out, at
+
+
+def _timed_parsed(
+    chunks: list[bytes], arrivals: list[float], started: float
+) -> tuple[list[tuple[str | None, bytes | str]], list[int]]:
+    """``_timed_events`` by a parser fed chunk by chunk (any line ends)."""
     p = SSEParser()
-    out: list[tuple[str | None, str]] = []
+    out: list[tuple[str | None, bytes | str]] = []
     at: list[int] = []
     ms = 0
     for chunk, t in zip(chunks, arrivals, strict=True):
         got = p.feed(chunk)
         if got:
-            ms = round((t - started) * 1e6) // 1000  # by way of µs: as a spool line's replay says
+            ms = round((t - started) * 1e6) // 1000
             out += got
             at += [ms] * len(got)
     tail = p.flush()  # a last event without its blank line: complete with the last chunk
@@ -275,6 +306,33 @@ def _timed_events(
     out += tail
     at += [ms] * len(tail)
     return out, at
+
+
+def _event_data(data: bytes | str, ids: IdParser | None, session: str | None, known: list[Known]) -> Any:
+    """One event's data as recorded: parsed JSON, else its text (``[DONE]``, an empty or
+    malformed data: the text with any invalid UTF-8 replaced). Bytes are parsed as they are;
+    were they not UTF-8, the parse fails and the text decides, as it always did."""
+    if isinstance(data, bytes):
+        if data and data != b"[DONE]":
+            try:
+                if ids is not None and len(data) >= MIN_BYTES:
+                    if data.isascii():  # else its length in characters decides, as below
+                        obj, more = ids.load(data, session)
+                        known += more
+                        return obj
+                else:
+                    return orjson.loads(data)
+            except orjson.JSONDecodeError:
+                pass
+        data = data.decode("utf-8", errors="replace")
+    try:
+        if ids is not None and len(data) >= MIN_BYTES:
+            obj, more = ids.load(data.encode(), session)
+            known += more
+            return obj
+        return orjson.loads(data) if data and data != "[DONE]" else data
+    except orjson.JSONDecodeError:
+        return data
 
 
 def _routing(answer: Any, events: list[Any] | None, upstream_request: Any) -> bytes | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchard_rec.dialects import chat, completions
 from orchard_rec.errors import BadRequest, TooManyRequests
@@ -118,3 +120,85 @@ def test_request_models_keep_every_field() -> None:
     body = {"model": "m", "messages": [], "vendor_field": {"a": 1}, "stream": True}
     req = chat.ChatRequest.model_validate(body)
     assert req.stream is True and req.model_extra == {"vendor_field": {"a": 1}}
+
+
+def _reference(events: list) -> dict | None:  # type: ignore[type-arg]
+    """Reassembly written the plain way (each piece appended to the text), for the property below."""
+    chunks = [d for _, d in events if isinstance(d, dict)]
+    if not chunks:
+        return None
+    out: dict = {k: chunks[0].get(k) for k in ("id", "object", "created", "model")}  # type: ignore[type-arg]
+    out["object"] = "chat.completion"
+    accs: dict = {}  # type: ignore[type-arg]
+    usage = None
+    for ch in chunks:
+        if ch.get("prompt_token_ids") is not None and "prompt_token_ids" not in out:
+            out["prompt_token_ids"] = list(ch["prompt_token_ids"])
+        if ch.get("system_fingerprint") is not None:
+            out["system_fingerprint"] = ch["system_fingerprint"]
+        usage = ch.get("usage") or usage
+        for c in ch.get("choices") or ():
+            acc = accs.setdefault(
+                c.get("index", 0),
+                {
+                    "index": c.get("index", 0),
+                    "message": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                    "tools": {},
+                },
+            )
+            delta = c.get("delta") or {}
+            msg = acc["message"]
+            if delta.get("role"):
+                msg["role"] = delta["role"]
+            for key in ("content", "reasoning_content", "reasoning", "refusal"):
+                if delta.get(key):
+                    msg[key] = (msg.get(key) or "") + delta[key]
+            for tc in delta.get("tool_calls") or ():
+                t = acc["tools"].setdefault(
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                t["id"] = tc.get("id") or t["id"]
+                t["function"]["arguments"] += (tc.get("function") or {}).get("arguments") or ""
+            if (c.get("logprobs") or {}).get("content"):
+                acc.setdefault("logprobs", {"content": []})["content"].extend(c["logprobs"]["content"])
+            if c.get("token_ids") is not None:
+                acc.setdefault("token_ids", []).extend(c["token_ids"])
+            for k in ("finish_reason", "stop_reason"):
+                if c.get(k) is not None:
+                    acc[k] = c[k]
+    for acc in accs.values():
+        tools = acc.pop("tools")
+        if tools:
+            acc["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
+    out["choices"] = [accs[i] for i in sorted(accs)]
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+_TEXT = st.sampled_from(["content", "reasoning_content", "reasoning", "refusal", "role"])
+_DELTA = st.dictionaries(_TEXT, st.sampled_from(["", "a", "é ", "assistant"]), max_size=3) | st.builds(
+    lambda i, tid, args: {"tool_calls": [{"index": i, "id": tid, "function": {"arguments": args}}]},
+    st.integers(0, 1),
+    st.sampled_from([None, "t1"]),
+    st.sampled_from(["", '{"a"', ":1}"]),
+)
+_CHOICE = st.fixed_dictionaries(
+    {"index": st.integers(0, 1), "delta": _DELTA | st.none()},
+    optional={
+        "token_ids": st.lists(st.integers(0, 9), max_size=2) | st.none(),
+        "logprobs": st.just({"content": [{"logprob": -0.5}]}) | st.none(),
+        "finish_reason": st.sampled_from([None, "stop", "length"]),
+        "stop_reason": st.sampled_from([None, 7]),
+    },
+)
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.lists(st.lists(_CHOICE, max_size=2), max_size=8))
+def test_chat_reassembly_equals_appending_each_piece_in_order(choices: list) -> None:  # type: ignore[type-arg]
+    events = [(None, {"id": "c", "created": 1, "model": "m", "choices": cs}) for cs in choices]
+    events.append((None, "[DONE]"))
+    assert orjson.dumps(chat.assemble(events)) == orjson.dumps(_reference(events))  # the keys' order too
