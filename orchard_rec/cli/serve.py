@@ -107,11 +107,13 @@ _ServeFsyncInterval = Annotated[
     ),
 ]
 _ServeDbWriter = Annotated[
-    Literal["thread", "process"],
+    Literal["auto", "thread", "process"],
     typer.Option(
         "--db-writer",
         envvar="ORCHARD_DB_WRITER",
-        help="process/machine: build and write records in a thread (default) or a child process (off the event loop's GIL; more memory).",
+        help="process/machine durability: build and write records in a child process (off the event loop's"
+        " interpreter lock; more memory) or a thread; auto (default): the process with one worker on a"
+        " machine of 2 or more cores, else the thread.",
     ),
 ]
 _ServeMaxInflight = Annotated[
@@ -228,7 +230,7 @@ def serve(
     read_timeout: _ServeReadTimeout = 600.0,
     durability: _ServeDurability = "process",
     fsync_interval: _ServeFsyncInterval = 0.1,
-    db_writer: _ServeDbWriter = "thread",
+    db_writer: _ServeDbWriter = "auto",
     spool: str | None = SpoolOpt,
     max_inflight: _ServeMaxInflight = 4096,
     max_queue_bytes: _ServeMaxQueueBytes = 256 * 1024 * 1024,
@@ -270,7 +272,7 @@ def serve(
         read_timeout=read_timeout,
         durability=durability,
         fsync_interval=fsync_interval,
-        db_writer=db_writer,
+        db_writer=_db_writer(db_writer, durability, n_workers),
         spool=spool,
         max_inflight=max_inflight,
         max_queue_bytes=max_queue_bytes,
@@ -317,6 +319,16 @@ def _check_limits(workers: str, max_queue_bytes: int, max_body_mb: float, pace_q
     if pace_queue_bytes < 0:
         raise usage_error("--pace-queue-bytes must be >= 0", "0 turns pacing off")
     return n_workers
+
+
+def _db_writer(choice: str, durability: str, n_workers: int) -> Literal["thread", "process"]:
+    """``--db-writer``, ``auto`` decided: the writer process where it runs beside the event loop
+    (one worker, a spool to read from, a second core), else the thread (``--workers`` spread the
+    work over the cores already; on one core a second process only adds its own CPU)."""
+    if choice in ("thread", "process"):
+        return choice  # type: ignore[return-value]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return "process" if durability != "async" and n_workers == 1 and cores >= 2 else "thread"
 
 
 def _durability(durability: _Durability) -> _Durability:

@@ -54,6 +54,14 @@ def _workers(pid: int, n: int) -> list[int]:
     return [pid] if n == 1 else _children(pid)
 
 
+def _health(port: int) -> dict:  # type: ignore[type-arg]
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -211,11 +219,11 @@ def test_the_writer_process_dies_with_the_proxy_and_a_restart_replays(upstream, 
         proc.kill()
         proc.wait()
     wait_for(lambda: not any(_alive(k) for k in kids))
-    again = serve_process(port, upstream.url, db, *served)
+    again = serve_process(port, upstream.url, db, *served, "--db-writer", "thread")
     try:
         store = Store(db)
         wait_for(lambda: len(store.calls("k9")) == 3)  # every answered call: stored, or replayed now
-        assert not [k for p in _workers(again.pid, workers) for k in _children(p)]  # the default: the thread
+        assert not [k for p in _workers(again.pid, workers) for k in _children(p)]  # the thread, as asked
         store.close()
     finally:
         again.terminate()
@@ -237,3 +245,47 @@ def test_a_writer_process_that_cannot_start_leaves_the_writing_to_the_thread(
     assert [r.call_id for r in store.calls("s")] == [c.call_id for c in caps]
     assert "cannot start the database writer process" in caplog.text
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("choice", "durability", "workers", "cores", "expected"),
+    [
+        ("auto", "process", 1, 2, "process"),
+        ("auto", "machine", 1, 8, "process"),
+        ("auto", "async", 1, 8, "thread"),  # async records after the answer, always in-thread
+        ("auto", "process", 2, 8, "thread"),  # the workers spread the work over the cores already
+        ("auto", "process", 1, 1, "thread"),  # one core: a second process only adds its own CPU
+        ("thread", "process", 1, 8, "thread"),
+        ("process", "process", 2, 1, "process"),  # what is asked for is what runs
+    ],
+)
+def test_db_writer_auto_picks_the_process_beside_one_event_loop_on_two_cores(
+    monkeypatch, choice, durability, workers, cores, expected
+) -> None:  # type: ignore[no-untyped-def]
+    import importlib
+
+    cli_serve = importlib.import_module("orchard_rec.cli.serve")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    assert cli_serve._db_writer(choice, durability, workers) == expected
+
+
+@pytest.mark.slow  # a served proxy: ~2 s
+def test_serve_runs_the_writer_process_by_default_on_this_machine(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``serve`` with no ``--db-writer``: the writer process where the machine has 2 cores or more
+    (its child, ``/healthz`` ``db_writer``), and the call it records is stored."""
+    port = free_port()
+    db = f"sqlite:///{tmp_path / 'auto.db'}"
+    proc = serve_process(port, upstream.url, db, "--spool", str(tmp_path / "auto.spool"))
+    try:
+        many = len(os.sched_getaffinity(0)) >= 2
+        wait_for(lambda: (_health(port)["db_writer"] == "process") == many)
+        assert len(_children(proc.pid)) == (1 if many else 0)
+        path, body, headers = growing_body("chat", 0, stream=False)
+        post_json(f"http://127.0.0.1:{port}/s/auto/{path}", body, headers)
+        store = Store(db)
+        wait_for(lambda: len(store.calls("auto")) == 1)
+        store.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
