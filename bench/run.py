@@ -271,12 +271,8 @@ def start_targets(
             make(f"token-async-{kind}"),
             extra=["--durability", "async"],
         )
-    if "sqlite" in dbs:  # the records built and written by the writer process (its CPU counted too)
-        orchard(
-            "orchard-token-sqlite-dbproc",
-            "token",
-            dbs["sqlite"]("token-dbproc"),
-            extra=["--db-writer", "process"],
+    if "sqlite" in dbs:  # the records in a thread of the proxy (the default on 2+ cores: the writer process)
+        orchard("orchard-token-sqlite-thread", "token", dbs["sqlite"]("token-thread"), extra=["--db-writer", "thread"])
         )
     if args.baseline:  # the same default target from another source tree, in the same rounds
         orchard(

@@ -199,8 +199,10 @@ def _start(name: str, upstream: str, work: Path, baseline: str | None) -> tuple[
         p, port = _serve(upstream, work, "workers", ["--workers", "2"])
         _all_workers(port, 2)
         return p, port
-    if name == "serve-dbproc":  # records built and written by the writer process (--db-writer process)
-        return _serve(upstream, work, "dbproc", ["--db-writer", "process"])
+    if (
+        name == "serve-thread"
+    ):  # records in a thread of the proxy (the default on 2+ cores: the writer process)
+        return _serve(upstream, work, "thread", ["--db-writer", "thread"])
     if name == "serve@baseline":
         assert baseline is not None
         return _serve(upstream, work, "baseline", [], str(Path(baseline).resolve()))
@@ -232,7 +234,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--clients", type=int, default=2, help="load-generator processes")
     ap.add_argument(
-        "--only", default="", help="comma-separated targets (forwarder,serve,serve-workers2,serve-dbproc)"
+        "--only", default="", help="comma-separated targets (forwarder,serve,serve-workers2,serve-thread)"
     )
     ap.add_argument("--out", help="append the results as a Markdown section to this file")
     ap.add_argument("--title", default="")
@@ -252,7 +254,7 @@ def main() -> None:
             )
             upstream = f"http://127.0.0.1:{up_port}/v1"
             wait_http(upstream + "/models")
-            names = ["forwarder", "serve", "serve-workers2", "serve-dbproc"] + (
+            names = ["forwarder", "serve", "serve-workers2", "serve-thread"] + (
                 ["serve@baseline"] if args.baseline else []
             )
             wanted = [n for n in names if not args.only or n in args.only.split(",")]
