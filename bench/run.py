@@ -272,7 +272,11 @@ def start_targets(
             extra=["--durability", "async"],
         )
     if "sqlite" in dbs:  # the records in a thread of the proxy (the default on 2+ cores: the writer process)
-        orchard("orchard-token-sqlite-thread", "token", dbs["sqlite"]("token-thread"), extra=["--db-writer", "thread"])
+        orchard(
+            "orchard-token-sqlite-thread",
+            "token",
+            dbs["sqlite"]("token-thread"),
+            extra=["--db-writer", "thread"],
         )
     if args.baseline:  # the same default target from another source tree, in the same rounds
         orchard(
