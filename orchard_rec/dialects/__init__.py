@@ -9,6 +9,9 @@ opening. ``registry`` lists them (one line each, plus the entry-point group
 name: a caller asks ``get(dialect)`` or one of the functions below. Shared: ``content`` (text of
 a content value, template messages), ``sse`` (parse and encode), ``images`` (image refs) and
 ``view`` (a stored conversation as neutral turns, what the viewer and the step parser read).
+What a request's opening says (``instructions_of``, ``first_user_text``, ``tool_names_of``: what
+the harness plug-ins recognise a call by) is asked of the call's dialect, or of each dialect whose
+shape the body has when the caller does not know it.
 
 May import: the standard library, pydantic, orjson, ``orchard_rec.errors``, ``orchard_rec.records``
 (the ``Dialect`` name). Never imports ``proxy``, ``storage``, ``reconstruct``, ``exporters``,
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchard_rec.dialects.base import ChatStream, Fold, Route, WireDialect, checked_to_chat
@@ -49,8 +52,10 @@ __all__ = [
     "conversation_keys",
     "error_body",
     "extract_tokens",
+    "first_user_text",
     "get",
     "images_of",
+    "instructions_of",
     "is_terminal",
     "known",
     "opening",
@@ -60,6 +65,7 @@ __all__ = [
     "secret_headers",
     "template_message",
     "to_chat",
+    "tool_names_of",
     "turns_of",
     "upstream_address",
     "without_secrets",
@@ -203,6 +209,76 @@ def answer_turn_of(dialect: Dialect | str, response: Any) -> Turn | None:
         return d.answer_turn(response)
     except _UNREADABLE:
         return None
+
+
+_Readers = tuple[tuple[str, tuple[Callable[[dict[str, Any]], Any], ...]], ...]
+_readers: dict[str, _Readers] = {}
+_readers_of: dict[str, WireDialect] | None = None
+
+
+def _by_shape(what: str) -> _Readers:
+    """``(conversation key, the reader ``what`` of each dialect keeping its conversation under it)``,
+    in registry order; rebuilt when the registry is (a dialect registered at runtime is found)."""
+    global _readers_of
+    reg = registered()
+    if _readers_of is not reg:
+        _readers.clear()
+        _readers_of = reg
+    keys: dict[str, list[Callable[[dict[str, Any]], Any]]] = {}
+    for d in reg.values():
+        for k in d.conversation_keys:
+            keys.setdefault(k, []).append(getattr(d, what))
+    out = _readers[what] = tuple((k, tuple(rs)) for k, rs in keys.items())
+    return out
+
+
+def _ask(body: Any, dialect: Dialect | str | None, what: str) -> Any:
+    """``what`` (a ``WireDialect`` reader's name) of ``body``, asked of its ``dialect`` when that is
+    a registered one, else of each dialect whose conversation key ``body`` holds, in registry order:
+    the first answer that is not None (a reader that cannot read the body answers None). On every
+    call's path (harness identification): the readers are looked up once per registry."""
+    if not isinstance(body, dict):
+        return None
+    d = get(dialect) if dialect is not None else None
+    if d is not None:
+        table: _Readers = (("", (getattr(d, what),)),)
+    else:
+        table = _readers.get(what, ())
+        if not table or _readers_of is not registered():
+            table = _by_shape(what)
+    for key, readers in table:
+        if key and key not in body:
+            continue
+        for read in readers:
+            try:
+                out = read(body)
+            except _UNREADABLE:
+                continue
+            if out is not None:
+                return out
+    return None
+
+
+def instructions_of(body: Any, dialect: Dialect | str | None = None) -> str | None:
+    """The text of a request's instructions (its system prompt, or a system/developer message
+    before the first user message: ``WireDialect.instructions``), or None. Read by ``dialect``
+    when given and registered, else by each registered dialect whose shape ``body`` has."""
+    out: str | None = _ask(body, dialect, "instructions")
+    return out
+
+
+def first_user_text(body: Any, dialect: Dialect | str | None = None) -> str | None:
+    """The text of a request's first user message (``WireDialect.first_user_text``), or None;
+    read as ``instructions_of`` reads."""
+    out: str | None = _ask(body, dialect, "first_user_text")
+    return out
+
+
+def tool_names_of(body: Any, dialect: Dialect | str | None = None) -> list[str]:
+    """The names of the tools a request offers (``WireDialect.tool_names``), in order, read as
+    ``instructions_of`` reads; [] when none."""
+    out: list[str] | None = _ask(body, dialect, "tool_names")
+    return out or []
 
 
 def raw_text(dialect: Dialect | str, request: Any, response: Any) -> tuple[str, str] | None:
