@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from orchard_rec.dialects.base import ChatStream, Fold, Route, WireDialect, checked_to_chat
 from orchard_rec.dialects.content import template_message
@@ -39,6 +39,7 @@ __all__ = [
     "ChatStream",
     "Dialect",
     "Fold",
+    "Reader",
     "Route",
     "StreamEnd",
     "Turn",
@@ -232,53 +233,59 @@ def _by_shape(what: str) -> _Readers:
     return out
 
 
-def _ask(body: Any, dialect: Dialect | str | None, what: str) -> Any:
-    """``what`` (a ``WireDialect`` reader's name) of ``body``, asked of its ``dialect`` when that is
-    a registered one, else of each dialect whose conversation key ``body`` holds, in registry order:
-    the first answer that is not None (a reader that cannot read the body answers None). On every
-    call's path (harness identification): the readers are looked up once per registry."""
-    if not isinstance(body, dict):
-        return None
-    d = get(dialect) if dialect is not None else None
-    if d is not None:
-        table: _Readers = (("", (getattr(d, what),)),)
-    else:
-        table = _readers.get(what, ())
-        if not table or _readers_of is not registered():
-            table = _by_shape(what)
-    for key, readers in table:
-        if key and key not in body:
-            continue
-        for read in readers:
-            try:
-                out = read(body)
-            except _UNREADABLE:
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Reader(Protocol[_T_co]):
+    """``reader(body, dialect=None)``: what a request body says, read by its dialect."""
+
+    def __call__(self, body: Any, dialect: Dialect | str | None = None, /) -> _T_co: ...
+
+
+def _ask(what: str) -> Reader[Any]:
+    """A reader of ``body`` that asks ``what`` (a ``WireDialect`` reader's name) of its ``dialect``
+    when that is a registered one, else of each dialect whose conversation key ``body`` holds, in
+    registry order: the first answer that is not None (a reader that cannot read the body answers
+    None). On every call's path (harness identification): one function, the readers looked up once
+    per registry."""
+
+    def ask(body: Any, dialect: Dialect | str | None = None) -> Any:
+        if not isinstance(body, dict):
+            return None
+        if dialect is not None and (d := get(dialect)) is not None:
+            table: _Readers = (("", (getattr(d, what),)),)
+        else:
+            table = _readers.get(what, ())
+            if not table or _readers_of is not registered():
+                table = _by_shape(what)
+        for key, readers in table:
+            if key and key not in body:
                 continue
-            if out is not None:
-                return out
-    return None
+            for read in readers:
+                try:
+                    out = read(body)
+                except _UNREADABLE:
+                    continue
+                if out is not None:
+                    return out
+        return None
+
+    return ask
 
 
-def instructions_of(body: Any, dialect: Dialect | str | None = None) -> str | None:
-    """The text of a request's instructions (its system prompt, or a system/developer message
-    before the first user message: ``WireDialect.instructions``), or None. Read by ``dialect``
-    when given and registered, else by each registered dialect whose shape ``body`` has."""
-    out: str | None = _ask(body, dialect, "instructions")
-    return out
+instructions_of: Reader[str | None] = _ask("instructions")
+"""``instructions_of(body, dialect=None)``: the text of a request's instructions (its system prompt,
+or a system/developer message before the first user message: ``WireDialect.instructions``), or
+None. Read by ``dialect`` when given and registered, else by each registered dialect whose shape
+``body`` has."""
 
+first_user_text: Reader[str | None] = _ask("first_user_text")
+"""``first_user_text(body, dialect=None)``: the text of a request's first user message
+(``WireDialect.first_user_text``), or None; read as ``instructions_of`` reads."""
 
-def first_user_text(body: Any, dialect: Dialect | str | None = None) -> str | None:
-    """The text of a request's first user message (``WireDialect.first_user_text``), or None;
-    read as ``instructions_of`` reads."""
-    out: str | None = _ask(body, dialect, "first_user_text")
-    return out
-
-
-def tool_names_of(body: Any, dialect: Dialect | str | None = None) -> list[str]:
-    """The names of the tools a request offers (``WireDialect.tool_names``), in order, read as
-    ``instructions_of`` reads; [] when none."""
-    out: list[str] | None = _ask(body, dialect, "tool_names")
-    return out or []
+tool_names_of: Reader[list[str] | None] = _ask("tool_names")
+"""``tool_names_of(body, dialect=None)``: the names of the tools a request offers
+(``WireDialect.tool_names``), in order, read as ``instructions_of`` reads; None when no dialect reads the body."""
 
 
 def raw_text(dialect: Dialect | str, request: Any, response: Any) -> tuple[str, str] | None:

@@ -569,10 +569,17 @@ class _Gemini(WireDialect):
         return first_user(body.get("contents"), "parts", role="user")
 
     def tool_names(self, body: dict[str, Any]) -> list[str]:
+        tools = body.get("tools")
+        decls = (
+            [t.get("functionDeclarations") for t in tools if isinstance(t, dict)]
+            if isinstance(tools, list)
+            else []
+        )
         return [
             fd["name"]
-            for t in body.get("tools") or ()
-            for fd in (t.get("functionDeclarations") or () if isinstance(t, dict) else ())
+            for fds in decls
+            if isinstance(fds, list)
+            for fd in fds
             if isinstance(fd, dict) and isinstance(fd.get("name"), str)
         ]
 

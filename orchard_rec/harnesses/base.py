@@ -46,7 +46,7 @@ __all__ = [
 # under the names plug-ins import; ``identify`` runs them on every call, so no wrapper between):
 # ``instructions_of(body, dialect=None)``, ``first_user_text(body, dialect=None)`` and
 # ``tool_names(body, dialect=None)``: the call's ``dialect`` when given, else each registered
-# dialect whose shape the body has.
+# dialect whose shape the body has; None when no dialect reads the body.
 instructions_of = dialects.instructions_of
 first_user_text = dialects.first_user_text
 tool_names = dialects.tool_names_of
@@ -144,7 +144,7 @@ class Harness:
                 return True
         if self.tool_marks and isinstance(body, dict):
             names = tool_names(body)
-            return len(names) >= len(self.tool_marks) and all(m in names for m in self.tool_marks)
+            return names is not None and set(names).issuperset(self.tool_marks)
         return False
 
     def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:

@@ -118,7 +118,7 @@ def test_the_builtin_dialects_answer_as_their_neutral_view() -> None:
         == "cc"
     )
     assert instructions_of({"messages": [{"role": "user", "content": "q"}], "system": "top"}) == "top"
-    assert (instructions_of("not a body"), first_user_text(None), tool_names([])) == (None, None, [])
+    assert (instructions_of("not a body"), first_user_text(None), tool_names([])) == (None, None, None)
 
 
 class _Log(WireDialect):
