@@ -212,25 +212,13 @@ def answer_turn_of(dialect: Dialect | str, response: Any) -> Turn | None:
         return None
 
 
-_Readers = tuple[tuple[str, tuple[Callable[[dict[str, Any]], Any], ...]], ...]
-_readers: dict[str, _Readers] = {}
-_readers_of: dict[str, WireDialect] | None = None
+_Readers = tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...]
 
 
 def _by_shape(what: str) -> _Readers:
-    """``(conversation key, the reader ``what`` of each dialect keeping its conversation under it)``,
-    in registry order; rebuilt when the registry is (a dialect registered at runtime is found)."""
-    global _readers_of
-    reg = registered()
-    if _readers_of is not reg:
-        _readers.clear()
-        _readers_of = reg
-    keys: dict[str, list[Callable[[dict[str, Any]], Any]]] = {}
-    for d in reg.values():
-        for k in d.conversation_keys:
-            keys.setdefault(k, []).append(getattr(d, what))
-    out = _readers[what] = tuple((k, tuple(rs)) for k, rs in keys.items())
-    return out
+    """``(conversation key, the reader ``what`` of a dialect keeping its conversation under it)`` for
+    each registered dialect and key, in registry order."""
+    return tuple((k, getattr(d, what)) for d in registered().values() for k in d.conversation_keys)
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -246,28 +234,30 @@ def _ask(what: str) -> Reader[Any]:
     """A reader of ``body`` that asks ``what`` (a ``WireDialect`` reader's name) of its ``dialect``
     when that is a registered one, else of each dialect whose conversation key ``body`` holds, in
     registry order: the first answer that is not None (a reader that cannot read the body answers
-    None). On every call's path (harness identification): one function, the readers looked up once
-    per registry."""
+    None). On every call's path (harness identification): one function, its readers looked up once
+    per registry (rebuilt when the registry is: a dialect registered at runtime is found)."""
+    state: tuple[Any, _Readers] = (None, ())  # (the registry its readers were taken from, the readers)
 
     def ask(body: Any, dialect: Dialect | str | None = None) -> Any:
         if not isinstance(body, dict):
             return None
+        nonlocal state
         if dialect is not None and (d := get(dialect)) is not None:
-            table: _Readers = (("", (getattr(d, what),)),)
+            table: _Readers = (("", getattr(d, what)),)
         else:
-            table = _readers.get(what, ())
-            if not table or _readers_of is not registered():
-                table = _by_shape(what)
-        for key, readers in table:
+            reg = registered()
+            if state[0] is not reg:
+                state = (reg, _by_shape(what))
+            table = state[1]
+        for key, read in table:
             if key and key not in body:
                 continue
-            for read in readers:
-                try:
-                    out = read(body)
-                except _UNREADABLE:
-                    continue
-                if out is not None:
-                    return out
+            try:
+                out = read(body)
+            except _UNREADABLE:
+                continue
+            if out is not None:
+                return out
         return None
 
     return ask

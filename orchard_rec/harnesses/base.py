@@ -144,7 +144,11 @@ class Harness:
                 return True
         if self.tool_marks and isinstance(body, dict):
             names = tool_names(body)
-            return names is not None and set(names).issuperset(self.tool_marks)
+            return (
+                names is not None
+                and len(names) >= len(self.tool_marks)
+                and set(names).issuperset(self.tool_marks)
+            )
         return False
 
     def session_of(self, headers: Mapping[str, str], body: Any = None) -> str | None:
