@@ -230,12 +230,13 @@ class Reader(Protocol[_T_co]):
     def __call__(self, body: Any, dialect: Dialect | str | None = None, /) -> _T_co: ...
 
 
-def _ask(what: str) -> Reader[Any]:
-    """A reader of ``body`` that asks ``what`` (a ``WireDialect`` reader's name) of its ``dialect``
-    when that is a registered one, else of each dialect whose conversation key ``body`` holds, in
-    registry order: the first answer that is not None (a reader that cannot read the body answers
-    None). On every call's path (harness identification): one function, its readers looked up once
-    per registry (rebuilt when the registry is: a dialect registered at runtime is found)."""
+def _ask(name: str, what: str, doc: str) -> Reader[Any]:
+    """The function ``name`` (its docstring ``doc``) reading a ``body``: it asks ``what`` (a
+    ``WireDialect`` reader's name) of the call's ``dialect`` when that is a registered one, else of
+    each dialect whose conversation key ``body`` holds, in registry order, and answers the first
+    answer that is not None (a reader that cannot read the body answers None). On every call's path
+    (harness identification): one function, its readers looked up once per registry (again when
+    the registry is rebuilt: a dialect registered at runtime is found)."""
     state: tuple[Any, _Readers] = (None, ())  # (the registry its readers were taken from, the readers)
 
     def ask(body: Any, dialect: Dialect | str | None = None) -> Any:
@@ -260,22 +261,32 @@ def _ask(what: str) -> Reader[Any]:
                 return out
         return None
 
+    ask.__name__ = ask.__qualname__ = name
+    ask.__doc__ = doc
     return ask
 
 
-instructions_of: Reader[str | None] = _ask("instructions")
-"""``instructions_of(body, dialect=None)``: the text of a request's instructions (its system prompt,
-or a system/developer message before the first user message: ``WireDialect.instructions``), or
-None. Read by ``dialect`` when given and registered, else by each registered dialect whose shape
-``body`` has."""
-
-first_user_text: Reader[str | None] = _ask("first_user_text")
-"""``first_user_text(body, dialect=None)``: the text of a request's first user message
-(``WireDialect.first_user_text``), or None; read as ``instructions_of`` reads."""
-
-tool_names_of: Reader[list[str] | None] = _ask("tool_names")
-"""``tool_names_of(body, dialect=None)``: the names of the tools a request offers
-(``WireDialect.tool_names``), in order, read as ``instructions_of`` reads; None when no dialect reads the body."""
+instructions_of: Reader[str | None] = _ask(
+    "instructions_of",
+    "instructions",
+    """``instructions_of(body, dialect=None)``: the text of a request's instructions (its system prompt,
+    or a system/developer message before the first user message: ``WireDialect.instructions``), or
+    None. Read by ``dialect`` when given and registered, else by each registered dialect whose
+    conversation key ``body`` holds, in registry order (the first answer that is not None).""",
+)
+first_user_text: Reader[str | None] = _ask(
+    "first_user_text",
+    "first_user_text",
+    """``first_user_text(body, dialect=None)``: the text of a request's first user message
+    (``WireDialect.first_user_text``), or None; read as ``instructions_of`` reads.""",
+)
+tool_names_of: Reader[list[str] | None] = _ask(
+    "tool_names_of",
+    "tool_names",
+    """``tool_names_of(body, dialect=None)``: the names of the tools a request offers
+    (``WireDialect.tool_names``), in order, read as ``instructions_of`` reads; None when no
+    dialect reads the body.""",
+)
 
 
 def raw_text(dialect: Dialect | str, request: Any, response: Any) -> tuple[str, str] | None:
