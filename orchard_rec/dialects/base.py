@@ -117,7 +117,9 @@ class WireDialect:
     """Where clients call it."""
     conversation_keys: tuple[str, ...] = ()
     """Top-level request keys whose array is the conversation (resent whole on every call of a
-    session): the request cache reads them incrementally and storage keeps each element once."""
+    session): the request cache reads them incrementally and storage keeps each element once; a
+    body holding one is read by this dialect when its caller does not know the call's dialect
+    (``dialects.instructions_of`` ...: harness identification)."""
     secret_headers: frozenset[str] = frozenset()
     """Lower-case request headers that carry a credential in this dialect (never stored)."""
     secret_params: frozenset[str] = frozenset()
