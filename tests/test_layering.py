@@ -17,6 +17,9 @@
 - No module outside ``storage/``, ``migrations/`` and ``teacher/store.py`` (the teacher table's
   access) imports SQLAlchemy's query constructs (anything but ``sqlalchemy.exc`` and ``make_url``)
   or reaches a store's ``.engine``; offenders are reported as ``file:line``.
+- Outside ``dialects/`` nothing compares against a wire dialect's name, nor a key against a dialect's
+  body key (``"messages"``, ``"contents"`` ...), but an allow-list whose entries state their reason;
+  ``harnesses/`` reads no body key at all (it asks the dialect registry).
 
 The checks read the files with ``ast``; nothing is imported but the module under test in
 its own subprocess.
@@ -482,4 +485,100 @@ def test_the_dialect_branch_checker_sees_branches() -> None:
         (3, '"responses"'),
         (4, "Dialect.RESPONSES"),
         (7, '"gemini"'),
+    ]
+
+
+# -- 8. a request body's shape is read by its dialect ------------------------------------------------------------
+
+# The top-level keys the wire dialects keep a conversation, its instructions and its tools under (the dialect
+# modules' ``conversation_keys`` and what their readers read), read from the source so nothing is imported.
+BODY_KEYS = frozenset({"messages", "input", "contents", "instructions", "system", "systemInstruction"})
+READ_KEYS = BODY_KEYS | {"tools", "prompt"}
+"""What ``harnesses/`` may not read itself: it asks ``dialects.instructions_of`` / ``first_user_text`` /
+``tool_names_of`` (the call's dialect, or each dialect whose shape the body has)."""
+
+# Each place outside dialects/ that compares a key against a dialect's body key, and why.
+BODY_KEY_COMPARISONS_ALLOWED = {
+    # The upstream request of token and tito modes is the *translated chat request* (chat is the pivot of
+    # ``WireDialect.to_chat``): its ``messages`` are kept by reference to the session's previous upstream body.
+    ("orchard_rec.proxy.capline", '"messages"'),
+    # The same translated chat request, stored as a recipe over the client's request: its message list is
+    # split into blobs (``derive_upstream``'s ``"m"``).
+    ("orchard_rec.storage.layout", '"messages"'),
+}
+
+
+def _key_constants(node: ast.expr, keys: frozenset[str]) -> list[str]:
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [
+        repr(e.value).replace("'", '"')
+        for e in elts
+        if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in keys
+    ]
+
+
+def _body_key_comparisons(name: str, tree: ast.AST, keys: frozenset[str]) -> list[tuple[str, str, int]]:
+    """``(module, key, line)`` for each comparison of an expression against a body key (a message's
+    ``role`` compared with ``"system"`` is a role, not a key: left out)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any("role" in ast.unparse(o) for o in operands):
+                continue
+            found += [(name, k, node.lineno) for o in operands for k in _key_constants(o, keys)]
+    return found
+
+
+def _body_key_reads(name: str, tree: ast.AST) -> list[tuple[str, str, int]]:
+    """``(module, key, line)`` for each ``x[KEY]``, ``x.get(KEY)`` and comparison against a body key."""
+    found = _body_key_comparisons(name, tree, READ_KEYS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            found += [(name, k, node.lineno) for k in _key_constants(node.slice, READ_KEYS)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            found += [(name, k, node.lineno) for a in node.args[:1] for k in _key_constants(a, READ_KEYS)]
+    return found
+
+
+def test_harnesses_read_no_body_shape() -> None:
+    """A harness plug-in recognises a body by what its dialect reads (``harnesses.base.instructions_of``
+    / ``first_user_text`` / ``tool_names``), never by a key of one dialect's shape."""
+    found = [
+        f"{MODULES[name]}:{line} reads {key} (ask orchard_rec.dialects instead)"
+        for name in MODULES
+        if _under(name, "orchard_rec.harnesses")
+        for _, key, line in _body_key_reads(name, _parse(name))
+    ]
+    assert found == []
+
+
+def test_no_body_key_comparison_outside_dialects() -> None:
+    """Outside dialects/ no key is compared against a dialect's body key, but the allow-listed places."""
+    found, used = [], set()
+    for name in MODULES:
+        if _under(name, "orchard_rec.dialects") or _under(name, "orchard_rec.demo"):
+            continue  # the dialects, and the demo upstream (which plays the chat server)
+        for module, key, line in _body_key_comparisons(name, _parse(name), BODY_KEYS):
+            used.add((module, key))
+            if (module, key) not in BODY_KEY_COMPARISONS_ALLOWED:
+                found.append(
+                    f"{MODULES[name]}:{line} compares against {key} (ask orchard_rec.dialects instead)"
+                )
+    assert found == []
+    assert BODY_KEY_COMPARISONS_ALLOWED - used == set(), "an allow-list entry no longer needed: remove it"
+
+
+def test_the_body_key_checker_sees_reads() -> None:
+    tree = ast.parse(
+        "def f(body, m, k):\n"
+        "    a = body.get('messages') or body['input']\n"
+        "    if 'systemInstruction' in body or k == 'contents': pass\n"
+        "    if m.get('role') == 'system' or body.get('model'): pass\n"
+    )
+    assert sorted((n, k) for _, k, n in _body_key_reads("x", tree)) == [
+        (2, '"input"'),
+        (2, '"messages"'),
+        (3, '"contents"'),
+        (3, '"systemInstruction"'),
     ]

@@ -9,6 +9,9 @@ opening. ``registry`` lists them (one line each, plus the entry-point group
 name: a caller asks ``get(dialect)`` or one of the functions below. Shared: ``content`` (text of
 a content value, template messages), ``sse`` (parse and encode), ``images`` (image refs) and
 ``view`` (a stored conversation as neutral turns, what the viewer and the step parser read).
+What a request's opening says (``instructions_of``, ``first_user_text``, ``tool_names_of``: what
+the harness plug-ins recognise a call by) is asked of the call's dialect, or of each dialect whose
+shape the body has when the caller does not know it.
 
 May import: the standard library, pydantic, orjson, ``orchard_rec.errors``, ``orchard_rec.records``
 (the ``Dialect`` name). Never imports ``proxy``, ``storage``, ``reconstruct``, ``exporters``,
@@ -19,8 +22,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from orchard_rec.dialects.base import ChatStream, Fold, Route, WireDialect, checked_to_chat
 from orchard_rec.dialects.content import template_message
@@ -36,6 +39,7 @@ __all__ = [
     "ChatStream",
     "Dialect",
     "Fold",
+    "Reader",
     "Route",
     "StreamEnd",
     "Turn",
@@ -49,8 +53,10 @@ __all__ = [
     "conversation_keys",
     "error_body",
     "extract_tokens",
+    "first_user_text",
     "get",
     "images_of",
+    "instructions_of",
     "is_terminal",
     "known",
     "opening",
@@ -60,6 +66,7 @@ __all__ = [
     "secret_headers",
     "template_message",
     "to_chat",
+    "tool_names_of",
     "turns_of",
     "upstream_address",
     "without_secrets",
@@ -203,6 +210,83 @@ def answer_turn_of(dialect: Dialect | str, response: Any) -> Turn | None:
         return d.answer_turn(response)
     except _UNREADABLE:
         return None
+
+
+_Readers = tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...]
+
+
+def _by_shape(what: str) -> _Readers:
+    """``(conversation key, the reader ``what`` of a dialect keeping its conversation under it)`` for
+    each registered dialect and key, in registry order."""
+    return tuple((k, getattr(d, what)) for d in registered().values() for k in d.conversation_keys)
+
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Reader(Protocol[_T_co]):
+    """``reader(body, dialect=None)``: what a request body says, read by its dialect."""
+
+    def __call__(self, body: Any, dialect: Dialect | str | None = None, /) -> _T_co: ...
+
+
+def _ask(name: str, what: str, doc: str) -> Reader[Any]:
+    """The function ``name`` (its docstring ``doc``) reading a ``body``: it asks ``what`` (a
+    ``WireDialect`` reader's name) of the call's ``dialect`` when that is a registered one, else of
+    each dialect whose conversation key ``body`` holds, in registry order, and answers the first
+    answer that is not None (a reader that cannot read the body answers None). On every call's path
+    (harness identification): one function, its readers looked up once per registry (again when
+    the registry is rebuilt: a dialect registered at runtime is found)."""
+    state: tuple[Any, _Readers] = (None, ())  # (the registry its readers were taken from, the readers)
+
+    def ask(body: Any, dialect: Dialect | str | None = None) -> Any:
+        if not isinstance(body, dict):
+            return None
+        nonlocal state
+        if dialect is not None and (d := get(dialect)) is not None:
+            table: _Readers = (("", getattr(d, what)),)
+        else:
+            reg = registered()
+            if state[0] is not reg:
+                state = (reg, _by_shape(what))
+            table = state[1]
+        for key, read in table:
+            if key and key not in body:
+                continue
+            try:
+                out = read(body)
+            except _UNREADABLE:
+                continue
+            if out is not None:
+                return out
+        return None
+
+    ask.__name__ = ask.__qualname__ = name
+    ask.__doc__ = doc
+    return ask
+
+
+instructions_of: Reader[str | None] = _ask(
+    "instructions_of",
+    "instructions",
+    """``instructions_of(body, dialect=None)``: the text of a request's instructions (its system prompt,
+    or a system/developer message before the first user message: ``WireDialect.instructions``), or
+    None. Read by ``dialect`` when given and registered, else by each registered dialect whose
+    conversation key ``body`` holds, in registry order (the first answer that is not None).""",
+)
+first_user_text: Reader[str | None] = _ask(
+    "first_user_text",
+    "first_user_text",
+    """``first_user_text(body, dialect=None)``: the text of a request's first user message
+    (``WireDialect.first_user_text``), or None; read as ``instructions_of`` reads.""",
+)
+tool_names_of: Reader[list[str] | None] = _ask(
+    "tool_names_of",
+    "tool_names",
+    """``tool_names_of(body, dialect=None)``: the names of the tools a request offers
+    (``WireDialect.tool_names``), in order, read as ``instructions_of`` reads; None when no
+    dialect reads the body.""",
+)
 
 
 def raw_text(dialect: Dialect | str, request: Any, response: Any) -> tuple[str, str] | None:

@@ -35,7 +35,14 @@ from orchard_rec.dialects.base import (
     openapi_post,
     upstream_message,
 )
-from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
+from orchard_rec.dialects.content import (
+    assistant_turn,
+    first_instructions,
+    first_user,
+    hex_id,
+    text_of,
+    tool_names_in,
+)
 from orchard_rec.dialects.images import ImageRef, anthropic_images
 from orchard_rec.dialects.sse import encode
 from orchard_rec.dialects.view import (
@@ -738,6 +745,16 @@ class _Messages(WireDialect):
 
     def tool_call_ids(self, response: Any) -> list[str]:
         return ids_of_type(response, "content", "tool_use", "id")
+
+    def instructions(self, body: dict[str, Any]) -> str | None:
+        system = body.get("system")  # else Claude Code's ``role: "system"`` messages
+        return text_of(system) if system else first_instructions(body.get("messages"))
+
+    def first_user_text(self, body: dict[str, Any]) -> str | None:
+        return first_user(body.get("messages"))
+
+    def tool_names(self, body: dict[str, Any]) -> list[str]:
+        return tool_names_in(body.get("tools"))
 
     def turns(self, request: dict[str, Any]) -> list[Turn] | None:
         return turns(request)

@@ -21,9 +21,10 @@ from typing import Any, Protocol
 
 import orjson
 
+from orchard_rec.dialects.content import tool_names_in
 from orchard_rec.dialects.images import ImageRef
 from orchard_rec.dialects.sse import encode
-from orchard_rec.dialects.view import Turn, chat_answer, chat_turns
+from orchard_rec.dialects.view import Turn, chat_answer, chat_turns, first_user_in, instructions_in
 from orchard_rec.errors import BadRequest, OrchardError, UpstreamError
 from orchard_rec.records import Dialect
 
@@ -116,7 +117,9 @@ class WireDialect:
     """Where clients call it."""
     conversation_keys: tuple[str, ...] = ()
     """Top-level request keys whose array is the conversation (resent whole on every call of a
-    session): the request cache reads them incrementally and storage keeps each element once."""
+    session): the request cache reads them incrementally and storage keeps each element once; a
+    body holding one is read by this dialect when its caller does not know the call's dialect
+    (``dialects.instructions_of`` ...: harness identification)."""
     secret_headers: frozenset[str] = frozenset()
     """Lower-case request headers that carry a credential in this dialect (never stored)."""
     secret_params: frozenset[str] = frozenset()
@@ -286,6 +289,23 @@ class WireDialect:
         """The assistant turn a stored answer carried, as a neutral turn; None for an error or a
         call that generated nothing. Here: its ``assistant_message``."""
         return chat_answer(self.assistant_message(response))
+
+    # -- what a harness is recognised by (``harnesses``: on every call, so the built-in dialects
+    # -- read their own shape and stop early) ----------------------------------------------------
+
+    def instructions(self, body: dict[str, Any]) -> str | None:
+        """The text of a request's instructions: its system prompt, or the first system/developer
+        message when one comes before the first user message; None without. Here: read from
+        ``turns`` (the chat view's, by default)."""
+        return instructions_in(self.turns(body) or ())
+
+    def first_user_text(self, body: dict[str, Any]) -> str | None:
+        """The text of a request's first user message, or None. Here: read from ``turns``."""
+        return first_user_in(self.turns(body) or ())
+
+    def tool_names(self, body: dict[str, Any]) -> list[str]:
+        """The names of the tools a request offers, in order. Here: its chat view's ``tools``."""
+        return tool_names_in(self.to_chat(body).get("tools")) if self.chat_view else []
 
     def raw_text(self, request: Any, response: Any) -> tuple[str, str] | None:
         """A text-in, text-out dialect's prompt and completion as plain text (no chat template

@@ -24,6 +24,7 @@ from orchard_rec.dialects.base import (
     openai_type,
     openapi_post,
 )
+from orchard_rec.dialects.content import first_instructions, first_user, tool_names_in
 from orchard_rec.dialects.images import ImageRef, chat_images
 from orchard_rec.dialects.view import Turn, chat_message_turn
 from orchard_rec.errors import BadRequest, OrchardError
@@ -255,6 +256,15 @@ class _Chat(WireDialect):
 
     def opening(self, body: dict[str, Any]) -> list[Any] | None:
         return opening(body)
+
+    def instructions(self, body: dict[str, Any]) -> str | None:
+        return first_instructions(body.get("messages"))
+
+    def first_user_text(self, body: dict[str, Any]) -> str | None:
+        return first_user(body.get("messages"))
+
+    def tool_names(self, body: dict[str, Any]) -> list[str]:
+        return tool_names_in(body.get("tools"))
 
     def answer_turn(self, response: dict[str, Any]) -> Turn | None:
         c0 = (response.get("choices") or [None])[0]

@@ -1,4 +1,5 @@
-"""Content values every dialect shares: text of a content value, and messages as chat templates read them."""
+"""Content values every dialect shares: text of a content value, the opening of a role'd item
+list, and messages as chat templates read them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ from typing import Any
 
 import orjson
 
-__all__ = ["assistant_turn", "hex_id", "template_message", "template_text", "text_of"]
+__all__ = [
+    "INSTRUCTION_ROLES",
+    "assistant_turn",
+    "first_instructions",
+    "first_user",
+    "hex_id",
+    "parts_text",
+    "template_message",
+    "template_text",
+    "text_of",
+    "tool_names_in",
+]
+
+INSTRUCTION_ROLES = ("system", "developer")
+"""The roles of an item that instructs the model (chat's ``system``, Responses' ``developer``)."""
 
 
 def hex_id() -> str:
@@ -45,6 +60,51 @@ def text_of(content: Any) -> str:
                     out.append(p["text"])
         return "".join(out)
     return str(content)
+
+
+def parts_text(parts: list[Any]) -> str:
+    """The text parts of a list (each ``{"text": str, ...}``: chat, Responses, Messages and Gemini
+    parts alike) joined; other parts are skipped."""
+    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def first_instructions(items: Any, content: str = "content") -> str | None:
+    """The text of a conversation list's first system/developer item (its ``content`` key), when
+    one comes before the first user item; None otherwise. Stops at the first user item."""
+    if isinstance(items, list):
+        for m in items:
+            if isinstance(m, dict):
+                role = m.get("role")
+                if role == "user":
+                    return None
+                if role in INSTRUCTION_ROLES:
+                    return text_of(m.get(content))
+    return None
+
+
+def first_user(items: Any, content: str = "content", role: str | None = None) -> str | None:
+    """The text of a conversation list's first user item (its ``content`` key: a string, or a list
+    whose text parts are joined); None without one, or when its content is neither. ``role``: the
+    role of an item that names none (Gemini's ``contents`` default to ``user``)."""
+    if isinstance(items, list):
+        for m in items:
+            if isinstance(m, dict) and m.get("role", role) == "user":
+                c = m.get(content)
+                return c if isinstance(c, str) else (parts_text(c) if isinstance(c, list) else None)
+    return None
+
+
+def tool_names_in(tools: Any) -> list[str]:
+    """The names of a ``tools`` list's entries: chat's ``{"function": {"name"}}`` and the flat
+    ``{"name"}`` of Responses and Messages alike."""
+    out = []
+    for t in tools if isinstance(tools, list) else ():
+        if isinstance(t, dict):
+            fn = t.get("function")
+            name = (fn if isinstance(fn, dict) else t).get("name")
+            if isinstance(name, str):
+                out.append(name)
+    return out
 
 
 def template_text(content: Any) -> str | None:

@@ -44,7 +44,7 @@ from orchard_rec.dialects.base import (
     openapi_post,
     upstream_message,
 )
-from orchard_rec.dialects.content import hex_id
+from orchard_rec.dialects.content import first_user, hex_id
 from orchard_rec.dialects.images import ImageRef, image_of_url, image_ref
 from orchard_rec.dialects.sse import encode
 from orchard_rec.errors import BadRequest, OrchardError
@@ -561,6 +561,27 @@ class _Gemini(WireDialect):
             if isinstance(c, dict) and c.get("role", "user") == "user":
                 return [_parts_text(body.get("systemInstruction")), c.get("parts")]
         return None
+
+    def instructions(self, body: dict[str, Any]) -> str | None:
+        return _parts_text(body.get("systemInstruction")) or None
+
+    def first_user_text(self, body: dict[str, Any]) -> str | None:
+        return first_user(body.get("contents"), "parts", role="user")
+
+    def tool_names(self, body: dict[str, Any]) -> list[str]:
+        tools = body.get("tools")
+        decls = (
+            [t.get("functionDeclarations") for t in tools if isinstance(t, dict)]
+            if isinstance(tools, list)
+            else []
+        )
+        return [
+            fd["name"]
+            for fds in decls
+            if isinstance(fds, list)
+            for fd in fds
+            if isinstance(fd, dict) and isinstance(fd.get("name"), str)
+        ]
 
     def openapi(self) -> dict[str, dict[str, Any]]:
         props = {

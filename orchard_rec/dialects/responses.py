@@ -22,18 +22,17 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchard_rec.dialects import responses_view
 from orchard_rec.dialects.base import (
     TOOL_SCHEMA,
     Route,
     WireDialect,
     answer_tokens,
-    head_until_user,
     ids_of_type,
     openapi_post,
 )
 from orchard_rec.dialects.content import assistant_turn, hex_id, text_of
 from orchard_rec.dialects.images import ImageRef, responses_images
-from orchard_rec.dialects.responses_view import answer_turn, turns
 from orchard_rec.dialects.sse import encode
 from orchard_rec.dialects.view import Turn
 from orchard_rec.errors import BadRequest
@@ -49,7 +48,6 @@ __all__ = [
     "chat_to_responses",
     "custom_tools",
     "extract_tokens",
-    "opening",
     "stream_error_event",
     "to_chat",
 ]
@@ -683,15 +681,6 @@ def assistant_message(response: Any) -> dict[str, Any] | None:
     return assistant_turn(texts, reasoning, calls)
 
 
-def opening(body: dict[str, Any]) -> list[Any] | None:
-    """What every call of one conversation repeats: the instructions and the input up to the first user message."""
-    inp = body.get("input")
-    items = (
-        [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
-    )
-    return head_until_user([body.get("instructions")], items)
-
-
 def stream_error_event(err: dict[str, Any], sequence_number: int) -> tuple[str, dict[str, Any]]:
     """An upstream error inside a stream, as the Responses ``error`` event."""
     return (
@@ -784,16 +773,25 @@ class _Responses(WireDialect):
         return responses_images(request) if isinstance(request, dict) else []
 
     def opening(self, body: dict[str, Any]) -> list[Any] | None:
-        return opening(body)
+        return responses_view.opening(body)
 
     def tool_call_ids(self, response: Any) -> list[str]:
         return ids_of_type(response, "output", "function_call", "call_id")
 
+    def instructions(self, body: dict[str, Any]) -> str | None:
+        return responses_view.instructions(body)
+
+    def first_user_text(self, body: dict[str, Any]) -> str | None:
+        return responses_view.first_user_text(body)
+
+    def tool_names(self, body: dict[str, Any]) -> list[str]:
+        return responses_view.tool_names(body)
+
     def turns(self, request: dict[str, Any]) -> list[Turn] | None:
-        return turns(request)
+        return responses_view.turns(request)
 
     def answer_turn(self, response: dict[str, Any]) -> Turn | None:
-        return answer_turn(response)
+        return responses_view.answer_turn(response)
 
 
 DIALECT = _Responses()

@@ -1,15 +1,18 @@
-"""The Responses dialect's stored requests and answers as neutral turns (``dialects.view``).
+"""The Responses dialect's stored requests and answers as neutral turns (``dialects.view``), and
+what a request's opening says (``opening``, ``instructions``, ``first_user_text``, ``tool_names``).
 
 Read natively, not through the chat view: its items say more than chat can (shell calls, custom
 tool calls and their outputs, reasoning summaries), and the items of one model turn (reasoning,
 message, calls) become one assistant turn. Part of the Responses dialect (``responses``, which
-hands these out as its ``turns`` and ``answer_turn``); a module of its own for size.
+hands these out as its ``turns``, ``answer_turn``, ``opening`` ...); a module of its own for size.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from orchard_rec.dialects.base import head_until_user
+from orchard_rec.dialects.content import first_instructions, first_user, text_of, tool_names_in
 from orchard_rec.dialects.view import (
     Block,
     Turn,
@@ -22,7 +25,7 @@ from orchard_rec.dialects.view import (
     text_block,
 )
 
-__all__ = ["answer_turn", "item_turn", "turns"]
+__all__ = ["answer_turn", "first_user_text", "instructions", "item_turn", "opening", "tool_names", "turns"]
 
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
 
@@ -97,3 +100,29 @@ def answer_turn(response: dict[str, Any]) -> Turn | None:
     if not isinstance(output, list):
         return None
     return {"role": "assistant", "blocks": [b for i in output for b in item_turn(i)["blocks"]]}
+
+
+def opening(body: dict[str, Any]) -> list[Any] | None:
+    """What every call of one conversation repeats: the instructions and the input up to the first user message."""
+    inp = body.get("input")
+    items = (
+        [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp if isinstance(inp, list) else [])
+    )
+    return head_until_user([body.get("instructions")], items)
+
+
+def instructions(body: dict[str, Any]) -> str | None:
+    """The ``instructions``, else the first system/developer input item before the first user one."""
+    text = body.get("instructions")
+    return text_of(text) if text else first_instructions(body.get("input"))
+
+
+def first_user_text(body: dict[str, Any]) -> str | None:
+    """The text of the first user input item (a string ``input`` is that message)."""
+    inp = body.get("input")
+    return inp if isinstance(inp, str) else first_user(inp)
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    """The names of the tools offered (function, custom and built-in tools that have one)."""
+    return tool_names_in(body.get("tools"))

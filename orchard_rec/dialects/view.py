@@ -15,12 +15,16 @@ Blocks keep raw values (arguments, result contents): each caller renders them it
 chat reader here (``chat_turns``, ``chat_answer``) is what a dialect without a native reader
 answers through its chat view (``to_chat`` / ``assistant_message``); a dialect that keeps more
 than chat can say (Anthropic's ``is_error``, Responses' shell calls) reads its own shape.
+``instructions_in`` and ``first_user_in`` read a request's opening from its turns (what
+``WireDialect.instructions`` / ``first_user_text`` answer by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from orchard_rec.dialects.content import INSTRUCTION_ROLES
 
 __all__ = [
     "Block",
@@ -30,12 +34,15 @@ __all__ = [
     "chat_message_turn",
     "chat_parts",
     "chat_turns",
+    "first_user_in",
     "image_block",
+    "instructions_in",
     "merge_adjacent",
     "other",
     "parts_with",
     "result_block",
     "text_block",
+    "turn_text",
 ]
 
 Block = dict[str, Any]
@@ -156,3 +163,26 @@ def merge_adjacent(turns: Iterable[Turn]) -> list[Turn]:
         else:
             out.append(t)
     return out
+
+
+def turn_text(turn: Turn) -> str:
+    """A turn's text blocks joined (its reasoning, calls, results and images left out)."""
+    return "".join(b["text"] for b in turn["blocks"] if b.get("kind") == "text")
+
+
+def instructions_in(turns: Iterable[Turn]) -> str | None:
+    """The text of the first system/developer turn when one comes before the first user turn, else None."""
+    for t in turns:
+        if t["role"] == "user":
+            return None
+        if t["role"] in INSTRUCTION_ROLES:
+            return turn_text(t)
+    return None
+
+
+def first_user_in(turns: Iterable[Turn]) -> str | None:
+    """The text of the first user turn, or None without one."""
+    for t in turns:
+        if t["role"] == "user":
+            return turn_text(t)
+    return None

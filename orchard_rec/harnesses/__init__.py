@@ -6,7 +6,8 @@ One small module per harness (data plus ``config_snippet``/``prepare`` hooks), a
 harness and session of a request from that data (the proxy's recording core calls it),
 ``run_harness`` runs one against a proxy and reports the outcome.
 
-May import: the standard library, orjson, and ``orchard_rec.harnesses.*``; nothing of the
+May import: the standard library, orjson, ``orchard_rec.harnesses.*`` and ``orchard_rec.dialects``
+(a request body is read by its wire dialect, never by its shape here); nothing of the
 proxy, storage or reconstruction (they import this package, not the other way round).
 """
 

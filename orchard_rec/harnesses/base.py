@@ -4,6 +4,11 @@ An adapter is data plus two small hooks: ``config_snippet`` (what a user pastes 
 the harness at the proxy) and ``prepare`` (a private home with that config, the command
 line and the environment for one non-interactive run). ``run_harness`` starts the
 process, waits, and reports the outcome to the proxy.
+
+What a request body says (its instructions, first user message, tools) is read by its wire
+dialect (``instructions_of``, ``first_user_text``, ``tool_names``: the dialect registry's),
+never by its shape here, so a plug-in recognising a body works for every registered dialect,
+Gemini's and one added by an entry point included.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from orchard_rec import dialects
 from orchard_rec.settings import Settings
 
 __all__ = [
@@ -32,63 +38,18 @@ __all__ = [
     "instructions_of",
     "post_outcome",
     "run_harness",
+    "tool_names",
 ]
 
 
-def instructions_of(body: dict[str, Any]) -> str | None:
-    """The text of a request's first instructions: chat/Responses ``system``/``developer`` message,
-    Responses ``instructions`` or Messages ``system``, whichever comes first."""
-    for key in ("instructions", "system"):
-        v = body.get(key)
-        if v:
-            return _text(v)
-    items = body.get("messages")
-    if not isinstance(items, list):
-        items = body.get("input")
-    if isinstance(items, list):
-        for m in items:
-            if isinstance(m, dict) and m.get("role") in ("system", "developer"):
-                return _text(m.get("content"))
-            if isinstance(m, dict) and m.get("role") == "user":
-                return None
-    return None
-
-
-def first_user_text(body: Any) -> str | None:
-    """The text of a chat/Responses/Messages request's first user message."""
-    if not isinstance(body, dict):
-        return None
-    items = body.get("messages")
-    if not isinstance(items, list):
-        items = body.get("input")
-        if isinstance(items, str):
-            return items
-    if isinstance(items, list):
-        for m in items:
-            if isinstance(m, dict) and m.get("role") == "user":
-                c = m.get("content")
-                if isinstance(c, list):
-                    return "".join(
-                        p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)
-                    )
-                return c if isinstance(c, str) else None
-    return None
-
-
-def _tool_name(t: Any) -> str | None:
-    if not isinstance(t, dict):
-        return None
-    fn = t.get("function")
-    name = (fn if isinstance(fn, dict) else t).get("name")
-    return name if isinstance(name, str) else None
-
-
-def _text(c: Any) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
+# What a request body says, read by its wire dialect (the dialect registry's readers, bound here
+# under the names plug-ins import; ``identify`` runs them on every call, so no wrapper between):
+# ``instructions_of(body, dialect=None)``, ``first_user_text(body, dialect=None)`` and
+# ``tool_names(body, dialect=None)``: the call's ``dialect`` when given, else each registered
+# dialect whose shape the body has; None when no dialect reads the body.
+instructions_of = dialects.instructions_of
+first_user_text = dialects.first_user_text
+tool_names = dialects.tool_names_of
 
 
 def default_cache() -> Path:
@@ -346,8 +307,10 @@ def declared_match(harness: Harness, ua: str, headers: Mapping[str, str], body: 
         if v is not None and v.lower().startswith(prefix):
             return True
     if harness.tool_marks and isinstance(body, dict):
-        tools = body.get("tools")
-        if isinstance(tools, list) and len(tools) >= len(harness.tool_marks):
-            names = {_tool_name(t) for t in tools}
-            return all(m in names for m in harness.tool_marks)
+        names = tool_names(body)
+        return (
+            names is not None
+            and len(names) >= len(harness.tool_marks)
+            and set(names).issuperset(harness.tool_marks)
+        )
     return False

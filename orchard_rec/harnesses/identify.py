@@ -4,7 +4,8 @@ Each plug-in declares user-agent prefixes, marking headers, session headers and 
 tool sets, side conversations and probe paths (``base.Harness``); this module only walks
 them, in a fixed order (most specific first), and falls back to the SDK a client was built
 on (``openai-python``, ``anthropic-node`` ...). Called per request by the proxy's recording
-core: a few dictionary look-ups, no I/O.
+core: a few dictionary look-ups, no I/O; what a body says is read by its dialect's own early-exit
+readers (``base.first_user_text`` ..., measured by ``bench/identify.py``).
 """
 
 from __future__ import annotations

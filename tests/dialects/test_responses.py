@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from orchard_rec.dialects import Dialect, is_terminal, responses, to_chat
+from orchard_rec.dialects import Dialect, is_terminal, responses, responses_view, to_chat
 from orchard_rec.errors import BadRequest
 
 from .strategies import SETTINGS, assistant_turns, chunks, completion, normal
@@ -88,7 +88,7 @@ def test_request_to_chat() -> None:
     ]
     assert [t["function"]["name"] for t in chat["tools"]] == ["sh"]
     assert chat["max_tokens"] == 9 and chat["reasoning_effort"] == "low"
-    assert responses.opening(body) == ["be brief", [{"type": "input_text", "text": "dev"}], "run it"]
+    assert responses_view.opening(body) == ["be brief", [{"type": "input_text", "text": "dev"}], "run it"]
 
 
 @pytest.mark.parametrize(
