@@ -115,8 +115,19 @@ def available(conn: Any, dialect: str) -> bool:
     return bool(inspect(conn).has_table(SQLITE_TABLE if dialect == "sqlite" else PG_TABLE))
 
 
-def index_calls(conn: Any, dialect: str, docs: Iterable[tuple[str, str | None, str]]) -> int:
-    """Add ``(call_id, session_id, text)`` entries (calls already inserted); empty texts skipped."""
+def index_calls(
+    conn: Any,
+    dialect: str,
+    docs: Iterable[tuple[str, str | None, str]],
+    rowids: dict[str, int] | None = None,
+) -> int:
+    """Add ``(call_id, session_id, text)`` entries (calls already inserted); empty texts skipped.
+    ``rowids``: SQLite, the calls' rowids by id when the caller knows them (no lookup per entry)."""
+    if rowids is not None and dialect == "sqlite":
+        vals = [(rowids[cid], body) for cid, sid, body in docs if body and sid]
+        if vals:
+            conn.exec_driver_sql(f"INSERT INTO {SQLITE_TABLE}(rowid, body) VALUES (?, ?)", vals)
+        return len(vals)
     rows = [{"cid": cid, "sid": sid, "body": body} for cid, sid, body in docs if body and sid]
     if not rows:
         return 0
