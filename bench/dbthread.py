@@ -8,7 +8,8 @@ token mode's plan, and ``bench/fakeupstream.py``'s token-mode answer. Each ``Cap
 the event loop makes it (``request.caller``/``take_body``: the request cache, the derived session;
 ``plan_for``; ``Plan.client_body_bytes``), then the database thread's work runs on it in batches
 of ``--batch`` (what it gathers at c=32): ``Capture.to_record`` with the recorder's ``IdParser``,
-``Store.write_batch`` into a fresh SQLite database (the default pragmas, search index included).
+``Store.write_batch`` into a fresh SQLite database (the default pragmas, search index included)
+through ``serve``'s ``LoggedStore`` (the access log's lines, written to /dev/null).
 
 Printed: microseconds of thread CPU (``time.thread_time``) per call, the best of ``--rounds``
 rounds, for the whole (record + store) and for each part, the parts timed by wrapping the storage
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import logging
+import os
 import pstats
 import sys
 import tempfile
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakeupstream import _bodies
 
+from orchard_rec.proxy import logs
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.request import caller, take_body
@@ -111,6 +115,7 @@ def parts() -> Iterator[None]:
         (delta.layout, "compress", "  layout.compress"),
         (delta, "_prefix", "  delta._prefix"),
         (store.Encoder, "commit", "Encoder.commit"),
+        (logs, "_write_lines", "access log (logs._write_lines)"),
     ]
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in targets]
     del layout, search
@@ -127,8 +132,9 @@ def one_round(
     n: int, batch: int, work: Path, tag: str, prof: cProfile.Profile | None = None
 ) -> dict[str, float]:
     caps = [capture() for _ in range(n)]
-    store = Store(f"sqlite:///{work / f'{tag}.db'}")
-    store.upgrade()
+    plain = Store(f"sqlite:///{work / f'{tag}.db'}")
+    plain.upgrade()
+    store = logs.LoggedStore(plain)
     ids = IdParser()
     warm = 4 * batch  # the session's first calls (state cache, statements compiled) are not timed
     for i in range(0, warm, batch):
@@ -147,7 +153,7 @@ def one_round(
         wb += t2 - t1
     if prof is not None:
         prof.disable()
-    store.close()
+    plain.close()
     m = n - warm
     return {"record (Capture.to_record)": 1e6 * rec / m, "store (Store.write_batch)": 1e6 * wb / m}
 
@@ -160,6 +166,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     tune_interpreter()
+    logs.configure_logging("info")  # as ``serve`` logs: one access line per call, here to /dev/null
+    for h in logging.getLogger("orchard_rec").handlers:
+        h.stream = open(os.devnull, "w")  # type: ignore[attr-defined]
     work = Path(tempfile.mkdtemp(prefix="orchard-dbthread-"))
     best: dict[str, float] = {}
     for k in range(a.rounds):

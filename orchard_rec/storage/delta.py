@@ -231,8 +231,8 @@ class Encoder:
                 self._continue(r, st, split, new_blobs)
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
-            was = st.split
-            if was is not None and st.skel is not None and split.literals is was.literals:
+            prev = st.split
+            if prev is not None and st.skel is not None and split.literals is prev.literals:
                 skel = st.skel  # the same text again (``layout.split_request``): the same skeleton
             else:
                 skel = layout.compress(split.literals)
