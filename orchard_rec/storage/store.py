@@ -65,6 +65,7 @@ from orchard_rec.storage.rows import (
     _mime,
     _record,
     _row,
+    _sqlite_epoch,
     _sqlite_time,
     _ts,
 )
@@ -419,8 +420,8 @@ class Store:
         for c in cols:
             if isinstance(c.type, JSON):
                 conv.append(_dumps)
-            elif isinstance(c.type, DateTime):
-                conv.append(_sqlite_time if sqlite else None)
+            elif isinstance(c.type, DateTime):  # ``_row`` holds epochs
+                conv.append(_sqlite_epoch if sqlite else _ts)
             elif c.name == "stream" and sqlite:
                 conv.append(int)
             else:

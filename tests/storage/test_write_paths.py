@@ -294,3 +294,22 @@ if __name__ == "__main__":
     write(f"sqlite:///{work / 'w.db'}", workload()).close()
     Path(sys.argv[1]).write_text(json.dumps(dump(work / "w.db"), indent=0, ensure_ascii=False))
     print(f"{time.process_time() - t:.2f} s")
+
+
+def test_call_times_are_written_as_the_datetime_bind_processor_writes_them() -> None:
+    """``_sqlite_epoch`` (no datetime per value) gives the text ``_sqlite_time(_ts(epoch))`` gives,
+    roundings to the next second, halves and times before 1970 included."""
+    import random
+
+    from orchard_rec.storage.rows import _sqlite_epoch, _sqlite_time, _ts
+
+    rnd = random.Random(40)
+    cases = [0.0, 1.0, -1.5, 1e9 + 0.9999995, 1e9 + 0.0000005, 1e9 + 0.0000015, 1_790_000_000.9999996]
+    cases += [T0 + k / 7 for k in range(200)]
+    cases += [rnd.uniform(-1e9, 4e9) for _ in range(20_000)]
+    cases += [int(rnd.uniform(0, 4e9)) + rnd.randrange(0, 2_000_001) / 2_000_000 for _ in range(20_000)]
+    cases += [time.time() + k * 1e-7 for k in range(2_000)]
+    for e in cases:
+        want = _ts(e)
+        assert want is not None
+        assert _sqlite_epoch(e) == _sqlite_time(want), e
