@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -400,7 +401,7 @@ class Store:
                 assert self._insert_sql is not None
                 head, one = self._insert_sql.split(" VALUES ")
                 sql = self._insert_multi[len(chunk)] = f"{head} VALUES " + ", ".join([one] * len(chunk))
-            last = conn.exec_driver_sql(sql, tuple(v for vals in chunk for v in vals)).lastrowid
+            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk))).lastrowid
         if last - before != len(rows):
             return None
         return {row["id"]: before + 1 + k for k, row in enumerate(rows)}
