@@ -53,6 +53,7 @@ from orchard_rec.storage.engine import (
     _sqlite_pragmas,
     _sqlite_readonly_creator,
     _sqlite_readonly_pragmas,
+    runs,
 )
 from orchard_rec.storage.models import Blob, Call, Image, Session
 from orchard_rec.storage.outcome import InvalidOutcome, OutcomeChange, sanitize
@@ -392,16 +393,14 @@ class Store:
         # the rows are numbered in order from the table's largest rowid (this transaction holds the
         # write lock since ``_bump_session``); checked, else the search index looks them up
         before = conn.exec_driver_sql("SELECT max(rowid) FROM calls").scalar() or 0
-        step = self._insert_rows
         last = before
-        for i in range(0, len(params), step):
-            chunk = params[i : i + step]
-            sql = self._insert_multi.get(len(chunk))
+        for at, size in runs(len(params), self._insert_rows):
+            sql = self._insert_multi.get(size)
             if sql is None:
                 assert self._insert_sql is not None
                 head, one = self._insert_sql.split(" VALUES ")
-                sql = self._insert_multi[len(chunk)] = f"{head} VALUES " + ", ".join([one] * len(chunk))
-            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk))).lastrowid
+                sql = self._insert_multi[size] = f"{head} VALUES " + ", ".join([one] * size)
+            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(params[at : at + size]))).lastrowid
         if last - before != len(rows):
             return None
         return {row["id"]: before + 1 + k for k, row in enumerate(rows)}
@@ -437,7 +436,7 @@ class Store:
                 import sqlite3
 
                 limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-            self._insert_rows = max(1, min(64, limit // len(cols)))
+            self._insert_rows = 1 << (max(1, min(64, limit // len(cols))).bit_length() - 1)
 
     def _bump_session(self, db: Any, sid: str, n: int, now: datetime, harness: str | None) -> int:
         from sqlalchemy.dialects import postgresql, sqlite
