@@ -91,7 +91,7 @@ def main() -> None:
     t = time.process_time()
     stored = [store.encoder.encode(r, SessionState())[0] for r in recs]
     print(f"delta encoding (Encoder.encode)        {1e6 * (time.process_time() - t) / n:7.1f} us/call")
-    with store._sessions.begin() as db:  # compiles the statement once
+    with store.engine.begin() as db:  # compiles the statement once
         store._insert_calls(db, [_row(recs[0], None, stored[0])])
     sql, get, fix = store._insert_sql, store._insert_get, store._insert_fix
     store.close()

@@ -115,7 +115,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tito_render", "ORCHARD_TITO_RENDER", "", "whole/empty", _text,
          "token-in/token-out prompt rendering (whole: render the whole conversation each call)"),
     Knob("gc_threshold", "ORCHARD_GC_THRESHOLD", (50_000, 20, 100), "a,b,c", _gc,
-         "the proxy's garbage-collector thresholds"),
+         "the proxy's (and its writer process's) garbage-collector thresholds"),
     Knob("debug", "ORCHARD_DEBUG", "", "0/1", _text, "the CLI shows tracebacks (like --debug)"),
     Knob("harness_cache", "ORCHARD_HARNESS_CACHE", "", "path", _text,
          "where harness CLIs are installed (default ~/.cache/orchard-rec/harnesses)"),

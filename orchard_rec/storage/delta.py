@@ -78,6 +78,7 @@ class SessionState:
         "refs",
         "refs_id",
         "size",
+        "skel",
         "split",
         "tokens",
         "tokens_id",
@@ -97,6 +98,9 @@ class SessionState:
         self.refs: list[bytes] = []
         self.refs_id: str | None = None
         self.split: layout.Split | None = None
+        self.skel: bytes | None = None
+        """``split``'s literals compressed (the request's stored skeleton): a request the same as
+        the previous one reuses it."""
         self.up_refs: list[bytes] = []
         self.up_refs_id: str | None = None
         self.up_texts: list[str] = []
@@ -118,7 +122,7 @@ class SessionState:
     def copy(self) -> SessionState:
         s = SessionState()
         s.tokens, s.tokens_id, s.completion, s.mark = self.tokens, self.tokens_id, self.completion, self.mark
-        s.refs, s.refs_id, s.split = self.refs, self.refs_id, self.split
+        s.refs, s.refs_id, s.split, s.skel = self.refs, self.refs_id, self.split, self.skel
         s.up_refs, s.up_refs_id, s.up_texts = self.up_refs, self.up_refs_id, self.up_texts
         s.known = set(self.known)
         s.images = OrderedDict(self.images)
@@ -227,8 +231,12 @@ class Encoder:
                 self._continue(r, st, split, new_blobs)
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
-            skel = layout.compress(split.literals)
-            st.refs, st.refs_id, st.split = split.refs, r.call_id, split
+            prev = st.split
+            if prev is not None and st.skel is not None and split.literals is prev.literals:
+                skel = st.skel  # the same text again (``layout.split_request``): the same skeleton
+            else:
+                skel = layout.compress(split.literals)
+            st.refs, st.refs_id, st.split, st.skel = split.refs, r.call_id, split, skel
         # the upstream request: a recipe on the request; its own message list as blobs
         recipe, msgs = layout.derive_upstream(r.upstream_request, r.request, prompt)
         recipe = None if r.upstream_request is None else recipe

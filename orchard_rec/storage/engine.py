@@ -67,3 +67,21 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def runs(n: int, cap: int) -> list[tuple[int, int]]:
+    """``(start, size)`` pieces of ``n`` rows for multi-row statements: ``cap``-sized ones, then the
+    rest by powers of two (37 -> 32, 4, 1), so that a writer's batches of any size use a few
+    statements the driver has prepared already (its cache holds 128; one per size would thrash)."""
+    out: list[tuple[int, int]] = []
+    at = 0
+    while n - at >= cap:
+        out.append((at, cap))
+        at += cap
+    size = 1 << max(0, cap.bit_length() - 1)
+    while at < n:
+        if n - at >= size:
+            out.append((at, size))
+            at += size
+        size >>= 1
+    return out

@@ -194,6 +194,8 @@ def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) 
     text, at the same position of the same key) are not hashed again. ``deltas``: a large
     value that continues ``prev``'s value of the same key is noted in ``bases``.
     """
+    if prev is not None and prev.text is not None and (text is prev.text or text == prev.text):
+        return _again(prev)
     out = Split()
     out.text = text
     try:
@@ -201,6 +203,17 @@ def split_request(text: str, prev: Split | None = None, *, deltas: bool = True) 
     except (_Malformed, IndexError):
         out = Split()
         out.literals = [text]
+    return out
+
+
+def _again(prev: Split) -> Split:
+    """The split of ``prev``'s text again (a harness that sent the same request twice, a retry):
+    its pieces, all of them known, nothing hashed and nothing new (``blobs``, ``bases`` empty), as
+    ``_split`` would find them one by one. The lists are ``prev``'s own (a split is never changed
+    once made), so ``Encoder.encode`` knows the literals by identity."""
+    out = Split()
+    out.text, out.literals, out.refs, out.starts = prev.text, prev.literals, prev.refs, prev.starts
+    out.pieces, out.first = prev.pieces, prev.first
     return out
 
 

@@ -6,6 +6,7 @@ floats). Moved out of ``storage/store.py``.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,11 +46,37 @@ def _sqlite_time(dt: datetime) -> str:
     return (dt.astimezone(UTC) if dt.tzinfo else dt).isoformat(" ", "microseconds")[:26]
 
 
+_SECONDS: dict[int, str] = {}
+"""``YYYY-MM-DD HH:MM:SS`` (UTC) of the epoch seconds ``_sqlite_epoch`` met lately."""
+
+
+def _sqlite_epoch(epoch: float) -> str:
+    """``_sqlite_time(_ts(epoch))`` without the datetime: the second's text (cached: a writer's
+    calls come within a few seconds) and the microseconds rounded as ``datetime.fromtimestamp``
+    rounds them (the fraction times 10**6, half to even; a carry makes it the next second)."""
+    frac, whole = math.modf(epoch)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        us -= 1_000_000
+        whole += 1.0
+    elif us < 0:
+        us += 1_000_000
+        whole -= 1.0
+    sec = int(whole)
+    head = _SECONDS.get(sec)
+    if head is None:
+        if len(_SECONDS) > 4096:
+            _SECONDS.clear()
+        head = _SECONDS[sec] = datetime.fromtimestamp(sec, tz=UTC).isoformat(" ")[:19]
+    return f"{head}.{us:06d}"
+
+
 def _floats(v: bytes | None) -> tuple[float, ...] | None:
     return None if v is None else tuple(layout.unpack_floats(bytes(v)))
 
 
 def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, Any]:
+    """The row's values; the times as epochs (``Store._insert_calls`` converts them for the driver)."""
     return {
         "id": r.call_id,
         "session_id": r.session_id,
@@ -60,9 +87,9 @@ def _row(r: CallRecord, seq: int | None, stored: dict[str, Any]) -> dict[str, An
         "stream": r.stream,
         "status_code": r.status_code,
         "outcome": r.outcome.value,
-        "received_at": _ts(r.received_at),
-        "first_byte_at": _ts(r.first_byte_at),
-        "done_at": _ts(r.done_at),
+        "received_at": r.received_at,
+        "first_byte_at": r.first_byte_at,
+        "done_at": r.done_at,
         "harness": r.harness,
         "harness_session": r.harness_session,
         "model": r.model,

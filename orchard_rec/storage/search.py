@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 import orjson
 from sqlalchemy import text
+
+from orchard_rec.storage.engine import runs
 
 __all__ = ["SQLITE_TABLE", "available", "doc_text", "index_calls", "session_match", "text_of", "words"]
 
@@ -115,8 +118,22 @@ def available(conn: Any, dialect: str) -> bool:
     return bool(inspect(conn).has_table(SQLITE_TABLE if dialect == "sqlite" else PG_TABLE))
 
 
-def index_calls(conn: Any, dialect: str, docs: Iterable[tuple[str, str | None, str]]) -> int:
-    """Add ``(call_id, session_id, text)`` entries (calls already inserted); empty texts skipped."""
+def index_calls(
+    conn: Any,
+    dialect: str,
+    docs: Iterable[tuple[str, str | None, str]],
+    rowids: dict[str, int] | None = None,
+) -> int:
+    """Add ``(call_id, session_id, text)`` entries (calls already inserted); empty texts skipped.
+    ``rowids``: SQLite, the calls' rowids by id when the caller knows them (no lookup per entry)."""
+    if rowids is not None and dialect == "sqlite":
+        # multi-row statements: one step of the driver for many entries (an ``executemany`` steps,
+        # and gives up and takes back the interpreter lock, once an entry), the index the same
+        vals = [(rowids[cid], body) for cid, sid, body in docs if body and sid]
+        for at, size in runs(len(vals), 256):
+            sql = f"INSERT INTO {SQLITE_TABLE}(rowid, body) VALUES " + ", ".join(["(?, ?)"] * size)
+            conn.exec_driver_sql(sql, tuple(chain.from_iterable(vals[at : at + size])))
+        return len(vals)
     rows = [{"cid": cid, "sid": sid, "body": body} for cid, sid, body in docs if body and sid]
     if not rows:
         return 0

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -52,6 +53,7 @@ from orchard_rec.storage.engine import (
     _sqlite_pragmas,
     _sqlite_readonly_creator,
     _sqlite_readonly_pragmas,
+    runs,
 )
 from orchard_rec.storage.models import Blob, Call, Image, Session
 from orchard_rec.storage.outcome import InvalidOutcome, OutcomeChange, sanitize
@@ -65,6 +67,7 @@ from orchard_rec.storage.rows import (
     _mime,
     _record,
     _row,
+    _sqlite_epoch,
     _sqlite_time,
     _ts,
 )
@@ -152,9 +155,16 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._insert_sql: str | None = None
         self._bump_stmt: Any = None
+        self._bump_sql: tuple[str, tuple[str, ...]] | None = None
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
+        self._insert_multi: dict[int, str] = {}
+        self._insert_rows = 1
+        self.direct = True
+        """SQLite: the writer's statements go straight to the driver as SQLite takes them best (calls
+        by multi-row inserts, the search index by the rowids they got, the session upsert); False:
+        as on PostgreSQL (one ``executemany``, the index looking each call up, the ORM's upsert)."""
         self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
         self.encoder = Encoder(Settings.one("state_cache_bytes"))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
@@ -177,7 +187,7 @@ class Store:
 
     def _searchable(self, db: Any) -> bool:
         if self._search is None:
-            self._search = search.available(db.connection(), self.dialect)
+            self._search = search.available(db, self.dialect)
         return self._search
 
     def close(self) -> None:
@@ -193,7 +203,7 @@ class Store:
         """
         if not records:
             return 0
-        with self._sessions.begin() as db:
+        with self.engine.begin() as db:  # a Connection: no ORM session (~30 us a batch)
             ids = [r.call_id for r in records]
             existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
             fresh: dict[str, CallRecord] = {}
@@ -253,16 +263,16 @@ class Store:
                 self._insert_images(db, images)
             if blobs:
                 self._insert_blobs(db, blobs)
-            self._insert_calls(db, rows)
+            rowids = self._insert_calls(db, rows)
             if docs:
-                search.index_calls(db.connection(), self.dialect, docs)
+                search.index_calls(db, self.dialect, docs, rowids)
         self.encoder.commit(states)
         return len(fresh)
 
     def _load_state(self, db: Any, sid: str) -> SessionState:
         """A session's last calls as the writer's cache would hold them (a cache miss: once per session)."""
         st = SessionState()
-        conn = db.connection()
+        conn = db
         reader = Reader(conn)
         t = Call.__table__
         last = conn.execute(
@@ -329,11 +339,11 @@ class Store:
             cols += ", base, base_len, images, base_call, base_style"
         marks = ", ".join([mark] * (cols.count(",") + 1))
         sql = f"INSERT INTO blobs ({cols}) VALUES ({marks}) ON CONFLICT (session_id, digest) DO NOTHING"
-        db.connection().exec_driver_sql(sql, blobs)
+        db.exec_driver_sql(sql, blobs)
 
     def _insert_images(self, db: Any, images: dict[str, ImageRef]) -> None:
         """Those not stored yet (the bytes of an image another call stored never travel again)."""
-        conn = db.connection()
+        conn = db
         wanted = sorted(images)
         have: set[str] = set()
         for i in range(0, len(wanted), 500):
@@ -354,36 +364,19 @@ class Store:
         )
         conn.exec_driver_sql(sql, new)
 
-    def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> None:
-        """One ``executemany`` of pre-serialized values, straight to the driver.
+    def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> dict[str, int] | None:
+        """Pre-serialized values, straight to the driver; on SQLite the rows' rowids by call id
+        (what the search index is keyed by), else None.
 
         The same values SQLAlchemy's JSON and DateTime bind processors would produce (orjson
         text; SQLite's ``YYYY-MM-DD HH:MM:SS.ffffff`` UTC strings, timezone-aware datetimes for
         PostgreSQL), without its per-row, per-column processing, which cost more than the
-        database's own work (bench/PROFILE.md).
+        database's own work (bench/PROFILE.md). SQLite takes them as multi-row ``INSERT .. VALUES
+        (..), (..)`` statements (in order: the rowids are the ones an ``executemany`` assigns),
+        PostgreSQL as one ``executemany``.
         """
         if self._insert_sql is None:
-            table = Call.__table__
-            cols = list(table.columns)
-            if not _has_column(db.connection(), "calls", "policy_versions"):  # a 0007 database
-                cols = [c for c in cols if c.name not in ("policy_versions", "routed_experts")]
-            sqlite = self.dialect == "sqlite"
-            marks = ["?" if sqlite else ("%s::json" if isinstance(c.type, JSON) else "%s") for c in cols]
-            names = ", ".join(self.engine.dialect.identifier_preparer.quote(c.name) for c in cols)
-            self._insert_sql = f"INSERT INTO {Call.__tablename__} ({names}) VALUES ({', '.join(marks)})"
-            conv: list[Any] = []
-            for c in cols:
-                if isinstance(c.type, JSON):
-                    conv.append(_dumps)
-                elif isinstance(c.type, DateTime):
-                    conv.append(_sqlite_time if sqlite else None)
-                elif c.name == "stream" and sqlite:
-                    conv.append(int)
-                else:
-                    conv.append(None)
-            self._insert_conv = list(zip([c.name for c in cols], conv))
-            self._insert_get = itemgetter(*(c.name for c in cols))
-            self._insert_fix = [(i, f) for i, f in enumerate(conv) if f is not None]
+            self._prepare_insert(db)
         get, fix = self._insert_get, self._insert_fix
         params = []
         for row in rows:  # every column's value at C speed, then the few that need converting
@@ -392,7 +385,58 @@ class Store:
                 if (v := vals[i]) is not None:
                     vals[i] = f(v)
             params.append(tuple(vals))
-        db.connection().exec_driver_sql(self._insert_sql, params)
+        conn = db
+        if self.dialect != "sqlite" or not self.direct:
+            assert self._insert_sql is not None
+            conn.exec_driver_sql(self._insert_sql, params)
+            return None
+        # the rows are numbered in order from the table's largest rowid (this transaction holds the
+        # write lock since ``_bump_session``); checked, else the search index looks them up
+        before = conn.exec_driver_sql("SELECT max(rowid) FROM calls").scalar() or 0
+        last = before
+        for at, size in runs(len(params), self._insert_rows):
+            sql = self._insert_multi.get(size)
+            if sql is None:
+                assert self._insert_sql is not None
+                head, one = self._insert_sql.split(" VALUES ")
+                sql = self._insert_multi[size] = f"{head} VALUES " + ", ".join([one] * size)
+            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(params[at : at + size]))).lastrowid
+        if last - before != len(rows):
+            return None
+        return {row["id"]: before + 1 + k for k, row in enumerate(rows)}
+
+    def _prepare_insert(self, db: Any) -> None:
+        """The ``calls`` insert's statement and value conversions (once: the columns may depend on
+        the database's revision)."""
+        table = Call.__table__
+        cols = list(table.columns)
+        if not _has_column(db, "calls", "policy_versions"):  # a 0007 database
+            cols = [c for c in cols if c.name not in ("policy_versions", "routed_experts")]
+        sqlite = self.dialect == "sqlite"
+        marks = ["?" if sqlite else ("%s::json" if isinstance(c.type, JSON) else "%s") for c in cols]
+        names = ", ".join(self.engine.dialect.identifier_preparer.quote(c.name) for c in cols)
+        self._insert_sql = f"INSERT INTO {Call.__tablename__} ({names}) VALUES ({', '.join(marks)})"
+        conv: list[Any] = []
+        for c in cols:
+            if isinstance(c.type, JSON):
+                conv.append(_dumps)
+            elif isinstance(c.type, DateTime):  # ``_row`` holds epochs
+                conv.append(_sqlite_epoch if sqlite else _ts)
+            elif c.name == "stream" and sqlite:
+                conv.append(int)
+            else:
+                conv.append(None)
+        self._insert_conv = list(zip([c.name for c in cols], conv))
+        self._insert_get = itemgetter(*(c.name for c in cols))
+        self._insert_fix = [(i, f) for i, f in enumerate(conv) if f is not None]
+        if sqlite:  # rows per statement: within the build's bound on parameters (999 before 3.32)
+            raw = db.connection.driver_connection
+            limit = 999
+            if hasattr(raw, "getlimit"):
+                import sqlite3
+
+                limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            self._insert_rows = 1 << (max(1, min(64, limit // len(cols))).bit_length() - 1)
 
     def _bump_session(self, db: Any, sid: str, n: int, now: datetime, harness: str | None) -> int:
         from sqlalchemy.dialects import postgresql, sqlite
@@ -419,7 +463,17 @@ class Store:
                     "harness": func.coalesce(c.harness, stmt.excluded.harness),
                 },
             ).returning(c.call_count)
+            if self.dialect == "sqlite":  # its SQL and the order of its parameters, for the driver
+                compiled = self._bump_stmt.compile(dialect=self.engine.dialect)
+                self._bump_sql = (str(compiled), tuple(compiled.positiontup or ()))
         params = {"sid": sid, "now": now, "n": n, "harness": harness}
+        if (
+            self.direct and self._bump_sql is not None
+        ):  # SQLite: straight to the driver (the ORM's execute: ~100 us)
+            sql, names = self._bump_sql
+            params["now"] = _sqlite_time(now)  # what the DateTime bind processor writes
+            got = db.exec_driver_sql(sql, tuple(params[k] for k in names)).scalar_one()
+            return int(got)
         return int(db.execute(self._bump_stmt, params).scalar_one())
 
     # -- reads -----------------------------------------------------------------------------
