@@ -46,6 +46,7 @@ def test_sessions_and_calls(tmp_path: Path) -> None:
     assert "alpha" in r.output and "beta" in r.output
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_env_vars_configure_the_database(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'env.db'}"
     r = runner.invoke(app, ["db", "upgrade"], env={"ORCHARD_DB": url})

@@ -170,6 +170,7 @@ def test_port_in_use_is_reported_before_the_banner_and_leaves_no_database(tmp_pa
         pytest.param("ORCHARD_STATE_CACHE_MB", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_cache_size_that_is_not_a_number_names_the_variable(tmp_path: Path, var: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), var: "256MB"}
     r = subprocess.run(

@@ -89,6 +89,7 @@ def test_a_stranger_file_is_replaced_only_with_force(tmp_path: Path, db: str) ->
     ("fmt", "name"),
     [("jsonl", "a.jsonl"), ("openrlhf", "a.jsonl"), ("parquet", "a.parquet"), ("value", "a.parquet")],
 )
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_our_own_earlier_output_is_replaced_without_force(
     tmp_path: Path, db: str, fmt: str, name: str
 ) -> None:

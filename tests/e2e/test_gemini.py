@@ -136,6 +136,7 @@ def test_passthrough_relays_the_upstreams_bytes_and_stores_no_key(
     _no_key_stored(proxy, sqlite_url)
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 @pytest.mark.parametrize("version", ["v1beta", "v1"])
 def test_the_sdk_runs_a_tool_session_in_passthrough(upstream, proxy_factory, sqlite_url, version) -> None:  # type: ignore[no-untyped-def]
     proxy = proxy_factory(upstream.url, sqlite_url, mode="passthrough")

@@ -270,6 +270,7 @@ def read_jsonl_rows(db: str, tmp_path: Path) -> list[Any]:
     return list(read_jsonl(tmp_path / "torch-ref.jsonl"))
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_url_naming_a_file_uploads_that_format(s3: str, bucket: str, tmp_path: Path) -> None:
     import s3fs
 

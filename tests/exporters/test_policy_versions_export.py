@@ -134,6 +134,7 @@ def test_staleness_options_are_checked(db: str, tmp_path: Path) -> None:
     assert r.exit_code != 0 and "--max-staleness" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_the_slime_rollout_plugin_selects_by_staleness_too(db: str, caplog: pytest.LogCaptureFixture) -> None:
     from argparse import Namespace
 

@@ -21,6 +21,7 @@ keys = st.text(min_size=1, max_size=24)
     ops=st.lists(st.tuples(keys, st.booleans(), st.integers(0, 50)), min_size=1, max_size=200),
     floor=st.integers(1, 10),
 )
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_no_server_goes_above_the_bound(
     n: int, eps: float, ops: list[tuple[str, bool, int]], floor: int
 ) -> None:

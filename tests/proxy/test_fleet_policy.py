@@ -215,6 +215,7 @@ def _tito(fakes, proxy_factory, sqlite_url, hf_tokenizer):  # type: ignore[no-un
 BODY = {"model": "m", "messages": [{"role": "user", "content": "what is two and two"}], "max_tokens": 64}
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_an_aborted_generation_goes_on_on_the_server_that_ran_it(
     fakes, proxy_factory, sqlite_url, hf_tokenizer
 ) -> None:  # type: ignore[no-untyped-def]

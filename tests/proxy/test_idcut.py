@@ -402,6 +402,7 @@ def test_int_array_reads_every_compact_array_of_ids(xs: list[int]) -> None:
     assert got is not None and got.itemsize == 4 and list(got) == xs
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 @settings(max_examples=1500, deadline=None)
 @given(hs.text(alphabet="0123456789,- ", max_size=16))
 def test_int_array_answers_only_what_json_says(body: str) -> None:

@@ -80,6 +80,7 @@ def test_calls_carry_the_version_the_trainer_set(upstream, proxy_factory, sqlite
     assert all("x-orchard-policy-version" not in h for h in upstream.fake.headers)
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_stream_that_straddles_an_update_is_unknown(upstream_factory, proxy_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
     up = upstream_factory(chunk_delay=0.05)
     proxy = proxy_factory(up.url, sqlite_url, mode="token", policy_refresh=0)

@@ -17,6 +17,7 @@ from orchard_rec.proxy.app import RECORDER
 pytestmark = pytest.mark.network
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_event_arrivals_and_response_headers_are_recorded(
     writer: str, proxy_factory: Any, tmp_path: Path

@@ -171,6 +171,7 @@ def test_capture_lines_rebuild_the_records_the_live_path_built(upstream, tmp_pat
         for c in [*CASES, ("chat", "tito"), ("messages", "tito")]
     ],
 )
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_database_failure_mid_session_replays_what_live_would_have_stored(
     upstream, tmp_path, dialect, mode
 ) -> None:  # type: ignore[no-untyped-def]

@@ -158,6 +158,7 @@ def test_unsynced_appends_wait_for_sync_and_kept_lines_replay_once(tmp_path: Pat
     again.close()
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_the_earlier_name_wal_still_serves_as_machine(upstream, tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert ProxyConfig(upstream=upstream.url, durability="wal").durability == "machine"
     port = free_port()

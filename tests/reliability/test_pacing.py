@@ -144,6 +144,7 @@ def test_several_paced_calls_proceed_and_a_hang_up_while_paced_is_recorded(  # t
         assert [c.outcome for c in calls].count(CallOutcome.ABORTED) == 1
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_pacing_off_and_bad_flag(upstream, sqlite_url, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 

@@ -113,6 +113,7 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
         pytest.param("chat", "tito", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_the_writer_process_stores_what_the_thread_would(upstream, tmp_path, dialect, mode) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'proc.db'}"
     live = _session(upstream.url, db, tmp_path, dialect, mode)
@@ -182,6 +183,7 @@ def test_a_writer_process_killed_idle_or_mid_write_loses_nothing(tmp_path, monke
     store.close()
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_record_the_writer_process_cannot_build_is_set_aside_by_the_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = _store(tmp_path)
     rec = _recorder(tmp_path, store)

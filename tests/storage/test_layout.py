@@ -314,6 +314,7 @@ def test_ids_built_on_the_previous_prompt_are_stored_as_the_same_deltas(db_url: 
     store.close()
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_tito_prompts_sharing_a_buffer_take_their_prefix_by_identity(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -266,6 +266,7 @@ def test_per_call_events_curl_and_send_again(rl_db: str, ui_server: Any, page: A
         screenshot(p, "call-resend.png", full_page=True)
 
 
+@pytest.mark.slow  # > 0.5 s: the fast tier stays under a minute
 def test_a_streamed_calls_event_timing_and_response_headers(
     proxy_factory: Any, sqlite_url: str, page: Any
 ) -> None:
