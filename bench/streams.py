@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from run import free_port, wait_http  # noqa: E402
+from run import _tree, free_port, wait_http  # noqa: E402
 
 BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hello there, benchmark"}]}'
 
@@ -95,20 +95,6 @@ def client_main(port: int, path: str, k: int, start: float) -> None:
 
 
 # -- the driver ------------------------------------------------------------------------------------
-
-
-def _tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return out
 
 
 def _cpu(pid: int) -> float:

@@ -21,19 +21,17 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from orchard_rec import rlwire
-from orchard_rec.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from orchard_rec.intercept.config import InterceptConfig
 from orchard_rec.proxy.capture import Capture
-from orchard_rec.proxy.fleet import Fleet, Upstream, open_upstream, watch
+from orchard_rec.proxy.fleet import Fleet, Upstream, open_upstream, upstream_errors, watch
 from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker
-from orchard_rec.records import CallOutcome
 
 __all__ = ["POLICY_HEADER", "Servers", "Target"]
 
@@ -161,19 +159,6 @@ class Servers:
     def target(self, url: str) -> Target:
         return Target(url, self.config.upstream_kind, 600.0)
 
-    @contextlib.contextmanager
-    def errors(self, cap: Capture, url: str) -> Iterator[None]:
+    def errors(self, cap: Capture, url: str) -> Any:
         """This client's failures as the proxy's errors (recorded on ``cap``), as ``serve`` maps them."""
-        try:
-            yield
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            raise UpstreamUnavailable(f"upstream {url} is unreachable: {exc}") from exc
-        except TimeoutError as exc:
-            cap.fail(CallOutcome.FAILED, "upstream timed out")
-            raise UpstreamTimeout(f"upstream {url} timed out") from exc
-        except aiohttp.ClientError as exc:
-            cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            raise UpstreamProtocolError(
-                f"upstream {url} answered something the proxy cannot relay: {exc}"
-            ) from exc
+        return upstream_errors(cap, url)

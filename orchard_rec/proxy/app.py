@@ -25,7 +25,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,6 @@ from orchard_rec.errors import (
     SessionNotFound,
     TooManyRequests,
     Unauthorized,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
     UsageError,
 )
 from orchard_rec.harnesses import is_probe
@@ -57,7 +54,7 @@ from orchard_rec.proxy import partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
-from orchard_rec.proxy.fleet import Fleet, open_upstream, watch
+from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
@@ -224,7 +221,7 @@ async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
     def url_of(base: str) -> str:
         return (base[:-3] if base.endswith("/v1") else base) + tail
 
-    with _upstream_errors(scratch, cfg.upstream):
+    with upstream_errors(scratch, cfg.upstream):
         async with _open(request, scratch, "GET", url_of, headers=_upstream_headers(request)) as up:
             data = await up.read()
             return web.Response(status=up.status, body=data, headers=_client_headers(up))
@@ -331,7 +328,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     path, wire = call.upstream()
     headers = _upstream_headers(request)
     headers["Content-Type"] = "application/json"
-    with _upstream_errors(cap, cfg.upstream):
+    with upstream_errors(cap, cfg.upstream):
         async with _open(
             request,
             cap,
@@ -350,7 +347,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         app[UPSTREAM],
         lambda base: upstream_url(cfg.upstream_kind, base, path),
         headers,
-        lambda: _upstream_errors(cap, cfg.upstream),
+        lambda: upstream_errors(cap, cfg.upstream),
         cap.metadata,
         lambda url_of, server, **kw: _open(request, cap, "POST", url_of, server, **kw),
     )
@@ -377,7 +374,7 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
     path, data = call.upstream_target(route, request.query_string)
     if data is None:
         data = raw
-    with _upstream_errors(cap, cfg.upstream):
+    with upstream_errors(cap, cfg.upstream):
         async with _open(
             request,
             cap,
@@ -421,25 +418,6 @@ def _open(
         picked=lambda url: policy.at(cap.metadata, url, again=server is not None),
         **kw,
     )
-
-
-@contextlib.contextmanager
-def _upstream_errors(cap: Capture, upstream: str) -> Iterator[None]:
-    """Map the upstream client's failures to the proxy's errors (recorded on the capture)."""
-    upstream = cap.metadata.get("upstream", upstream)
-    try:
-        yield
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamUnavailable(f"upstream {upstream} is unreachable: {exc}") from exc
-    except TimeoutError as exc:
-        cap.fail(CallOutcome.FAILED, "upstream timed out")
-        raise UpstreamTimeout(f"upstream {upstream} timed out") from exc
-    except aiohttp.ClientError as exc:
-        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise UpstreamProtocolError(
-            f"upstream {upstream} answered something the proxy cannot relay: {exc}"
-        ) from exc
 
 
 async def _relay_stream(

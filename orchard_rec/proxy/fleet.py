@@ -47,6 +47,9 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orchard_rec.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from orchard_rec.records import CallOutcome
+
 __all__ = ["CONNECT_ERRORS", "Fleet", "Route", "Upstream", "never_started", "open_upstream", "watch"]
 
 log = logging.getLogger("orchard_rec.proxy")
@@ -361,3 +364,24 @@ async def watch(
         for s, error in zip(fleet.servers, results, strict=True):
             fleet.checked(s, error is None, error, slow=error is not None and error.startswith(_SLOW))
         await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def upstream_errors(cap: Any, upstream: str) -> Iterator[None]:
+    """Map the upstream client's failures to the proxy's errors, recorded on the call's capture
+    ``cap`` (``upstream``: the server, unless the call's ``metadata["upstream"]`` names the one
+    the fleet picked). Both front doors map them so."""
+    upstream = cap.metadata.get("upstream", upstream)
+    try:
+        yield
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        raise UpstreamUnavailable(f"upstream {upstream} is unreachable: {exc}") from exc
+    except TimeoutError as exc:
+        cap.fail(CallOutcome.FAILED, "upstream timed out")
+        raise UpstreamTimeout(f"upstream {upstream} timed out") from exc
+    except aiohttp.ClientError as exc:
+        cap.fail(CallOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        raise UpstreamProtocolError(
+            f"upstream {upstream} answered something the proxy cannot relay: {exc}"
+        ) from exc
