@@ -117,6 +117,25 @@ def _size(item: Capture | CallRecord) -> int:
     return item.bytes_in + item.bytes_out
 
 
+class _Spooled(Capture):
+    """A call the database thread knows by its spool line alone (``Recorder._write_inline`` with the
+    writer process ready, which builds the record from the line): the thread holds none of the
+    call's objects (its parsed request, bodies, headers), so they are freed on the event loop when
+    the handler is done with them, not by the database thread later. Should the writer process not
+    be ready for the batch after all (it died meanwhile), ``to_record`` decodes the line, as a replay
+    does (``Recorder._record_of``): the same record."""
+
+    __slots__ = ("line", "recorder")
+
+    def __init__(self, call_id: str, line: bytes, recorder: Recorder) -> None:
+        self.call_id = call_id
+        self.line = line
+        self.recorder = recorder
+
+    def to_record(self, ids: IdParser | None = None) -> CallRecord:
+        return self.recorder._record_of(self.line)
+
+
 class Recorder(DatabaseThread):
     def __init__(
         self,
@@ -244,6 +263,8 @@ class Recorder(DatabaseThread):
         on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
         self.max_sync_late = 0.0
         """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
+        self._by_line: capline.Decoder | None = None
+        """Decodes ``_Spooled`` calls' lines when the writer process cannot take them (``_record_of``)."""
         self._sync_stop = threading.Event()
         self._sync_thread: threading.Thread | None = None
 
@@ -385,12 +406,23 @@ class Recorder(DatabaseThread):
 
     def _write_inline(self, cap: Capture, size: int) -> None:
         """``process``: write a small call's line here, on the event loop (what the spool thread would
-        do, without the two thread hand-offs on the client's wait); the database thread takes it on."""
-        snap = capline.snapshot(cap)
+        do, without the two thread hand-offs on the client's wait); the database thread takes it on.
+        With the writer process ready, the call is not copied (``snapshot``): the database thread is
+        handed its line alone (``_Spooled``), which is what the writer process builds the record from."""
         cap.submitted = True
         self._bytes_in += size
         self.inflight -= 1
-        self._spool_batch([snap], [], [], size)
+        proc = self.proc
+        if proc is None or not proc.is_ready:
+            self._spool_batch([capline.snapshot(cap)], [], [], size)
+            return
+        done = cap.done_at
+        if done is None:  # as ``snapshot`` has it: the line's call ended now
+            cap.done_at = time.time()
+        try:
+            self._spool_batch([cap], [], [], size, by_line=True)
+        finally:
+            cap.done_at = done
 
     async def admit(self, limit: int, timeout: float) -> bool:
         """Wait while more than ``limit`` bytes are queued (pacing; 0: never). False when the queue
@@ -603,11 +635,19 @@ class Recorder(DatabaseThread):
             return None
 
     def _spool_batch(
-        self, batch: list[Capture | CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int
+        self,
+        batch: list[Capture | CallRecord],
+        acks: list[Ack],
+        db_acks: list[Ack],
+        nbytes: int,
+        *,
+        by_line: bool = False,
     ) -> None:
         """process / machine: one append for the whole batch (``machine``: and its fsync, group
         commit), release the clients, hand the batch (``Capture`` snapshots: their records are built
-        there) to the database thread, in the spool's order."""
+        there) to the database thread, in the spool's order. ``by_line``: ``batch`` holds the calls
+        themselves, and the database thread gets each as its line alone (``_Spooled``; snapshots
+        where a call has no line)."""
         assert self.spool is not None
         end: int | None
         with self._encoding:
@@ -625,6 +665,12 @@ class Recorder(DatabaseThread):
                 end = None
             for ack in acks:
                 ack()
+            if by_line:
+                batch = (
+                    [_Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]  # type: ignore[misc]
+                    if len(lines) == len(batch)
+                    else [capline.snapshot(c) if isinstance(c, Capture) else c for c in batch]
+                )
             with self._count_lock:
                 self._dbq_calls += len(batch)
             # a call without a line (set aside) goes to the database from this process, as in-thread
@@ -755,6 +801,18 @@ class Recorder(DatabaseThread):
         self.last_error = None
         if done:
             log.info("replayed %d spooled calls into the database (%d bases read from it)", done, dec.from_db)
+
+    def _record_of(self, line: bytes) -> CallRecord:
+        """The record of a ``_Spooled`` call, on the database thread (the writer process was not ready
+        for its batch after all): its line decoded as a replay decodes it, in the spool's order, the
+        bases of the lines decoded so far kept (``prune``: each session's latest, within the bound)."""
+        dec = self._by_line
+        if dec is None:
+            dec = self._by_line = capline.Decoder(self.store, max_bytes=self.knobs.spool_bases_bytes)
+        try:
+            return self._decode(dec, line)
+        finally:
+            dec.prune()
 
     def _decode(self, dec: capline.Decoder, line: bytes) -> CallRecord:
         """A spool line's record: a capture line's built by ``to_record`` as a live call's is."""
