@@ -45,10 +45,17 @@ ACK_EVERY = 32
 
 def _recorder(work: Path, tag: str) -> Recorder:
     store = Store(f"sqlite:///{work / f'{tag}.db'}")
-    rec = Recorder(store, spool=work / f"{tag}.spool", durability="process")
+    rec = Recorder(store, spool=work / f"{tag}.spool", durability="process", writer="process")
     rec.spool = Spool(rec.spool_path, preallocate=0, keep_bytes=rec.knobs.spool_keep_bytes)  # as start()
     rec._thread = True  # type: ignore[assignment]  # "started": durable writes inline
+    rec.proc = _Ready()  # type: ignore[assignment]  # serve's default: the writer process takes the lines
     return rec
+
+
+class _Ready:
+    """Stands in for a ready writer process (``durable`` asks ``is_ready`` alone)."""
+
+    is_ready = True
 
 
 def _drain(rec: Recorder) -> None:
