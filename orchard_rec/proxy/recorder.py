@@ -63,7 +63,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchard_rec.errors import one_line
 from orchard_rec.proxy import capline
@@ -115,6 +115,17 @@ def _size(item: Capture | CallRecord) -> int:
             n += len(c)
         return n
     return item.bytes_in + item.bytes_out
+
+
+class _Handoff(queue.SimpleQueue[Any]):
+    """The database thread's queue (``Recorder._dbq``): ``queue.SimpleQueue`` (C, one lock) with
+    the ``task_done`` the thread calls (a no-op: nobody joins it; ``Recorder.depth`` counts the calls
+    in it itself). A ``put`` from the event loop (once per call under ``process``) costs ~0.1 us
+    instead of ``queue.Queue``'s ~1.5 (three Python-level lock rounds and a condition notify), and
+    wakes the thread only when it waits for a batch's first call, as before."""
+
+    def task_done(self) -> None:
+        pass
 
 
 class _Spooled(Capture):
@@ -187,7 +198,7 @@ class Recorder(DatabaseThread):
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
-        self._dbq: queue.Queue[Any] = queue.Queue()
+        self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", _Handoff())
         """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
         self._dbq_calls = 0
         self._count_lock = threading.Lock()
