@@ -118,11 +118,56 @@ def _size(item: Capture | CallRecord) -> int:
 
 
 class _Handoff(queue.SimpleQueue[Any]):
-    """The database thread's queue (``Recorder._dbq``): ``queue.SimpleQueue`` (C, one lock) with
-    the ``task_done`` the thread calls (a no-op: nobody joins it; ``Recorder.depth`` counts the calls
-    in it itself). A ``put`` from the event loop (once per call under ``process``) costs ~0.1 us
-    instead of ``queue.Queue``'s ~1.5 (three Python-level lock rounds and a condition notify), and
-    wakes the thread only when it waits for a batch's first call, as before."""
+    """The database thread's queue (``Recorder._dbq``): ``queue.SimpleQueue`` (C, one lock; ~0.1 us
+    a ``put`` from the event loop instead of ``queue.Queue``'s ~1.5) with the ``task_done`` the
+    thread calls (a no-op: nobody joins it; ``Recorder.depth`` counts the calls in it itself).
+
+    ``poll`` (``process`` durability: ``db_linger_s``): a ``put`` does not wake the database thread;
+    it looks for calls every ``poll`` seconds instead, which costs a batch no time (it lingers that
+    long after its first call anyway, counted from the call's ``put``), and spares the event loop
+    the wake-up (a futex call, and on a busy machine the woken thread taking its core while it
+    holds the interpreter lock). After ``_IDLE_POLLS`` empty looks it sleeps until woken (an idle
+    proxy does not wake 100 times a second); a ``put`` then wakes it, as does one that a client
+    waits on (``committed``: its acks) or the end (``STOP``). 0: every ``put`` wakes it."""
+
+    _IDLE_POLLS = 50
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.poll = 0.0
+        self._asleep = True
+        """The database thread waits for a ``put`` to wake it (``_wake``), not for its next look."""
+        self._wake = threading.Event()
+
+    def put_nowait(self, item: Any) -> None:
+        super().put_nowait(item)
+        if self.poll and (self._asleep or item is _STOP or item[3]):
+            self._wake.set()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if not self.poll or not block:
+            return super().get(block, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        empty = 0
+        while True:
+            try:
+                item = self.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                self._asleep = False
+                return item
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self._asleep = False
+                raise queue.Empty
+            empty += 1
+            if empty > self._IDLE_POLLS and not self._asleep:
+                self._asleep = True
+                continue  # look once more: a put before the flag was seen did not wake
+            wait = left if self._asleep else self.poll if left is None else min(self.poll, left)
+            self._wake.wait(wait)
+            self._wake.clear()
 
     def task_done(self) -> None:
         pass
@@ -198,7 +243,8 @@ class Recorder(DatabaseThread):
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
-        self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", _Handoff())
+        self._handoff = _Handoff()
+        self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", self._handoff)
         """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
         self._dbq_calls = 0
         self._count_lock = threading.Lock()
@@ -259,6 +305,7 @@ class Recorder(DatabaseThread):
     def _init_process(self, fsync_interval: float) -> None:
         """The settings and state of ``process`` durability."""
         self.db_linger_s = self.knobs.db_linger_s
+        self._handoff.poll = self.db_linger_s if self.durability == "process" else 0.0
         """process: how long the database thread lets calls gather after the first of a batch
         (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
         come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per

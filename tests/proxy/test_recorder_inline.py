@@ -11,6 +11,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from factories import growing_capture
 
 from orchard_rec.proxy import capline
@@ -90,3 +92,53 @@ def test_without_the_writer_process_the_thread_gets_copies(tmp_path: Path) -> No
     assert all(x is not c and x.call_id == c.call_id and x.done_at is not None for x, c in zip(batch, caps))
     rec.spool.close()  # type: ignore[union-attr]
     store.close()
+
+
+def _item(acks: list[Any] | None = None) -> tuple[Any, ...]:
+    return ([], 0, 1, acks or [], 0, None, 0.0)
+
+
+def test_the_database_threads_queue_polls_under_load_and_sleeps_when_idle() -> None:
+    import queue
+    import threading
+    import time
+
+    from orchard_rec.proxy.recorder import _Handoff
+
+    q = _Handoff()
+    q.poll = 0.2
+    got: list[tuple[float, Any]] = []
+
+    def take(n: int) -> None:
+        for _ in range(n):
+            item = q.get()
+            got.append((time.monotonic(), item))
+
+    t = threading.Thread(target=take, args=(3,))
+    t.start()
+    time.sleep(0.05)
+    a = _item()
+    t0 = time.monotonic()
+    q.put_nowait(a)  # it sleeps until woken (idle): taken at once
+    while len(got) < 1:
+        time.sleep(0.001)
+    assert got[0][1] is a and got[0][0] - t0 < 0.15
+    time.sleep(0.05)
+    b = _item()
+    t1 = time.monotonic()
+    q.put_nowait(b)  # it polls now: a put does not wake it, its next look takes it
+    assert not q._wake.is_set()
+    while len(got) < 2:
+        time.sleep(0.001)
+    assert got[1][1] is b and got[1][0] - t1 < 0.2 + 0.15
+    c = _item(acks=[object()])  # a client waits for this one: woken
+    t2 = time.monotonic()
+    q.put_nowait(c)
+    t.join(5)
+    assert got[2][1] is c and got[2][0] - t2 < 0.15
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
+    q.task_done()
+    q.poll = 0.0  # as under machine durability: a plain SimpleQueue
+    q.put_nowait(a)
+    assert q.get(timeout=1) is a
