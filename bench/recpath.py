@@ -78,7 +78,7 @@ def _durable(caps: list[Capture], rec: Recorder, prof: cProfile.Profile | None =
         spent = 0.0
         for i in range(0, len(caps), ACK_EVERY):
             chunk = caps[i : i + ACK_EVERY]
-            for c in chunk:
+            for _ in chunk:
                 rec.begin()
             if prof is not None:
                 prof.enable()

@@ -71,6 +71,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.dbproc import WriterProcess
 from orchard_rec.proxy.dbthread import STOP as _STOP
 from orchard_rec.proxy.dbthread import DatabaseThread
+from orchard_rec.proxy.handoff import Handoff, Spooled
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.settings import Settings, current
@@ -115,81 +116,6 @@ def _size(item: Capture | CallRecord) -> int:
             n += len(c)
         return n
     return item.bytes_in + item.bytes_out
-
-
-class _Handoff(queue.SimpleQueue[Any]):
-    """The database thread's queue (``Recorder._dbq``): ``queue.SimpleQueue`` (C, one lock; ~0.1 us
-    a ``put`` from the event loop instead of ``queue.Queue``'s ~1.5) with the ``task_done`` the
-    thread calls (a no-op: nobody joins it; ``Recorder.depth`` counts the calls in it itself).
-
-    ``poll`` (``process`` durability: ``db_linger_s``): a ``put`` does not wake the database thread;
-    it looks for calls every ``poll`` seconds instead, which costs a batch no time (it lingers that
-    long after its first call anyway, counted from the call's ``put``), and spares the event loop
-    the wake-up (a futex call, and on a busy machine the woken thread taking its core while it
-    holds the interpreter lock). After ``_IDLE_POLLS`` empty looks it sleeps until woken (an idle
-    proxy does not wake 100 times a second); a ``put`` then wakes it, as does one that a client
-    waits on (``committed``: its acks) or the end (``STOP``). 0: every ``put`` wakes it."""
-
-    _IDLE_POLLS = 50
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.poll = 0.0
-        self._asleep = True
-        """The database thread waits for a ``put`` to wake it (``_wake``), not for its next look."""
-        self._wake = threading.Event()
-
-    def put_nowait(self, item: Any) -> None:
-        super().put_nowait(item)
-        if self.poll and (self._asleep or item is _STOP or item[3]):
-            self._wake.set()
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        if not self.poll or not block:
-            return super().get(block, timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        empty = 0
-        while True:
-            try:
-                item = self.get_nowait()
-            except queue.Empty:
-                pass
-            else:
-                self._asleep = False
-                return item
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                self._asleep = False
-                raise queue.Empty
-            empty += 1
-            if empty > self._IDLE_POLLS and not self._asleep:
-                self._asleep = True
-                continue  # look once more: a put before the flag was seen did not wake
-            wait = left if self._asleep else self.poll if left is None else min(self.poll, left)
-            self._wake.wait(wait)
-            self._wake.clear()
-
-    def task_done(self) -> None:
-        pass
-
-
-class _Spooled(Capture):
-    """A call the database thread knows by its spool line alone (``Recorder._write_inline`` with the
-    writer process ready, which builds the record from the line): the thread holds none of the
-    call's objects (its parsed request, bodies, headers), so they are freed on the event loop when
-    the handler is done with them, not by the database thread later. Should the writer process not
-    be ready for the batch after all (it died meanwhile), ``to_record`` decodes the line, as a replay
-    does (``Recorder._record_of``): the same record."""
-
-    __slots__ = ("line", "recorder")
-
-    def __init__(self, call_id: str, line: bytes, recorder: Recorder) -> None:
-        self.call_id = call_id
-        self.line = line
-        self.recorder = recorder
-
-    def to_record(self, ids: IdParser | None = None) -> CallRecord:
-        return self.recorder._record_of(self.line)
 
 
 class Recorder(DatabaseThread):
@@ -243,7 +169,7 @@ class Recorder(DatabaseThread):
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
-        self._handoff = _Handoff()
+        self._handoff = Handoff()
         self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", self._handoff)
         """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
         self._dbq_calls = 0
@@ -321,8 +247,7 @@ class Recorder(DatabaseThread):
         on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
         self.max_sync_late = 0.0
         """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
-        self._by_line: capline.Decoder | None = None
-        """Decodes ``_Spooled`` calls' lines when the writer process cannot take them (``_record_of``)."""
+        self._by_line: capline.Decoder | None = None  # ``_record_of``'s
         self._sync_stop = threading.Event()
         self._sync_thread: threading.Thread | None = None
 
@@ -465,8 +390,7 @@ class Recorder(DatabaseThread):
     def _write_inline(self, cap: Capture, size: int) -> None:
         """``process``: write a small call's line here, on the event loop (what the spool thread would
         do, without the two thread hand-offs on the client's wait); the database thread takes it on.
-        With the writer process ready, the call is not copied (``snapshot``): the database thread is
-        handed its line alone (``_Spooled``), which is what the writer process builds the record from."""
+        With the writer process ready, the database thread gets the line alone (``Spooled``), not a copy."""
         cap.submitted = True
         self._bytes_in += size
         self.inflight -= 1
@@ -703,9 +627,8 @@ class Recorder(DatabaseThread):
     ) -> None:
         """process / machine: one append for the whole batch (``machine``: and its fsync, group
         commit), release the clients, hand the batch (``Capture`` snapshots: their records are built
-        there) to the database thread, in the spool's order. ``by_line``: ``batch`` holds the calls
-        themselves, and the database thread gets each as its line alone (``_Spooled``; snapshots
-        where a call has no line)."""
+        there) to the database thread, in the spool's order. ``by_line``: the calls themselves, handed
+        on as their lines alone (``Spooled``; as snapshots where a call has no line)."""
         assert self.spool is not None
         end: int | None
         with self._encoding:
@@ -725,7 +648,7 @@ class Recorder(DatabaseThread):
                 ack()
             if by_line:
                 batch = (
-                    [_Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]  # type: ignore[misc]
+                    [Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]
                     if len(lines) == len(batch)
                     else [capline.snapshot(c) if isinstance(c, Capture) else c for c in batch]
                 )
@@ -861,9 +784,8 @@ class Recorder(DatabaseThread):
             log.info("replayed %d spooled calls into the database (%d bases read from it)", done, dec.from_db)
 
     def _record_of(self, line: bytes) -> CallRecord:
-        """The record of a ``_Spooled`` call, on the database thread (the writer process was not ready
-        for its batch after all): its line decoded as a replay decodes it, in the spool's order, the
-        bases of the lines decoded so far kept (``prune``: each session's latest, within the bound)."""
+        """A ``Spooled`` call's record (the writer process was gone for its batch): its line decoded as
+        a replay does, in spool order, the bases kept (``prune``: each session's latest, bounded)."""
         dec = self._by_line
         if dec is None:
             dec = self._by_line = capline.Decoder(self.store, max_bytes=self.knobs.spool_bases_bytes)

@@ -54,7 +54,9 @@ def _calls(n: int) -> list[tuple[Any, ...]]:
     return out
 
 
-def test_metrics_read_as_when_every_call_went_through_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metrics_read_as_when_every_call_went_through_prometheus_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(prometheus_client.metrics.time, "time", lambda: 1796000000.25)  # ``_created``
     fast, slow = _metrics(), _metrics()  # ``slow`` read as before: the registry alone
     children: dict[Any, Any] = {}

@@ -1,7 +1,7 @@
 """The event loop's part of recording under ``process`` durability (``Recorder._write_inline``).
 
 With the writer process ready, the database thread is handed each call's spool line alone
-(``_Spooled``), not a copy of the call: the records must be what the copies gave, also when the
+(``Spooled``), not a copy of the call: the records must be what the copies gave, also when the
 writer process is gone by the time the batch reaches the thread (the lines are decoded there,
 as a replay does)."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from factories import growing_capture
 
 from orchard_rec.proxy import capline
+from orchard_rec.proxy.handoff import Handoff, Spooled
 from orchard_rec.proxy.idcut import IdParser
-from orchard_rec.proxy.recorder import Recorder, _Spooled
+from orchard_rec.proxy.recorder import Recorder
 from orchard_rec.storage import Store
 from orchard_rec.storage.spool import Spool, load_line
 
@@ -67,7 +67,7 @@ def test_the_database_thread_gets_the_lines_alone_and_they_give_the_records_the_
 
     rec.lines.encode = keep  # type: ignore[method-assign]
     items = _inline(rec, caps)
-    assert [type(x) for it in items for x in it[0]] == [_Spooled] * 4
+    assert [type(x) for it in items for x in it[0]] == [Spooled] * 4
     assert all(c.done_at is None for c in caps)  # the live calls are not changed
     assert [it[5][0] for it in items] == [x.line for it in items for x in it[0]]
     assert sum(1 for it in items for part in load_line(it[5][0])["request"] if part[0] == "ref") >= 3
@@ -103,9 +103,7 @@ def test_the_database_threads_queue_polls_under_load_and_sleeps_when_idle() -> N
     import threading
     import time
 
-    from orchard_rec.proxy.recorder import _Handoff
-
-    q = _Handoff()
+    q = Handoff()
     q.poll = 0.2
     got: list[tuple[float, Any]] = []
 
