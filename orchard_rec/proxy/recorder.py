@@ -646,10 +646,10 @@ class Recorder(DatabaseThread):
                 end = None
             for ack in acks:
                 ack()
-            if by_line:
+            if by_line:  # not in the spool: a copy (its record needs no base from the database)
                 batch = (
                     [Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]
-                    if len(lines) == len(batch)
+                    if len(lines) == len(batch) and end is not None
                     else [capline.snapshot(c) if isinstance(c, Capture) else c for c in batch]
                 )
             with self._count_lock:

@@ -140,3 +140,23 @@ def test_the_database_threads_queue_polls_under_load_and_sleeps_when_idle() -> N
     q.poll = 0.0  # as under machine durability: a plain SimpleQueue
     q.put_nowait(a)
     assert q.get(timeout=1) is a
+
+
+def test_a_call_whose_line_the_spool_refused_goes_on_as_a_copy(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'i.db'}")
+    store.upgrade()
+    rec = _recorder(tmp_path, store)
+    rec.proc = _Ready()  # type: ignore[assignment]
+
+    def full(*a: Any, **k: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    rec.spool.append_lines = full  # type: ignore[union-attr,method-assign]
+    caps = [growing_capture("s", k) for k in range(2)]
+    items = _inline(rec, caps)
+    assert [it[2] for it in items] == [None, None]  # not in the spool: the database is their only way
+    batch = [x for it in items for x in it[0]]
+    assert [type(x).__name__ for x in batch] == ["Capture", "Capture"]
+    assert all(x.done_at is not None for x in batch) and "spool append failed" in (rec.last_error or "")
+    rec.spool.close()  # type: ignore[union-attr]
+    store.close()
