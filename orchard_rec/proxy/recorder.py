@@ -231,11 +231,11 @@ class Recorder(DatabaseThread):
     def _init_process(self, fsync_interval: float) -> None:
         """The settings and state of ``process`` durability."""
         self.db_linger_s = self.knobs.db_linger_s
-        self._handoff.poll = self.db_linger_s if self.durability == "process" else 0.0
         """process: how long the database thread lets calls gather after the first of a batch
         (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
         come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
         call: 88 us in batches of 8, 42 us of 32), and the loop answers the clients meanwhile."""
+        self._handoff.poll = self.db_linger_s if self.durability == "process" else 0.0
         self.fsync_interval = fsync_interval
         """``process`` durability: the background fsync covers every write at most this long after it
         (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
