@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import operator
 import time
 import zlib
 from collections import OrderedDict
@@ -114,6 +115,7 @@ FIELDS: tuple[str, ...] = (
 )
 """The ``Capture`` slots a line holds as they are, under their own names (the enums in ``_ENUMS`` as
 their values): the encoder writes and the decoder sets exactly these."""
+_FIELD_VALUES = operator.attrgetter(*FIELDS)
 _ENUMS: dict[str, type[Dialect] | type[CallOutcome]] = {
     "dialect": Dialect,
     "upstream_dialect": Dialect,
@@ -323,9 +325,7 @@ class Encoder:
         sid = cap.session_id
         offers: dict[str, Any] = {}
         d: dict[str, Any] = {"_v": FORMAT, "_k": KIND}
-        for name in FIELDS:
-            v = getattr(cap, name)
-            d[name] = v.value if name in _ENUMS else v
+        d.update(zip(FIELDS, _FIELD_VALUES(cap)))  # orjson writes the enums (``_ENUMS``) as their values
         d["parsed"] = cap.request is not None
         d["request"] = self._request(cap, sid, offers)
         d["upstream"] = self._upstream(cap, sid, offers)
@@ -516,17 +516,17 @@ def _recipe(request: Any, up: Any) -> dict[str, Any] | None:
     as ``{key: value}`` to set on a copy of the request; None when it is anything else."""
     if type(request) is not dict or type(up) is not dict or up is request:
         return None
+    keys = list(up)
+    if keys[: len(request)] != list(request):  # ``dict(request) | extra`` has the request's keys first
+        return None
     extra: dict[str, Any] = {}
+    get = request.get
     for k, v in up.items():
-        if k in request and request[k] is v:
+        if get(k, _INJECTED) is v:
             continue
         if k not in _INJECTED or isinstance(v, dict | list):
             return None
         extra[k] = v
-    rebuilt = dict(request)
-    rebuilt.update(extra)
-    if len(rebuilt) != len(up) or list(rebuilt) != list(up):
-        return None
     return extra
 
 

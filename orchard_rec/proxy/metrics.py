@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -133,31 +135,87 @@ class Metrics:
         )
         pacing.set_function(paced)
 
-        self._children: dict[tuple[str, str], tuple[object, ...]] = {}
-        self._bytes_in = self.bytes.labels("in")
-        self._bytes_out = self.bytes.labels("out")
+        self._children: dict[tuple[str, str], tuple[list[float], _Hist, _Hist, list[float] | None]] = {}
+        self._hists: dict[str, tuple[_Hist, _Hist]] = {}
+        self._counts: list[tuple[Any, list[float]]] = []
+        """Each counter child and its running total (``[value]``), set into the child by ``_flush``."""
+        self._in = [0.0]
+        self._out = [0.0]
+        """Body bytes in and out so far."""
+        self._counts.append((self.bytes.labels("in"), self._in))
+        self._counts.append((self.bytes.labels("out"), self._out))
 
     def observe_call(
         self, dialect: str, outcome: str, bytes_in: int, bytes_out: int, duration: float, ttfb: float | None
     ) -> None:
-        """One finished call: the labelled children are looked up once per (dialect, outcome), not per call."""
+        """One finished call, added up here without a lock (the event loop's thread calls this, and
+        ``render``, which sets the totals into the prometheus_client metrics): what their ``inc`` and
+        ``observe`` would make of it, the same floats added in the same order. The labelled children
+        are made at a (dialect, outcome)'s first call, as ``inc`` would (their ``_created``)."""
         kids = self._children.get((dialect, outcome))
         if kids is None:
-            kids = self._children[(dialect, outcome)] = (
-                self.calls.labels(dialect, outcome),
-                self.duration.labels(dialect),
-                self.ttfb.labels(dialect),
-                self.errors.labels(dialect, outcome) if outcome != "ok" else None,
-            )
+            kids = self._add(dialect, outcome)
+        if bytes_in < 0 or bytes_out < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
         calls, dur, first, errors = kids
-        calls.inc()  # type: ignore[attr-defined]
-        self._bytes_in.inc(bytes_in)
-        self._bytes_out.inc(bytes_out)
-        dur.observe(duration)  # type: ignore[attr-defined]
+        calls[0] += 1
+        self._in[0] += bytes_in
+        self._out[0] += bytes_out
+        dur.observe(duration)
         if ttfb is not None:
-            first.observe(ttfb)  # type: ignore[attr-defined]
+            first.observe(ttfb)
         if errors is not None:
-            errors.inc()  # type: ignore[attr-defined]
+            errors[0] += 1
+
+    def _add(self, dialect: str, outcome: str) -> tuple[list[float], _Hist, _Hist, list[float] | None]:
+        calls = [0.0]
+        self._counts.append((self.calls.labels(dialect, outcome), calls))
+        hists = self._hists.get(dialect)
+        if hists is None:
+            hists = self._hists[dialect] = (
+                _Hist(self.duration.labels(dialect)),
+                _Hist(self.ttfb.labels(dialect)),
+            )
+        errors: list[float] | None = None
+        if outcome != "ok":
+            errors = [0.0]
+            self._counts.append((self.errors.labels(dialect, outcome), errors))
+        kids = self._children[(dialect, outcome)] = (calls, hists[0], hists[1], errors)
+        return kids
+
+    def _flush(self) -> None:
+        """The totals so far into the prometheus_client metrics (what ``generate_latest`` reads)."""
+        for child, total in self._counts:
+            child._value.set(total[0])
+        for hists in self._hists.values():
+            for h in hists:
+                h.flush()
 
     def render(self) -> bytes:
+        self._flush()
         return generate_latest(self.registry)
+
+
+class _Hist:
+    """A histogram child's observations added up: its sum and the count of each bucket (not
+    cumulative), as ``Histogram.observe`` keeps them (a value goes to the first bucket whose bound
+    it does not exceed; NaN to none)."""
+
+    __slots__ = ("bounds", "child", "counts", "sum")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.bounds: list[float] = list(child._upper_bounds)
+        self.sum = 0.0
+        self.counts = [0.0] * len(self.bounds)
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        if v <= self.bounds[-1]:  # +Inf: all but NaN
+            self.counts[bisect_left(self.bounds, v)] += 1
+
+    def flush(self) -> None:
+        c = self.child
+        c._sum.set(self.sum)
+        for value, n in zip(c._buckets, self.counts, strict=True):
+            value.set(n)

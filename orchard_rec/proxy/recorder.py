@@ -63,7 +63,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchard_rec.errors import one_line
 from orchard_rec.proxy import capline
@@ -71,6 +71,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.dbproc import WriterProcess
 from orchard_rec.proxy.dbthread import STOP as _STOP
 from orchard_rec.proxy.dbthread import DatabaseThread
+from orchard_rec.proxy.handoff import Handoff, Spooled
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.settings import Settings, current
@@ -168,7 +169,8 @@ class Recorder(DatabaseThread):
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
-        self._dbq: queue.Queue[Any] = queue.Queue()
+        self._handoff = Handoff()
+        self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", self._handoff)
         """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
         self._dbq_calls = 0
         self._count_lock = threading.Lock()
@@ -233,6 +235,7 @@ class Recorder(DatabaseThread):
         (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
         come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
         call: 88 us in batches of 8, 42 us of 32), and the loop answers the clients meanwhile."""
+        self._handoff.poll = self.db_linger_s if self.durability == "process" else 0.0
         self.fsync_interval = fsync_interval
         """``process`` durability: the background fsync covers every write at most this long after it
         (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
@@ -244,6 +247,7 @@ class Recorder(DatabaseThread):
         on this box's disk), and the spool thread's leaves the interpreter lock to the loop."""
         self.max_sync_late = 0.0
         """``process``: the longest the fsync thread ran late (woken after its fsync was due)."""
+        self._by_line: capline.Decoder | None = None  # ``_record_of``'s
         self._sync_stop = threading.Event()
         self._sync_thread: threading.Thread | None = None
 
@@ -385,12 +389,22 @@ class Recorder(DatabaseThread):
 
     def _write_inline(self, cap: Capture, size: int) -> None:
         """``process``: write a small call's line here, on the event loop (what the spool thread would
-        do, without the two thread hand-offs on the client's wait); the database thread takes it on."""
-        snap = capline.snapshot(cap)
+        do, without the two thread hand-offs on the client's wait); the database thread takes it on.
+        With the writer process ready, the database thread gets the line alone (``Spooled``), not a copy."""
         cap.submitted = True
         self._bytes_in += size
         self.inflight -= 1
-        self._spool_batch([snap], [], [], size)
+        proc = self.proc
+        if proc is None or not proc.is_ready:
+            self._spool_batch([capline.snapshot(cap)], [], [], size)
+            return
+        done = cap.done_at
+        if done is None:  # as ``snapshot`` has it: the line's call ended now
+            cap.done_at = time.time()
+        try:
+            self._spool_batch([cap], [], [], size, by_line=True)
+        finally:
+            cap.done_at = done
 
     async def admit(self, limit: int, timeout: float) -> bool:
         """Wait while more than ``limit`` bytes are queued (pacing; 0: never). False when the queue
@@ -603,11 +617,18 @@ class Recorder(DatabaseThread):
             return None
 
     def _spool_batch(
-        self, batch: list[Capture | CallRecord], acks: list[Ack], db_acks: list[Ack], nbytes: int
+        self,
+        batch: list[Capture | CallRecord],
+        acks: list[Ack],
+        db_acks: list[Ack],
+        nbytes: int,
+        *,
+        by_line: bool = False,
     ) -> None:
         """process / machine: one append for the whole batch (``machine``: and its fsync, group
         commit), release the clients, hand the batch (``Capture`` snapshots: their records are built
-        there) to the database thread, in the spool's order."""
+        there) to the database thread, in the spool's order. ``by_line``: the calls themselves, handed
+        on as their lines alone (``Spooled``; as snapshots where a call has no line)."""
         assert self.spool is not None
         end: int | None
         with self._encoding:
@@ -625,6 +646,12 @@ class Recorder(DatabaseThread):
                 end = None
             for ack in acks:
                 ack()
+            if by_line:  # not in the spool: a copy (its record needs no base from the database)
+                batch = (
+                    [Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]
+                    if len(lines) == len(batch) and end is not None
+                    else [capline.snapshot(c) if isinstance(c, Capture) else c for c in batch]
+                )
             with self._count_lock:
                 self._dbq_calls += len(batch)
             # a call without a line (set aside) goes to the database from this process, as in-thread
@@ -755,6 +782,17 @@ class Recorder(DatabaseThread):
         self.last_error = None
         if done:
             log.info("replayed %d spooled calls into the database (%d bases read from it)", done, dec.from_db)
+
+    def _record_of(self, line: bytes) -> CallRecord:
+        """A ``Spooled`` call's record (the writer process was gone for its batch): its line decoded as
+        a replay does, in spool order, the bases kept (``prune``: each session's latest, bounded)."""
+        dec = self._by_line
+        if dec is None:
+            dec = self._by_line = capline.Decoder(self.store, max_bytes=self.knobs.spool_bases_bytes)
+        try:
+            return self._decode(dec, line)
+        finally:
+            dec.prune()
 
     def _decode(self, dec: capline.Decoder, line: bytes) -> CallRecord:
         """A spool line's record: a capture line's built by ``to_record`` as a live call's is."""

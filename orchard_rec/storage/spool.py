@@ -237,7 +237,11 @@ def _open(path: Path) -> IO[bytes]:
 
 
 def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
-    view = memoryview(data)
+    n = os.pwrite(fd, data, pos)
+    if n == len(data):  # all of it, as a regular file takes a write but for a full disk or a signal
+        return
+    view = memoryview(data)[n:]
+    pos += n
     while view:
         n = os.pwrite(fd, view, pos)
         view, pos = view[n:], pos + n
@@ -356,7 +360,7 @@ class Spool:
         ``sync`` covers them (``unsynced_since`` says since when they wait)."""
         if not lines:
             return self.end
-        data = b"\n".join(lines) + b"\n"
+        data = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
         with self._lock:
             seg = self._segments[-1]
             if self.acked == self.end and (seg.size > self._keep(seg) or len(self._segments) > 1):

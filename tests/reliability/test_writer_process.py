@@ -31,7 +31,7 @@ from factories import (
     wait_for,
 )
 
-from orchard_rec.proxy import BackgroundServer, ProxyConfig
+from orchard_rec.proxy import BackgroundServer, ProxyConfig, capline
 from orchard_rec.proxy.app import RECORDER, build_app, cache_stats
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.recorder import Recorder
@@ -83,9 +83,10 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
         spool_batch = rec._spool_batch
         caps: list[Any] = []
 
-        def keep(batch: Any, *args: Any) -> None:
-            caps.extend(batch)
-            spool_batch(batch, *args)
+        def keep(batch: Any, *args: Any, **kw: Any) -> None:
+            # as the lines have them (``by_line``: the calls themselves, handed on as their lines)
+            caps.extend(capline.snapshot(c) for c in batch)
+            spool_batch(batch, *args, **kw)
 
         rec._spool_batch = keep
         wait_for(lambda: rec.proc is not None and rec.proc.ready())  # else the first batches go in-thread
