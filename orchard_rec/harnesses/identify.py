@@ -29,7 +29,7 @@ _SDKS = (
 
 def _registry() -> tuple[Harness, ...]:
     """The package's ``HARNESSES``, read on every call (a test may replace it)."""
-    return sys.modules["orchard_rec.harnesses"].HARNESSES  # type: ignore[no-any-return]
+    return sys.modules["orchard_rec.harnesses"].HARNESSES
 
 
 class _Plan:
@@ -50,7 +50,9 @@ class _Plan:
         self.by_name: dict[str, Harness] = {}
         for h in registry:
             self.by_name.setdefault(h.name, h)
-        self.marks = tuple(dict.fromkeys(n for h, custom in self.every if not custom for n, _ in h.header_marks))
+        self.marks = tuple(
+            dict.fromkeys(n for h, custom in self.every if not custom for n, _ in h.header_marks)
+        )
 
 
 _plan: list[_Plan | None] = [None]

@@ -162,10 +162,56 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequest(f"request body could not be read (content-encoding {enc!r}): {exc}") from exc
 
 
+class _Names:
+    """Which header names (any spelling) are in ``names``: decided once per spelling, so a call's
+    headers are filtered without lower-casing each name again (bounded: a hostile client cannot grow
+    it without limit; past the bound a call's unknown spellings are lower-cased as before)."""
+
+    __slots__ = ("dropped", "names")
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.dropped: dict[str, bool] = {}
+
+    def _learn(self, headers: Any) -> bool:
+        """Learn ``headers``' spellings; False when the bound leaves one unknown."""
+        dropped = self.dropped
+        for k in headers:
+            if k not in dropped:
+                if len(dropped) >= 4096:
+                    return False
+                dropped[k] = k.lower() in self.names
+        return True
+
+    def kept(self, headers: Any) -> dict[str, str]:
+        """``headers`` less the names, as a dict (a repeated header: its last value)."""
+        dropped = self.dropped
+        try:
+            return {k: v for k, v in headers.items() if not dropped[k]}
+        except KeyError:
+            if self._learn(headers):
+                return {k: v for k, v in headers.items() if not dropped[k]}
+            return {k: v for k, v in headers.items() if k.lower() not in self.names}
+
+    def pairs(self, headers: Any) -> list[tuple[str, str]]:
+        """``headers`` less the names, every value kept (a repeated header too)."""
+        dropped = self.dropped
+        try:
+            return [(k, v) for k, v in headers.items() if not dropped[k]]
+        except KeyError:
+            if self._learn(headers):
+                return [(k, v) for k, v in headers.items() if not dropped[k]]
+            return [(k, v) for k, v in headers.items() if k.lower() not in self.names]
+
+
+_TO_UPSTREAM = _Names(_HOP)
+_TO_UPSTREAM_KEYED = _Names(_HOP | _CLIENT_AUTH)
+_TO_CLIENT = _Names(_RESP_DROP)
+
+
 def _upstream_headers(request: web.Request, dialect: Dialect | None = None) -> dict[str, str]:
     cfg = request.app[CONFIG]
-    drop = _HOP | _CLIENT_AUTH if (cfg.api_keys or cfg.upstream_key) else _HOP
-    out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+    out = (_TO_UPSTREAM_KEYED if (cfg.api_keys or cfg.upstream_key) else _TO_UPSTREAM).kept(request.headers)
     out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
     if cfg.upstream_key:  # the proxy's own credential; a client's key never reaches the upstream
         out["Authorization"] = f"Bearer {cfg.upstream_key}"
@@ -181,8 +227,11 @@ def _presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key") or request.headers.get("api-key")
 
 
-def _authorize(request: web.Request, session_id: str | None, *, admin: bool = False) -> None:
-    cfg = request.app[CONFIG]
+def _authorize(
+    request: web.Request, session_id: str | None, *, admin: bool = False, cfg: ProxyConfig | None = None
+) -> None:
+    if cfg is None:
+        cfg = request.app[CONFIG]
     if not cfg.api_keys and not cfg.admin_keys:
         return
     key = _presented_key(request)
@@ -203,7 +252,7 @@ def _authorize(request: web.Request, session_id: str | None, *, admin: bool = Fa
 
 
 def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in up.headers.items() if k.lower() not in _RESP_DROP]
+    return _TO_CLIENT.pairs(up.headers)
 
 
 async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
@@ -246,22 +295,44 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     return await _proxy(request, "/v1/" + tail)
 
 
+class _Door:
+    """What every call reads of the app, gathered once (each ``app[KEY]`` is a Python-level look-up);
+    ``client`` is set when the upstream session opens (``build_app``'s lifecycle)."""
+
+    __slots__ = ("client", "config", "fleet", "metrics", "policy", "recorder")
+
+    def __init__(self, app: web.Application) -> None:
+        self.config = app[CONFIG]
+        self.recorder = app[RECORDER]
+        self.metrics = app[METRICS]
+        self.policy = app[POLICY]
+        self.fleet = app[FLEET]
+        self.client: aiohttp.ClientSession | None = None
+
+
+DOOR = web.AppKey("door", _Door)
+
+
 async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     """One recorded call to ``route`` (the client's path after any ``/s/{id}``, no query string)."""
-    app = request.app
+    door = request.app[DOOR]
+    cfg = door.config
+    headers = request.headers
+    query = request.query_string
     dialect = dialect_of(request.method, route)
-    path = dialects.redact_query(route + (("?" + request.query_string) if request.query_string else ""))
-    call = Call(dialect, request.method, path, request.headers)
+    path = dialects.redact_query(route + ("?" + query if query else ""))
+    call = Call(dialect, request.method, path, headers)
     cap = call.cap
-    if (worker := app[CONFIG].worker) is not None:  # ``serve --workers N``: which process took it
-        cap.metadata["worker"] = {"index": worker, "pid": os.getpid()}
-    recorder = app[RECORDER]
-    metrics = app[METRICS]
+    if cfg.worker is not None:  # ``serve --workers N``: which process took it
+        cap.metadata["worker"] = {"index": cfg.worker, "pid": os.getpid()}
+    recorder = door.recorder
+    policy = door.policy
     recorder.begin()
     try:
-        call.name_session(request.match_info.get("sid") or request.headers.get(SESSION_HEADER))
-        _authorize(request, cap.session_id)
-        cfg = app[CONFIG]
+        call.name_session(request.match_info.get("sid") or headers.get(SESSION_HEADER))
+        keys = bool(cfg.api_keys or cfg.admin_keys)
+        if keys:
+            _authorize(request, cap.session_id, cfg=cfg)
         crowded = bool(cfg.max_inflight and recorder.inflight > cfg.max_inflight)
         if (
             cfg.pace_queue_bytes
@@ -281,16 +352,19 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records"
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
-        call.identify(request.headers)
-        if dialect.is_generation and app[POLICY].tracking:
-            cap.metadata["policy"] = app[POLICY].sent(request.headers, trusted(cfg, _presented_key(request)))
-        if dialect.is_generation and cfg.routed_experts:
-            cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
+        call.identify(headers)
+        if dialect.is_generation:
+            if policy.tracking:  # the caller's key matters only when the proxy has keys
+                cap.metadata["policy"] = policy.sent(
+                    headers, trusted(cfg, _presented_key(request) if keys else None)
+                )
+            if cfg.routed_experts:
+                cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
         raw = await _read_body(request)
-        body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
+        body = call.read(raw, headers.get("content-type"), cfg.mode, policy.salt(cfg))
         if cfg.mode == "tito" and renders(dialect):
             return await _relay_tito(request, cap, body)
-        return await _relay(request, call, raw, route)
+        return await _relay(request, door, call, raw, route)
     except OrchardError as exc:
         status, err = call.reject(exc)
         return web.Response(status=status, body=err, content_type="application/json")
@@ -305,9 +379,9 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     finally:
         if not cap.submitted:
             cap.done_at = time.time()
-            app[POLICY].close(cap.metadata)
+            policy.close(cap.metadata)
             recorder.submit(cap)
-        metrics.observe_call(
+        door.metrics.observe_call(
             dialect.value,
             cap.outcome.value,
             cap.bytes_in,
@@ -367,9 +441,8 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     return resp
 
 
-async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> web.StreamResponse:
-    app = request.app
-    cfg = app[CONFIG]
+async def _relay(request: web.Request, door: _Door, call: Call, raw: bytes, route: str) -> web.StreamResponse:
+    cfg = door.config
     cap = call.cap
     path, data = call.upstream_target(route, request.query_string)
     if data is None:
@@ -390,8 +463,8 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability != "async":
                 cap.done_at = time.time()
-                app[POLICY].close(cap.metadata)
-                await app[RECORDER].durable(cap)  # recorded before the client can have it
+                door.policy.close(cap.metadata)
+                await door.recorder.durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
             cap.complete = True
@@ -403,19 +476,21 @@ def _open(
     request: web.Request, cap: Capture, method: str, url_of: Any, server: str | None = None, **kw: Any
 ) -> Any:
     """The upstream's response from the server the fleet picks for the call's session (``fleet.py``;
-    ``server``: this one first while it is healthy), the call's policy fence taken there."""
-    app, sid = request.app, cap.session_id
-    header, policy = app[CONFIG].routing_header, app[POLICY]
+    ``server``: this one first while it is healthy), the call's policy fence taken there (when
+    the call has one: policy tracking on, a generation)."""
+    door = request.app[DOOR]
+    policy, meta = door.policy, cap.metadata
+    assert door.client is not None
     return open_upstream(
-        app[FLEET],
-        app[UPSTREAM],
-        sid,
+        door.fleet,
+        door.client,
+        cap.session_id,
         method,
         url_of,
-        cap.metadata,
-        header,
+        meta,
+        door.config.routing_header,
         prefer=server,
-        picked=lambda url: policy.at(cap.metadata, url, again=server is not None),
+        picked=(lambda url: policy.at(meta, url, again=server is not None)) if "policy" in meta else None,
         **kw,
     )
 
@@ -657,6 +732,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     )
     app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon, config.route_min_load)
     app[METRICS].registry.register(app[FLEET].collector())
+    app[DOOR] = door = _Door(app)
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer
 
@@ -678,7 +754,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        app[UPSTREAM] = aiohttp.ClientSession(
+        app[UPSTREAM] = door.client = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
         # the proxy's own upstream credential, as on every call (never a client's)
