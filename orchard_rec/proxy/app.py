@@ -112,15 +112,13 @@ _RESP_DROP = frozenset(
 # -- middleware: errors in the caller's dialect ----------------------------------------------
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except OrchardError as exc:
+def _answer_error(request: web.Request, exc: BaseException) -> web.StreamResponse:
+    """The dialect's error for what a handler raised (re-raised: a redirect, a cancellation, a reset)."""
+    if isinstance(exc, OrchardError):
         return _error_response(request, exc)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         if exc.status == 404:
             err: OrchardError = NotFound(f"no route for {request.method} {request.path}")
         elif exc.status == 405:
@@ -132,12 +130,38 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         else:
             err = InternalError(exc.text or exc.reason)
         return _error_response(request, err)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:  # a bug of ours: answer in the dialect, log it, never a bare traceback page
-        log.exception("internal error on %s %s", request.method, request.path)
-        err = InternalError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
-        return _error_response(request, err)
+    if isinstance(exc, (asyncio.CancelledError, ConnectionResetError)) or not isinstance(exc, Exception):
+        raise exc
+    # a bug of ours: answer in the dialect, log it, never a bare traceback page
+    log.exception("internal error on %s %s", request.method, request.path)
+    err = InternalError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
+    return _error_response(request, err)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Errors in the caller's dialect for what has no ``_guarded`` handler: the viewer's routes
+    (a sub-application's), the router's own 404 and 405."""
+    try:
+        return await handler(request)
+    except BaseException as exc:
+        return _answer_error(request, exc)
+
+
+def _guarded(handler: Any) -> Any:
+    """``handler`` answering its errors in the caller's dialect, as the ``_errors`` middleware
+    does: on the route itself, so that a call pays no middleware chain (aiohttp wraps every
+    middleware with one of its own, two coroutines per call)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BaseException as exc:
+            return _answer_error(request, exc)
+
+    guarded.__name__ = guarded.__qualname__ = handler.__name__
+    guarded.__doc__ = handler.__doc__
+    return guarded
 
 
 def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
@@ -689,7 +713,7 @@ def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
 
     resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
     shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
-    app.router.add_get("/ui", _ui_slash)
+    app.router.add_get("/ui", _guarded(_ui_slash))
     app.add_subapp(
         "/ui",
         build_ui_app(
@@ -706,7 +730,9 @@ def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
 
 def build_app(config: ProxyConfig, store: Store | None = None) -> web.Application:
     """The proxy app. Owns the upstream ``ClientSession`` and the recorder through one cleanup context."""
-    app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
+    # errors in the caller's dialect: each route's handler is ``_guarded``; the middleware only for
+    # the viewer's sub-application (a middleware costs every call a chain of coroutines)
+    app = web.Application(middlewares=[_errors] if config.ui else [], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
@@ -778,18 +804,20 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             app[STORE].close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_handler)
-    app.router.add_post("/sessions/{sid}/outcome", post_outcome)
-    app.router.add_get("/openapi.json", openapi_handler)
-    app.router.add_route("*", "/v1/orchard/policy", policy_handler)
-    app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
-    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
+    app.router.add_get("/healthz", _guarded(healthz))
+    app.router.add_get("/metrics", _guarded(metrics_handler))
+    app.router.add_post("/sessions/{sid}/outcome", _guarded(post_outcome))
+    app.router.add_get("/openapi.json", _guarded(openapi_handler))
+    app.router.add_route("*", "/v1/orchard/policy", _guarded(policy_handler))
+    app.router.add_route("*", "/v1/{tail:.*}", _guarded(proxy_handler))
+    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", _guarded(proxy_handler))
     if config.ui:
         _mount_ui(app, config)
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
-    # (any method, so that other unknown routes stay a 404 in the caller's dialect)
-    app.router.add_route("*", "/s/{sid}", probe_handler)
-    app.router.add_route("*", "/s/{sid}/{tail:.*}", probe_handler)
-    app.router.add_route("*", "/{tail:.*}", probe_handler)
+    # (any method, so that other unknown routes stay a 404 in the caller's dialect; ``(?s:.*)``: a
+    # path with a line break too, which the router would answer itself, in no dialect)
+    probes = _guarded(probe_handler)
+    app.router.add_route("*", "/s/{sid}", probes)
+    app.router.add_route("*", "/s/{sid}/{tail:.*}", probes)
+    app.router.add_route("*", "/{tail:(?s:.*)}", probes)
     return app
