@@ -358,19 +358,18 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
         if keys:
             _authorize(request, cap.session_id, cfg=cfg)
         crowded = bool(cfg.max_inflight and recorder.inflight > cfg.max_inflight)
-        if (
-            cfg.pace_queue_bytes
-            and not crowded
-            and not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout)
-        ):
-            raise TooManyRequests(
-                f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
-                f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
-            )
+        queued = recorder.queued_bytes
+        if cfg.pace_queue_bytes and not crowded and queued > cfg.pace_queue_bytes:  # (else admit is True at once)
+            if not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout):
+                raise TooManyRequests(
+                    f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
+                    f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
+                )
+            queued = recorder.queued_bytes
         if (
             crowded
             or (cfg.max_queue and recorder.depth > cfg.max_queue)
-            or (cfg.max_queue_bytes and recorder.queued_bytes > cfg.max_queue_bytes)
+            or (cfg.max_queue_bytes and queued > cfg.max_queue_bytes)
         ):
             raise TooManyRequests(
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records"
