@@ -38,14 +38,16 @@ class _Plan:
     lower-cased once per request), and what any declared mark needs: one of the user-agent
     prefixes of them all, or one of the headers their marks name. A request with neither is
     named by no plug-in's user agent or header marks: only the plug-ins that read the body (tool
-    marks) or decide themselves (their own ``recognises``) are asked, in the same order."""
+    marks) or decide themselves (their own ``recognises``) are asked, in the same order; with no
+    body object, only the latter."""
 
-    __slots__ = ("agents", "by_body", "by_name", "every", "marks", "registry")
+    __slots__ = ("agents", "by_body", "by_name", "custom", "every", "marks", "registry", "seen")
 
     def __init__(self, registry: tuple[Harness, ...]) -> None:
         self.registry = registry
         self.every = tuple((h, type(h).recognises is not Harness.recognises) for h in registry)
         self.by_body = tuple((h, custom) for h, custom in self.every if custom or h.tool_marks)
+        self.custom = tuple((h, custom) for h, custom in self.every if custom)
         self.agents = tuple(a for h, custom in self.every if not custom for a in h.user_agents)
         self.by_name: dict[str, Harness] = {}
         for h in registry:
@@ -53,6 +55,19 @@ class _Plan:
         self.marks = tuple(
             dict.fromkeys(n for h, custom in self.every if not custom for n, _ in h.header_marks)
         )
+        self.seen: dict[str, tuple[str, bool, str | None]] = {}
+        """User agent as sent -> ``(lower-case, a declared prefix names it, the SDK's name)``."""
+
+    def agent(self, sent: str) -> tuple[str, bool, str | None]:
+        """What a ``User-Agent`` says (decided once per value; bounded: a hostile client cannot
+        grow it without limit)."""
+        known = self.seen.get(sent)
+        if known is None:
+            ua = sent.lower()
+            known = (ua, ua.startswith(self.agents), _sdk_of(ua))
+            if len(self.seen) < 4096:
+                self.seen[sent] = known
+        return known
 
 
 _plan: list[_Plan | None] = [None]
@@ -80,12 +95,12 @@ def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, 
     """``identify`` of headers whose names are lower-case already (``public_headers``)."""
     name: str | None = None
     sid: str | None = None
-    ua = h.get("user-agent", "").lower()
     plan = _walk()
-    walk = plan.by_body
-    if ua.startswith(plan.agents):
+    ua, declared, fallback = plan.agent(h.get("user-agent", ""))
+    if declared:
         walk = plan.every
     else:
+        walk = plan.by_body if isinstance(body, dict) else plan.custom
         for mark in plan.marks:
             if mark in h:
                 walk = plan.every
@@ -95,12 +110,7 @@ def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, 
             name, sid = harness.name, harness.session_of(h, body)
             break
     else:
-        for prefix, sdk in _SDKS:
-            if ua.startswith(prefix):
-                name = sdk
-                break
-        else:
-            name = (ua.split("/", 1)[0][:64] or None) if ua else None
+        name = fallback
     if sid is None:
         tp = h.get("traceparent")
         if tp:
@@ -108,6 +118,15 @@ def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, 
             if len(parts) >= 3 and len(parts[1]) == 32:
                 sid = "trace:" + parts[1]
     return name, (sid[:256] if sid else None)
+
+
+def _sdk_of(ua: str) -> str | None:
+    """The name of a request no plug-in recognises: the SDK its (lower-case) user agent names,
+    else the user agent's first word."""
+    for prefix, sdk in _SDKS:
+        if ua.startswith(prefix):
+            return sdk
+    return (ua.split("/", 1)[0][:64] or None) if ua else None
 
 
 def side_conversation(harness: str | None, headers: Mapping[str, str], body: Any) -> str | None:
