@@ -319,6 +319,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     return await _proxy(request, "/v1/" + tail)
 
 
+_OUTCOME = {o: o.value for o in CallOutcome}
+"""Each outcome's value (an enum's ``.value`` is a descriptor call: one dictionary look-up instead)."""
+
+
 class _Door:
     """What every call reads of the app, gathered once (each ``app[KEY]`` is a Python-level look-up);
     ``client`` is set when the upstream session opens (``build_app``'s lifecycle)."""
@@ -405,8 +409,8 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
             policy.close(cap.metadata)
             recorder.submit(cap)
         door.metrics.observe_call(
-            dialect.value,
-            cap.outcome.value,
+            str.__str__(dialect),  # ``dialect.value``, without the property
+            _OUTCOME[cap.outcome],
             cap.bytes_in,
             cap.bytes_out,
             (cap.done_at or time.time()) - cap.received_at,
