@@ -38,12 +38,9 @@ from orchard_rec import dialects
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
-    InternalError,
-    MethodNotAllowed,
     NotFound,
     OrchardError,
     PayloadTooLarge,
-    Rejected,
     SessionNotFound,
     TooManyRequests,
     Unauthorized,
@@ -54,6 +51,7 @@ from orchard_rec.proxy import partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
+from orchard_rec.proxy.edge import CLIENT_AUTH, HOP, RESP_DROP, Names, errors, guarded
 from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
@@ -63,7 +61,7 @@ from orchard_rec.proxy.tito import TitoSessions
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.tito_wire import upstream_url
 from orchard_rec.proxy.titocall import TitoCall
-from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
+from orchard_rec.proxy.versions import PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.settings import current
 from orchard_rec.storage.outcome import as_json as outcome_as_json
@@ -83,95 +81,6 @@ TITO = web.AppKey("tito", TitoSessions)
 FLEET = web.AppKey("fleet", Fleet)
 POLICY = web.AppKey("policy", PolicyTracker)
 
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "accept-encoding",
-        "content-encoding",  # aiohttp decoded the body we read; the upstream gets it plain
-        "x-orchard-session",
-        POLICY_HEADER,
-    }
-)
-_CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"}) | dialects.secret_headers()
-"""The client's credential headers (a dialect's own among them, ``WireDialect.secret_headers``)."""
-_RESP_DROP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
-)
-
-
-# -- middleware: errors in the caller's dialect ----------------------------------------------
-
-
-def _answer_error(request: web.Request, exc: BaseException) -> web.StreamResponse:
-    """The dialect's error for what a handler raised (re-raised: a redirect, a cancellation, a reset)."""
-    if isinstance(exc, OrchardError):
-        return _error_response(request, exc)
-    if isinstance(exc, web.HTTPException):
-        if exc.status < 400:
-            raise exc
-        if exc.status == 404:
-            err: OrchardError = NotFound(f"no route for {request.method} {request.path}")
-        elif exc.status == 405:
-            err = MethodNotAllowed(f"method {request.method} not allowed on {request.path}")
-        elif exc.status == 413:
-            err = PayloadTooLarge(exc.text or "request body too large")
-        elif exc.status < 500:
-            err = Rejected.of(exc.status)(exc.text or exc.reason)
-        else:
-            err = InternalError(exc.text or exc.reason)
-        return _error_response(request, err)
-    if isinstance(exc, (asyncio.CancelledError, ConnectionResetError)) or not isinstance(exc, Exception):
-        raise exc
-    # a bug of ours: answer in the dialect, log it, never a bare traceback page
-    log.exception("internal error on %s %s", request.method, request.path)
-    err = InternalError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
-    return _error_response(request, err)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Errors in the caller's dialect for what has no ``_guarded`` handler: the viewer's routes
-    (a sub-application's), the router's own 404 and 405."""
-    try:
-        return await handler(request)
-    except BaseException as exc:
-        return _answer_error(request, exc)
-
-
-def _guarded(handler: Any) -> Any:
-    """``handler`` answering its errors in the caller's dialect, as the ``_errors`` middleware
-    does: on the route itself, so that a call pays no middleware chain (aiohttp wraps every
-    middleware with one of its own, two coroutines per call)."""
-
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except BaseException as exc:
-            return _answer_error(request, exc)
-
-    guarded.__name__ = guarded.__qualname__ = handler.__name__
-    guarded.__doc__ = handler.__doc__
-    return guarded
-
-
-def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
-    return web.Response(
-        status=exc.status,
-        body=dialects.error_body(exc, dialects.caller(request.path, request.headers)),
-        content_type="application/json",
-    )
-
-
 # -- the relay ---------------------------------------------------------------------------------
 
 
@@ -186,51 +95,9 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequest(f"request body could not be read (content-encoding {enc!r}): {exc}") from exc
 
 
-class _Names:
-    """Which header names (any spelling) are in ``names``: decided once per spelling, so a call's
-    headers are filtered without lower-casing each name again (bounded: a hostile client cannot grow
-    it without limit; past the bound a call's unknown spellings are lower-cased as before)."""
-
-    __slots__ = ("dropped", "names")
-
-    def __init__(self, names: frozenset[str]) -> None:
-        self.names = names
-        self.dropped: dict[str, bool] = {}
-
-    def _learn(self, headers: Any) -> bool:
-        """Learn ``headers``' spellings; False when the bound leaves one unknown."""
-        dropped = self.dropped
-        for k in headers:
-            if k not in dropped:
-                if len(dropped) >= 4096:
-                    return False
-                dropped[k] = k.lower() in self.names
-        return True
-
-    def kept(self, headers: Any) -> dict[str, str]:
-        """``headers`` less the names, as a dict (a repeated header: its last value)."""
-        dropped = self.dropped
-        try:
-            return {k: v for k, v in headers.items() if not dropped[k]}
-        except KeyError:
-            if self._learn(headers):
-                return {k: v for k, v in headers.items() if not dropped[k]}
-            return {k: v for k, v in headers.items() if k.lower() not in self.names}
-
-    def pairs(self, headers: Any) -> list[tuple[str, str]]:
-        """``headers`` less the names, every value kept (a repeated header too)."""
-        dropped = self.dropped
-        try:
-            return [(k, v) for k, v in headers.items() if not dropped[k]]
-        except KeyError:
-            if self._learn(headers):
-                return [(k, v) for k, v in headers.items() if not dropped[k]]
-            return [(k, v) for k, v in headers.items() if k.lower() not in self.names]
-
-
-_TO_UPSTREAM = _Names(_HOP)
-_TO_UPSTREAM_KEYED = _Names(_HOP | _CLIENT_AUTH)
-_TO_CLIENT = _Names(_RESP_DROP)
+_TO_UPSTREAM = Names(HOP)
+_TO_UPSTREAM_KEYED = Names(HOP | CLIENT_AUTH)
+_TO_CLIENT = Names(RESP_DROP)
 
 
 def _upstream_headers(request: web.Request, dialect: Dialect | None = None) -> dict[str, str]:
@@ -363,7 +230,9 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
             _authorize(request, cap.session_id, cfg=cfg)
         crowded = bool(cfg.max_inflight and recorder.inflight > cfg.max_inflight)
         queued = recorder.queued_bytes
-        if cfg.pace_queue_bytes and not crowded and queued > cfg.pace_queue_bytes:  # (else admit is True at once)
+        if (
+            cfg.pace_queue_bytes and not crowded and queued > cfg.pace_queue_bytes
+        ):  # (else admit is True at once)
             if not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout):
                 raise TooManyRequests(
                     f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
@@ -716,7 +585,7 @@ def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
 
     resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
     shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
-    app.router.add_get("/ui", _guarded(_ui_slash))
+    app.router.add_get("/ui", guarded(_ui_slash))
     app.add_subapp(
         "/ui",
         build_ui_app(
@@ -735,7 +604,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     """The proxy app. Owns the upstream ``ClientSession`` and the recorder through one cleanup context."""
     # errors in the caller's dialect: each route's handler is ``_guarded``; the middleware only for
     # the viewer's sub-application (a middleware costs every call a chain of coroutines)
-    app = web.Application(middlewares=[_errors] if config.ui else [], client_max_size=config.max_body_bytes)
+    app = web.Application(middlewares=[errors] if config.ui else [], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
@@ -807,19 +676,19 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             app[STORE].close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/healthz", _guarded(healthz))
-    app.router.add_get("/metrics", _guarded(metrics_handler))
-    app.router.add_post("/sessions/{sid}/outcome", _guarded(post_outcome))
-    app.router.add_get("/openapi.json", _guarded(openapi_handler))
-    app.router.add_route("*", "/v1/orchard/policy", _guarded(policy_handler))
-    app.router.add_route("*", "/v1/{tail:.*}", _guarded(proxy_handler))
-    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", _guarded(proxy_handler))
+    app.router.add_get("/healthz", guarded(healthz))
+    app.router.add_get("/metrics", guarded(metrics_handler))
+    app.router.add_post("/sessions/{sid}/outcome", guarded(post_outcome))
+    app.router.add_get("/openapi.json", guarded(openapi_handler))
+    app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
+    app.router.add_route("*", "/v1/{tail:.*}", guarded(proxy_handler))
+    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", guarded(proxy_handler))
     if config.ui:
         _mount_ui(app, config)
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
     # (any method, so that other unknown routes stay a 404 in the caller's dialect; ``(?s:.*)``: a
     # path with a line break too, which the router would answer itself, in no dialect)
-    probes = _guarded(probe_handler)
+    probes = guarded(probe_handler)
     app.router.add_route("*", "/s/{sid}", probes)
     app.router.add_route("*", "/s/{sid}/{tail:.*}", probes)
     app.router.add_route("*", "/{tail:(?s:.*)}", probes)

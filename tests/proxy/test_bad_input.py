@@ -120,7 +120,7 @@ def test_websocket_upgrade_is_refused_at_once(proxy) -> None:  # type: ignore[no
 
 def test_paths_no_route_takes_are_a_404_in_dialect(proxy) -> None:  # type: ignore[no-untyped-def]
     # a line break in the path: the router's own catch-all would not take it (its ``.*`` stops
-    # there); every route answers its errors itself (``app._guarded``, no middleware chain)
+    # there); every route answers its errors itself (``edge.guarded``, no middleware chain)
     for path in ("/v1/foo%0Abar", "/foo%0Abar", "/%0A", "/s/abc/v1/x%0Ay", "/s/abc/q%0Ar"):
         for method in ("GET", "POST", "PUT"):
             req = urllib.request.Request(f"{proxy.url}{path}", data=b"{}" if method != "GET" else None)
