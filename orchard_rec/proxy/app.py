@@ -53,7 +53,7 @@ from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
 from orchard_rec.proxy.edge import CLIENT_AUTH, HOP, RESP_DROP, Names, errors, guarded
 from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
-from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
+from orchard_rec.proxy.identity import SESSION_HEADER, opening_stats, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder, default_spool
@@ -454,11 +454,16 @@ async def _relay_stream(
 def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
     """Every per-session cache of the proxy: ``entries``, ``bytes``, ``max_bytes``, ``hits`` and
     ``misses`` of each (``requests``: bodies parsed on a session's last, ``ORCHARD_REQUEST_CACHE_MB``;
-    ``translations``: Responses/Messages requests translated on the last, the same bound; ``ids``,
+    ``translations``: Responses/Messages requests translated on the last, the same bound; ``openings``:
+    the digests of long conversation openings a derived session id was hashed from, 8 MiB; ``ids``,
     ``state``, ``spool_bases``: ``Recorder.caches``; ``tito``: the sessions' token branches). Misses
     that keep growing with the calls mean more sessions at once than the bound holds: each then
     costs O(its context) again (raise the ``ORCHARD_*_MB`` it names)."""
-    out = {"requests": reqparse.cache.stats(), "translations": tochat.translator.stats()}
+    out = {
+        "requests": reqparse.cache.stats(),
+        "translations": tochat.translator.stats(),
+        "openings": opening_stats(),
+    }
     out.update(app[RECORDER].caches())
     tito = app.get(TITO)
     if tito is not None:

@@ -85,3 +85,51 @@ def test_call_ids_from_threads_and_after_fork() -> None:
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 16) == b"empty"
+
+
+def test_session_from_the_opening_is_hashed_once_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    import orjson
+
+    from orchard_rec.proxy import identity
+    from orchard_rec.proxy.reqparse import RequestCache
+    from orchard_rec.records import Dialect
+
+    def plain(body: dict) -> str:  # type: ignore[type-arg]
+        opening = [m["content"] for m in body["messages"][:2]]
+        return "c-" + hashlib.sha256(orjson.dumps(opening)).hexdigest()[:32]
+
+    monkeypatch.setattr(identity, "_openings", identity._Openings())
+    system = {"role": "system", "content": "You are an agent. " * 400}
+    msgs = [system, {"role": "user", "content": "go"}]
+    cache = RequestCache(64 * 1024 * 1024)
+    bodies = []
+    for turn in range(4):  # one session growing: the cache hands out the same message objects
+        msgs = msgs + [
+            {"role": "assistant", "content": f"step {turn}"},
+            {"role": "user", "content": "x" * 9000},
+        ]
+        raw = orjson.dumps({"model": "m", "messages": msgs})
+        body, _ = cache.parse(raw, "s1", f"call{turn}")
+        bodies.append(body)
+        assert identity.derive_session(None, None, Dialect.CHAT, body) == plain(body)
+    assert bodies[1]["messages"][0] is bodies[2]["messages"][0]  # shared: the digest was kept
+    assert len(identity._openings.entries) == 1 and identity._openings.stats()["hits"] == 3  # one digest
+    # equal content in new objects: the same id; another opening: another id
+    fresh = orjson.loads(orjson.dumps(bodies[-1]))
+    assert identity.derive_session(None, None, Dialect.CHAT, fresh) == plain(bodies[-1])
+    other = {"messages": [{"role": "system", "content": "Other. " * 500}, {"role": "user", "content": "go"}]}
+    assert identity.derive_session(None, None, Dialect.CHAT, other) == plain(other) != plain(fresh)
+    # bounded in bytes
+    monkeypatch.setattr(identity._Openings, "MAX_BYTES", 64 * 1024)
+    for i in range(40):
+        b = {
+            "messages": [
+                {"role": "system", "content": f"{i} " + "y" * 8000},
+                {"role": "user", "content": "go"},
+            ]
+        }
+        assert identity.derive_session(None, None, Dialect.CHAT, b) == plain(b)
+    assert identity._openings.bytes <= 64 * 1024
+    assert sum(e[2] for e in identity._openings.entries.values()) == identity._openings.bytes
