@@ -10,12 +10,13 @@ readers (``base.first_user_text`` ..., measured by ``bench/identify.py``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from orchard_rec.harnesses.base import Harness, declared_match
 
-__all__ = ["identify", "identify_lower", "is_probe", "side_conversation"]
+__all__ = ["identify", "identify_lower", "is_probe", "side_conversation", "side_conversation_lower"]
 
 _SDKS = (
     ("openai/python", "openai-python"),
@@ -27,22 +28,57 @@ _SDKS = (
 
 
 def _registry() -> tuple[Harness, ...]:
-    from orchard_rec.harnesses import HARNESSES
-
-    return HARNESSES
-
-
-_plan: list[Any] = [None, ()]
-"""The registry tuple last seen, and per plug-in whether it overrides ``recognises`` (else its
-declared marks are matched here, the user agent lower-cased once per request)."""
+    """The package's ``HARNESSES``, read on every call (a test may replace it)."""
+    return sys.modules["orchard_rec.harnesses"].HARNESSES
 
 
-def _walk() -> tuple[tuple[Harness, bool], ...]:
+class _Plan:
+    """The registry walked by ``identify_lower``, prepared once per registry tuple: per plug-in
+    whether it overrides ``recognises`` (else its declared marks are matched here, the user agent
+    lower-cased once per request), and what any declared mark needs: one of the user-agent
+    prefixes of them all, or one of the headers their marks name. A request with neither is
+    named by no plug-in's user agent or header marks: only the plug-ins that read the body (tool
+    marks) or decide themselves (their own ``recognises``) are asked, in the same order; with no
+    body object, only the latter."""
+
+    __slots__ = ("agents", "by_body", "by_name", "custom", "every", "marks", "registry", "seen")
+
+    def __init__(self, registry: tuple[Harness, ...]) -> None:
+        self.registry = registry
+        self.every = tuple((h, type(h).recognises is not Harness.recognises) for h in registry)
+        self.by_body = tuple((h, custom) for h, custom in self.every if custom or h.tool_marks)
+        self.custom = tuple((h, custom) for h, custom in self.every if custom)
+        self.agents = tuple(a for h, custom in self.every if not custom for a in h.user_agents)
+        self.by_name: dict[str, Harness] = {}
+        for h in registry:
+            self.by_name.setdefault(h.name, h)
+        self.marks = tuple(
+            dict.fromkeys(n for h, custom in self.every if not custom for n, _ in h.header_marks)
+        )
+        self.seen: dict[str, tuple[str, bool, str | None]] = {}
+        """User agent as sent -> ``(lower-case, a declared prefix names it, the SDK's name)``."""
+
+    def agent(self, sent: str) -> tuple[str, bool, str | None]:
+        """What a ``User-Agent`` says (decided once per value; bounded: a hostile client cannot
+        grow it without limit)."""
+        known = self.seen.get(sent)
+        if known is None:
+            ua = sent.lower()
+            known = (ua, ua.startswith(self.agents), _sdk_of(ua))
+            if len(self.seen) < 4096:
+                self.seen[sent] = known
+        return known
+
+
+_plan: list[_Plan | None] = [None]
+
+
+def _walk() -> _Plan:
     hs = _registry()
-    if _plan[0] is not hs:
-        _plan[1] = tuple((h, type(h).recognises is not Harness.recognises) for h in hs)
-        _plan[0] = hs
-    return _plan[1]
+    plan = _plan[0]
+    if plan is None or plan.registry is not hs:
+        plan = _plan[0] = _Plan(hs)
+    return plan
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
@@ -59,18 +95,22 @@ def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, 
     """``identify`` of headers whose names are lower-case already (``public_headers``)."""
     name: str | None = None
     sid: str | None = None
-    ua = h.get("user-agent", "").lower()
-    for harness, custom in _walk():
+    plan = _walk()
+    ua, declared, fallback = plan.agent(h.get("user-agent", ""))
+    if declared:
+        walk = plan.every
+    else:
+        walk = plan.by_body if isinstance(body, dict) else plan.custom
+        for mark in plan.marks:
+            if mark in h:
+                walk = plan.every
+                break
+    for harness, custom in walk:
         if harness.recognises(h, body) if custom else declared_match(harness, ua, h, body):
             name, sid = harness.name, harness.session_of(h, body)
             break
     else:
-        for prefix, sdk in _SDKS:
-            if ua.startswith(prefix):
-                name = sdk
-                break
-        else:
-            name = (ua.split("/", 1)[0][:64] or None) if ua else None
+        name = fallback
     if sid is None:
         tp = h.get("traceparent")
         if tp:
@@ -80,15 +120,29 @@ def identify_lower(h: Mapping[str, str], body: Any = None) -> tuple[str | None, 
     return name, (sid[:256] if sid else None)
 
 
+def _sdk_of(ua: str) -> str | None:
+    """The name of a request no plug-in recognises: the SDK its (lower-case) user agent names,
+    else the user agent's first word."""
+    for prefix, sdk in _SDKS:
+        if ua.startswith(prefix):
+            return sdk
+    return (ua.split("/", 1)[0][:64] or None) if ua else None
+
+
 def side_conversation(harness: str | None, headers: Mapping[str, str], body: Any) -> str | None:
     """The kind of side conversation (``"title"`` ...) a request of ``harness`` belongs to, or
     None when it is the agent's own conversation."""
+    if harness is None or harness not in _walk().by_name:
+        return None
+    return side_conversation_lower(harness, _lower(headers), body)
+
+
+def side_conversation_lower(harness: str | None, headers: Mapping[str, str], body: Any) -> str | None:
+    """``side_conversation`` of headers whose names are lower-case already (``public_headers``)."""
     if harness is None:
         return None
-    for h in _registry():
-        if h.name == harness:
-            return h.side_conversation(_lower(headers), body)
-    return None
+    h = _walk().by_name.get(harness)
+    return None if h is None else h.side_conversation(headers, body)
 
 
 def is_probe(method: str, path: str, headers: Mapping[str, str] | None = None) -> bool:

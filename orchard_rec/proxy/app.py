@@ -38,12 +38,9 @@ from orchard_rec import dialects
 from orchard_rec.errors import (
     BadRequest,
     Forbidden,
-    InternalError,
-    MethodNotAllowed,
     NotFound,
     OrchardError,
     PayloadTooLarge,
-    Rejected,
     SessionNotFound,
     TooManyRequests,
     Unauthorized,
@@ -54,8 +51,9 @@ from orchard_rec.proxy import partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
+from orchard_rec.proxy.edge import CLIENT_AUTH, HOP, RESP_DROP, Names, errors, guarded
 from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
-from orchard_rec.proxy.identity import SESSION_HEADER, validate_session_id
+from orchard_rec.proxy.identity import SESSION_HEADER, opening_stats, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
 from orchard_rec.proxy.recorder import Recorder, default_spool
@@ -63,7 +61,7 @@ from orchard_rec.proxy.tito import TitoSessions
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.tito_wire import upstream_url
 from orchard_rec.proxy.titocall import TitoCall
-from orchard_rec.proxy.versions import POLICY_HEADER, PolicyTracker, trusted
+from orchard_rec.proxy.versions import PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.settings import current
 from orchard_rec.storage.outcome import as_json as outcome_as_json
@@ -83,71 +81,6 @@ TITO = web.AppKey("tito", TitoSessions)
 FLEET = web.AppKey("fleet", Fleet)
 POLICY = web.AppKey("policy", PolicyTracker)
 
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "accept-encoding",
-        "content-encoding",  # aiohttp decoded the body we read; the upstream gets it plain
-        "x-orchard-session",
-        POLICY_HEADER,
-    }
-)
-_CLIENT_AUTH = frozenset({"authorization", "x-api-key", "api-key"}) | dialects.secret_headers()
-"""The client's credential headers (a dialect's own among them, ``WireDialect.secret_headers``)."""
-_RESP_DROP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"}
-)
-
-
-# -- middleware: errors in the caller's dialect ----------------------------------------------
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except OrchardError as exc:
-        return _error_response(request, exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status == 404:
-            err: OrchardError = NotFound(f"no route for {request.method} {request.path}")
-        elif exc.status == 405:
-            err = MethodNotAllowed(f"method {request.method} not allowed on {request.path}")
-        elif exc.status == 413:
-            err = PayloadTooLarge(exc.text or "request body too large")
-        elif exc.status < 500:
-            err = Rejected.of(exc.status)(exc.text or exc.reason)
-        else:
-            err = InternalError(exc.text or exc.reason)
-        return _error_response(request, err)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:  # a bug of ours: answer in the dialect, log it, never a bare traceback page
-        log.exception("internal error on %s %s", request.method, request.path)
-        err = InternalError(f"internal proxy error ({type(exc).__name__}); the call was recorded")
-        return _error_response(request, err)
-
-
-def _error_response(request: web.Request, exc: OrchardError) -> web.Response:
-    return web.Response(
-        status=exc.status,
-        body=dialects.error_body(exc, dialects.caller(request.path, request.headers)),
-        content_type="application/json",
-    )
-
-
 # -- the relay ---------------------------------------------------------------------------------
 
 
@@ -162,10 +95,14 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequest(f"request body could not be read (content-encoding {enc!r}): {exc}") from exc
 
 
+_TO_UPSTREAM = Names(HOP)
+_TO_UPSTREAM_KEYED = Names(HOP | CLIENT_AUTH)
+_TO_CLIENT = Names(RESP_DROP)
+
+
 def _upstream_headers(request: web.Request, dialect: Dialect | None = None) -> dict[str, str]:
     cfg = request.app[CONFIG]
-    drop = _HOP | _CLIENT_AUTH if (cfg.api_keys or cfg.upstream_key) else _HOP
-    out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+    out = (_TO_UPSTREAM_KEYED if (cfg.api_keys or cfg.upstream_key) else _TO_UPSTREAM).kept(request.headers)
     out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
     if cfg.upstream_key:  # the proxy's own credential; a client's key never reaches the upstream
         out["Authorization"] = f"Bearer {cfg.upstream_key}"
@@ -181,8 +118,11 @@ def _presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key") or request.headers.get("api-key")
 
 
-def _authorize(request: web.Request, session_id: str | None, *, admin: bool = False) -> None:
-    cfg = request.app[CONFIG]
+def _authorize(
+    request: web.Request, session_id: str | None, *, admin: bool = False, cfg: ProxyConfig | None = None
+) -> None:
+    if cfg is None:
+        cfg = request.app[CONFIG]
     if not cfg.api_keys and not cfg.admin_keys:
         return
     key = _presented_key(request)
@@ -203,7 +143,7 @@ def _authorize(request: web.Request, session_id: str | None, *, admin: bool = Fa
 
 
 def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in up.headers.items() if k.lower() not in _RESP_DROP]
+    return _TO_CLIENT.pairs(up.headers)
 
 
 async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
@@ -246,51 +186,81 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     return await _proxy(request, "/v1/" + tail)
 
 
+_OUTCOME = {o: o.value for o in CallOutcome}
+"""Each outcome's value (an enum's ``.value`` is a descriptor call: one dictionary look-up instead)."""
+
+
+class _Door:
+    """What every call reads of the app, gathered once (each ``app[KEY]`` is a Python-level look-up);
+    ``client`` is set when the upstream session opens (``build_app``'s lifecycle)."""
+
+    __slots__ = ("client", "config", "fleet", "metrics", "policy", "recorder")
+
+    def __init__(self, app: web.Application) -> None:
+        self.config = app[CONFIG]
+        self.recorder = app[RECORDER]
+        self.metrics = app[METRICS]
+        self.policy = app[POLICY]
+        self.fleet = app[FLEET]
+        self.client: aiohttp.ClientSession | None = None
+
+
+DOOR = web.AppKey("door", _Door)
+
+
 async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     """One recorded call to ``route`` (the client's path after any ``/s/{id}``, no query string)."""
-    app = request.app
+    door = request.app[DOOR]
+    cfg = door.config
+    headers = request.headers
+    query = request.query_string
     dialect = dialect_of(request.method, route)
-    path = dialects.redact_query(route + (("?" + request.query_string) if request.query_string else ""))
-    call = Call(dialect, request.method, path, request.headers)
+    path = dialects.redact_query(route + ("?" + query if query else ""))
+    call = Call(dialect, request.method, path, headers)
     cap = call.cap
-    if (worker := app[CONFIG].worker) is not None:  # ``serve --workers N``: which process took it
-        cap.metadata["worker"] = {"index": worker, "pid": os.getpid()}
-    recorder = app[RECORDER]
-    metrics = app[METRICS]
+    if cfg.worker is not None:  # ``serve --workers N``: which process took it
+        cap.metadata["worker"] = {"index": cfg.worker, "pid": os.getpid()}
+    recorder = door.recorder
+    policy = door.policy
     recorder.begin()
     try:
-        call.name_session(request.match_info.get("sid") or request.headers.get(SESSION_HEADER))
-        _authorize(request, cap.session_id)
-        cfg = app[CONFIG]
+        call.name_session(request.match_info.get("sid") or headers.get(SESSION_HEADER))
+        keys = bool(cfg.api_keys or cfg.admin_keys)
+        if keys:
+            _authorize(request, cap.session_id, cfg=cfg)
         crowded = bool(cfg.max_inflight and recorder.inflight > cfg.max_inflight)
+        queued = recorder.queued_bytes
         if (
-            cfg.pace_queue_bytes
-            and not crowded
-            and not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout)
-        ):
-            raise TooManyRequests(
-                f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
-                f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
-            )
+            cfg.pace_queue_bytes and not crowded and queued > cfg.pace_queue_bytes
+        ):  # (else admit is True at once)
+            if not await recorder.admit(cfg.pace_queue_bytes, cfg.pace_timeout):
+                raise TooManyRequests(
+                    f"the proxy's recording queue stayed above {cfg.pace_queue_bytes} bytes for"
+                    f" {cfg.pace_timeout:g} s ({recorder.queued_bytes} bytes waiting for the database); retry shortly"
+                )
+            queued = recorder.queued_bytes
         if (
             crowded
             or (cfg.max_queue and recorder.depth > cfg.max_queue)
-            or (cfg.max_queue_bytes and recorder.queued_bytes > cfg.max_queue_bytes)
+            or (cfg.max_queue_bytes and queued > cfg.max_queue_bytes)
         ):
             raise TooManyRequests(
                 f"the proxy is at capacity ({recorder.inflight} calls in flight, {recorder.depth} records"
                 f" / {recorder.queued_bytes} bytes waiting for the database); retry shortly"
             )
-        call.identify(request.headers)
-        if dialect.is_generation and app[POLICY].tracking:
-            cap.metadata["policy"] = app[POLICY].sent(request.headers, trusted(cfg, _presented_key(request)))
-        if dialect.is_generation and cfg.routed_experts:
-            cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
+        call.identify(headers)
+        if dialect.is_generation:
+            if policy.tracking:  # the caller's key matters only when the proxy has keys
+                cap.metadata["policy"] = policy.sent(
+                    headers, trusted(cfg, _presented_key(request) if keys else None)
+                )
+            if cfg.routed_experts:
+                cap.metadata["routed_experts"] = True  # taken out of the answer on the writer thread
         raw = await _read_body(request)
-        body = call.read(raw, request.headers.get("content-type"), cfg.mode, app[POLICY].salt(cfg))
+        body = call.read(raw, headers.get("content-type"), cfg.mode, policy.salt(cfg))
         if cfg.mode == "tito" and renders(dialect):
             return await _relay_tito(request, cap, body)
-        return await _relay(request, call, raw, route)
+        return await _relay(request, door, call, raw, route)
     except OrchardError as exc:
         status, err = call.reject(exc)
         return web.Response(status=status, body=err, content_type="application/json")
@@ -305,11 +275,11 @@ async def _proxy(request: web.Request, route: str) -> web.StreamResponse:
     finally:
         if not cap.submitted:
             cap.done_at = time.time()
-            app[POLICY].close(cap.metadata)
+            policy.close(cap.metadata)
             recorder.submit(cap)
-        metrics.observe_call(
-            dialect.value,
-            cap.outcome.value,
+        door.metrics.observe_call(
+            str.__str__(dialect),  # ``dialect.value``, without the property
+            _OUTCOME[cap.outcome],
             cap.bytes_in,
             cap.bytes_out,
             (cap.done_at or time.time()) - cap.received_at,
@@ -367,9 +337,8 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     return resp
 
 
-async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> web.StreamResponse:
-    app = request.app
-    cfg = app[CONFIG]
+async def _relay(request: web.Request, door: _Door, call: Call, raw: bytes, route: str) -> web.StreamResponse:
+    cfg = door.config
     cap = call.cap
     path, data = call.upstream_target(route, request.query_string)
     if data is None:
@@ -390,8 +359,8 @@ async def _relay(request: web.Request, call: Call, raw: bytes, route: str) -> we
             resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
             if cfg.durability != "async":
                 cap.done_at = time.time()
-                app[POLICY].close(cap.metadata)
-                await app[RECORDER].durable(cap)  # recorded before the client can have it
+                door.policy.close(cap.metadata)
+                await door.recorder.durable(cap)  # recorded before the client can have it
             await resp.prepare(request)
             await resp.write_eof()
             cap.complete = True
@@ -403,19 +372,21 @@ def _open(
     request: web.Request, cap: Capture, method: str, url_of: Any, server: str | None = None, **kw: Any
 ) -> Any:
     """The upstream's response from the server the fleet picks for the call's session (``fleet.py``;
-    ``server``: this one first while it is healthy), the call's policy fence taken there."""
-    app, sid = request.app, cap.session_id
-    header, policy = app[CONFIG].routing_header, app[POLICY]
+    ``server``: this one first while it is healthy), the call's policy fence taken there (when
+    the call has one: policy tracking on, a generation)."""
+    door = request.app[DOOR]
+    policy, meta = door.policy, cap.metadata
+    assert door.client is not None
     return open_upstream(
-        app[FLEET],
-        app[UPSTREAM],
-        sid,
+        door.fleet,
+        door.client,
+        cap.session_id,
         method,
         url_of,
-        cap.metadata,
-        header,
+        meta,
+        door.config.routing_header,
         prefer=server,
-        picked=lambda url: policy.at(cap.metadata, url, again=server is not None),
+        picked=(lambda url: policy.at(meta, url, again=server is not None)) if "policy" in meta else None,
         **kw,
     )
 
@@ -483,11 +454,16 @@ async def _relay_stream(
 def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
     """Every per-session cache of the proxy: ``entries``, ``bytes``, ``max_bytes``, ``hits`` and
     ``misses`` of each (``requests``: bodies parsed on a session's last, ``ORCHARD_REQUEST_CACHE_MB``;
-    ``translations``: Responses/Messages requests translated on the last, the same bound; ``ids``,
+    ``translations``: Responses/Messages requests translated on the last, the same bound; ``openings``:
+    the digests of long conversation openings a derived session id was hashed from, 8 MiB; ``ids``,
     ``state``, ``spool_bases``: ``Recorder.caches``; ``tito``: the sessions' token branches). Misses
     that keep growing with the calls mean more sessions at once than the bound holds: each then
     costs O(its context) again (raise the ``ORCHARD_*_MB`` it names)."""
-    out = {"requests": reqparse.cache.stats(), "translations": tochat.translator.stats()}
+    out = {
+        "requests": reqparse.cache.stats(),
+        "translations": tochat.translator.stats(),
+        "openings": opening_stats(),
+    }
     out.update(app[RECORDER].caches())
     tito = app.get(TITO)
     if tito is not None:
@@ -614,7 +590,7 @@ def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
 
     resend_to = Resend(config.upstream, config.upstream_key) if config.ui_resend else None
     shown_by = _ui_tokenizer(config.tokenizer)  # --tokenizer decodes the ids there too, in any mode
-    app.router.add_get("/ui", _ui_slash)
+    app.router.add_get("/ui", guarded(_ui_slash))
     app.add_subapp(
         "/ui",
         build_ui_app(
@@ -631,7 +607,9 @@ def _mount_ui(app: web.Application, config: ProxyConfig) -> None:
 
 def build_app(config: ProxyConfig, store: Store | None = None) -> web.Application:
     """The proxy app. Owns the upstream ``ClientSession`` and the recorder through one cleanup context."""
-    app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
+    # errors in the caller's dialect: each route's handler is ``_guarded``; the middleware only for
+    # the viewer's sub-application (a middleware costs every call a chain of coroutines)
+    app = web.Application(middlewares=[errors] if config.ui else [], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     owned_store = store is None
     app[STORE] = store if store is not None else Store(config.db)
@@ -657,6 +635,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     )
     app[FLEET] = Fleet(config.upstreams, config.route, config.route_epsilon, config.route_min_load)
     app[METRICS].registry.register(app[FLEET].collector())
+    app[DOOR] = door = _Door(app)
     if config.mode == "tito":
         from orchard_rec.tokenizer import load_hf_tokenizer
 
@@ -678,7 +657,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        app[UPSTREAM] = aiohttp.ClientSession(
+        app[UPSTREAM] = door.client = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
         # the proxy's own upstream credential, as on every call (never a client's)
@@ -702,18 +681,20 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             app[STORE].close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_handler)
-    app.router.add_post("/sessions/{sid}/outcome", post_outcome)
-    app.router.add_get("/openapi.json", openapi_handler)
-    app.router.add_route("*", "/v1/orchard/policy", policy_handler)
-    app.router.add_route("*", "/v1/{tail:.*}", proxy_handler)
-    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", proxy_handler)
+    app.router.add_get("/healthz", guarded(healthz))
+    app.router.add_get("/metrics", guarded(metrics_handler))
+    app.router.add_post("/sessions/{sid}/outcome", guarded(post_outcome))
+    app.router.add_get("/openapi.json", guarded(openapi_handler))
+    app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
+    app.router.add_route("*", "/v1/{tail:.*}", guarded(proxy_handler))
+    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", guarded(proxy_handler))
     if config.ui:
         _mount_ui(app, config)
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)
-    # (any method, so that other unknown routes stay a 404 in the caller's dialect)
-    app.router.add_route("*", "/s/{sid}", probe_handler)
-    app.router.add_route("*", "/s/{sid}/{tail:.*}", probe_handler)
-    app.router.add_route("*", "/{tail:.*}", probe_handler)
+    # (any method, so that other unknown routes stay a 404 in the caller's dialect; ``(?s:.*)``: a
+    # path with a line break too, which the router would answer itself, in no dialect)
+    probes = guarded(probe_handler)
+    app.router.add_route("*", "/s/{sid}", probes)
+    app.router.add_route("*", "/s/{sid}/{tail:.*}", probes)
+    app.router.add_route("*", "/{tail:(?s:.*)}", probes)
     return app

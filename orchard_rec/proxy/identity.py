@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from orchard_rec import dialects
-from orchard_rec.errors import BadRequest
+from orchard_rec.errors import BadRequest, cache_stats
 from orchard_rec.records import SESSION_ID_RULE, session_id_problem
 
 __all__ = [
     "SESSION_HEADER",
     "derive_session",
     "harness_of",
+    "opening_stats",
     "public_headers",
     "response_headers",
     "validate_session_id",
@@ -119,4 +121,54 @@ def derive_session(
     opening = dialects.opening(dialect, body)
     if opening is None:
         return None
-    return "c-" + hashlib.sha256(orjson.dumps(opening)).hexdigest()[:32]
+    return "c-" + _openings.digest(opening)
+
+
+class _Openings:
+    """Recent openings' digests, by the identity of their parts. A session's bodies read through
+    the request cache share their messages' objects (``reqparse``: parsed requests are never
+    mutated), so a long system prompt is encoded and hashed once per session, not on every call
+    (~5 us for 7 kB, ~16 us for 29 kB). An entry holds its parts: while it is kept, no other
+    object can have their ids, so the same ids are the same objects. Bounded by the openings'
+    encoded bytes; small ones are not kept (hashing them costs less than keeping them)."""
+
+    MIN_BYTES = 2048
+    MAX_BYTES = 8 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, ...], tuple[list[Any], str, int]] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        """Openings large enough to keep that were encoded and hashed."""
+
+    def stats(self) -> dict[str, int]:
+        """Openings kept, their encoded bytes, the bound; digests found (hits) or computed (misses)."""
+        return cache_stats(len(self.entries), self.bytes, self.MAX_BYTES, self.hits, self.misses)
+
+    def digest(self, opening: list[Any]) -> str:
+        key = tuple(map(id, opening))
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit[1]
+        raw = orjson.dumps(opening)
+        digest = hashlib.sha256(raw).hexdigest()[:32]
+        if self.MIN_BYTES <= len(raw) <= self.MAX_BYTES // 4:
+            self.misses += 1
+            with self.lock:
+                if key not in self.entries:
+                    self.entries[key] = (opening, digest, len(raw))
+                    self.bytes += len(raw)
+                    while self.bytes > self.MAX_BYTES:
+                        self.bytes -= self.entries.pop(next(iter(self.entries)))[2]
+        return digest
+
+
+_openings = _Openings()
+
+
+def opening_stats() -> dict[str, int]:
+    """The digests of long openings kept (``derive_session``): ``proxy.app.cache_stats``' ``openings``."""
+    return _openings.stats()

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from orchard_rec.errors import BadRequest, UnsupportedMediaType
-from orchard_rec.harnesses import HARNESSES, side_conversation
-from orchard_rec.harnesses.identify import identify_lower
+from orchard_rec.harnesses import HARNESSES
+from orchard_rec.harnesses.identify import identify_lower, side_conversation_lower
 from orchard_rec.proxy import reqparse
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.identity import derive_session, public_headers
@@ -24,10 +24,16 @@ def caller(cap: Capture, headers: Mapping[str, str]) -> None:
     cap.harness, cap.harness_session = identify_lower(cap.headers)  # stored names are lower-case
 
 
+_NAMES = frozenset(h.name for h in HARNESSES)
+_TOOLS = any(h.tool_marks for h in HARNESSES)
+
+
 def _body_may_name(harness: str | None, headers: Mapping[str, str]) -> bool:
     """Whether ``identify(headers, body)`` may differ from ``identify(headers)`` (``harness``):
     when a harness recognised by its tools comes before the one the headers named (or none
     was), or the one named keeps its session id in the body."""
+    if harness not in _NAMES:  # none, or an SDK's name: only a harness's tools can tell
+        return _TOOLS
     for h in HARNESSES:
         if h.name == harness and h.recognises(headers):
             return bool(h.session_fields)
@@ -56,7 +62,7 @@ def take_body(cap: Capture, raw: bytes, content_type: str | None) -> Any:
             cap.harness, cap.headers
         ):
             cap.harness, cap.harness_session = identify_lower(cap.headers, body)
-        aux = side_conversation(cap.harness, cap.headers, body)
+        aux = side_conversation_lower(cap.harness, cap.headers, body)
         if aux is not None:
             cap.metadata["auxiliary"] = aux
     if cap.session_id is None and body is not None:

@@ -34,6 +34,9 @@ __all__ = ["Plan", "StreamFilter", "plan_for"]
 log = logging.getLogger("orchard_rec.proxy.token")
 
 
+_TRUE_SUFFIX = b"," + orjson.dumps({"return_token_ids": True, "logprobs": True})[1:]
+
+
 class Plan:
     """How one call is carried out in token mode."""
 
@@ -46,9 +49,10 @@ class Plan:
         inject_ids: bool,
         inject_logprobs: bool,
         path: str = "",
+        wire: WireDialect | None = None,
     ) -> None:
         self.client = client
-        self.wire: WireDialect | None = dialects.get(client)
+        self.wire: WireDialect | None = wire if wire is not None else dialects.get(client)
         """The client's dialect (its translations, its error shape)."""
         self.path = path
         """The client's path (a dialect may name the stream or the model in it)."""
@@ -64,11 +68,20 @@ class Plan:
         self.suffix: bytes | None = None
         """Native calls whose client set neither injected key: the keys as JSON text, to append to
         the client's own bytes (``{..., "return_token_ids": true, ...}``) instead of re-encoding."""
-        if client is upstream and client_body and not ({"return_token_ids", "logprobs"} & client_body.keys()):
-            extra = {k: body[k] for k in ("return_token_ids", "logprobs")}
-            if "cache_salt" in body and "cache_salt" not in client_body:
-                extra["cache_salt"] = body["cache_salt"]
-            self.suffix = b"," + orjson.dumps(extra)[1:]
+        if (
+            client is upstream
+            and client_body
+            and "return_token_ids" not in client_body
+            and "logprobs" not in client_body
+        ):
+            salted = "cache_salt" in body and "cache_salt" not in client_body
+            if body["return_token_ids"] is True and body["logprobs"] is True and not salted:
+                self.suffix = _TRUE_SUFFIX  # what every native call injects: encoded once
+            else:
+                extra = {k: body[k] for k in ("return_token_ids", "logprobs")}
+                if salted:
+                    extra["cache_salt"] = body["cache_salt"]
+                self.suffix = b"," + orjson.dumps(extra)[1:]
 
     def upstream_bytes(self, raw: bytes | None) -> bytes:
         """The body to send upstream: the client's ``raw`` bytes with the injected keys appended
@@ -323,7 +336,7 @@ def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int
         if d.upstream_path is None:  # spoken natively, but no token-aware upstream route named
             return None
         up, inject_ids, inject_lp = d.token_request(body)
-        return Plan(dialect, dialect, up, body, inject_ids, inject_lp, path)
+        return Plan(dialect, dialect, up, body, inject_ids, inject_lp, path, d)
     if not d.chat_view:
         return None
     chat = tochat.translator.to_chat(d, body, session, size)
@@ -335,4 +348,4 @@ def _plan(mode: str, dialect: Dialect, body: Any, session: str | None, size: int
         chat["stream"] = True
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
-    return Plan(dialect, Dialect.CHAT, chat, body, True, True, path)
+    return Plan(dialect, Dialect.CHAT, chat, body, True, True, path, d)

@@ -144,9 +144,12 @@ class PolicyTracker:
         if not isinstance(fence, dict) or "_serial" not in fence or v is None:
             return
         if not again or fence.get("_on") is None:
-            fence.update(sent=v.version, _serial=v.serial, _on=url)
+            fence["sent"] = v.version
+            fence["_serial"] = v.serial
+            fence["_on"] = url
         elif fence["_on"] != url:
-            fence.update(_serial=-1, _on=url)
+            fence["_serial"] = -1
+            fence["_on"] = url
 
     def _of(self, fence: dict[str, Any]) -> Version:
         return self.servers.get(fence.get("_on") or "", self.newest)

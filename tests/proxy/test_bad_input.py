@@ -116,3 +116,37 @@ def test_websocket_upgrade_is_refused_at_once(proxy) -> None:  # type: ignore[no
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 426
+
+
+def test_paths_no_route_takes_are_a_404_in_dialect(proxy) -> None:  # type: ignore[no-untyped-def]
+    # a line break in the path: the router's own catch-all would not take it (its ``.*`` stops
+    # there); every route answers its errors itself (``edge.guarded``, no middleware chain)
+    for path in ("/v1/foo%0Abar", "/foo%0Abar", "/%0A", "/s/abc/v1/x%0Ay", "/s/abc/q%0Ar"):
+        for method in ("GET", "POST", "PUT"):
+            req = urllib.request.Request(f"{proxy.url}{path}", data=b"{}" if method != "GET" else None)
+            req.method = method
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    status, raw = r.status, r.read()
+            except urllib.error.HTTPError as e:
+                status, raw = e.code, e.read()
+            assert status == 404 and "no route" in _openai_error(json.loads(raw)), (method, path)
+
+
+def test_a_bug_of_ours_is_a_500_in_dialect_and_recorded(proxy, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    from orchard_rec.proxy import core
+
+    def broken(self, data, status):  # type: ignore[no-untyped-def]
+        raise KeyError("boom")
+
+    monkeypatch.setattr(core.Call, "body", broken)
+    status, body = _post(
+        f"{proxy.url}/s/bug/v1/messages",
+        json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert status == 500 and "internal proxy error (KeyError)" in _anthropic_error(body)
+    assert "internal error on POST /s/bug/v1/messages" in caplog.text
+    proxy.flush()
+    (rec,) = proxy.store().calls("bug")
+    assert rec.outcome is CallOutcome.FAILED and rec.status_code == 500 and "KeyError" in (rec.error or "")
