@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import time
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import add
 from typing import Any
 
 import orjson
@@ -166,9 +168,7 @@ class Capture:
         upstream_obj: Any = None
         known: list[Known] = []
         if self.stream:
-            sse, at = _timed_events(self.chunks, self.arrivals, self.started)
-            sid = self.session_id
-            events = [[name, _event_data(data, ids, sid, known)] for name, data in sse]
+            events, at = _stream_events(self.chunks, self.arrivals, self.started, ids, self.session_id, known)
             upstream_obj = assemble(self.upstream_dialect, events)  # [name, data] pairs
         elif self.body is not None:
             try:
@@ -242,6 +242,97 @@ class Capture:
             policy_versions=versions,
             routed_experts=routed,
         )
+
+
+def _stream_events(
+    chunks: list[bytes],
+    arrivals: list[float],
+    started: float,
+    ids: IdParser | None,
+    session: str | None,
+    known: list[Known],
+) -> tuple[list[list[Any]], list[int] | None]:
+    """The stream's events as recorded (``[name, data]``, ``data`` as ``_event_data`` reads it) and
+    their times (``_timed_events``).
+
+    The usual stream, each chunk one event (a server writes an event at a time), is read in one
+    pass: the chunks joined and split at their blank lines, and when the i-th event ends where the
+    i-th chunk does, each event takes its chunk's time and a one-line ``data:`` event small enough
+    for no id parsing is parsed right there; anything else goes the general way."""
+    if len(arrivals) == len(chunks):
+        buf = b"".join(chunks)
+        if b"\r" not in buf:
+            blocks = buf.split(b"\n\n")
+            n = len(blocks) - 1
+            if n == len(chunks) and not blocks[n]:
+                del blocks[n]
+                ends = list(accumulate(map(len, chunks)))
+                if list(map(add, accumulate(map(len, blocks)), range(2, 2 * n + 2, 2))) == ends:
+                    return _data_lines(buf, n, arrivals, started, ids) or _one_per_chunk(
+                        blocks, arrivals, started, ids, session, known
+                    )
+    sse, at = _timed_events(chunks, arrivals, started)
+    return [[name, _event_data(data, ids, session, known)] for name, data in sse], at
+
+
+def _data_lines(
+    buf: bytes, n: int, arrivals: list[float], started: float, ids: IdParser | None
+) -> tuple[list[list[Any]], list[int]] | None:
+    """``_one_per_chunk`` of ``n`` events that are each one ``data:`` line of JSON (the last maybe
+    ``[DONE]``) too small for the id parser, in bulk; None when they are not (nothing parsed yet
+    is lost: the caller reads them one by one). ``buf``: the chunks joined, no CR.
+
+    Its only line feeds are the ``n`` blank lines, and every one but the last is followed by
+    ``data: ``, as is the start: then each event is the ``data:`` line between them."""
+    if buf.count(b"\n") != 2 * n or not buf.startswith(b"data: ") or buf.count(b"\n\ndata: ") != n - 1:
+        return None
+    datas = buf[6:-2].split(b"\n\ndata: ")
+    done = datas[-1] == b"[DONE]"
+    if done:
+        del datas[-1]
+    if not datas or not min(map(len, datas)) or (ids is not None and max(map(len, datas)) >= MIN_BYTES):
+        return None
+    try:
+        events = [[None, obj] for obj in map(orjson.loads, datas)]  # [DONE] among them: an error
+    except orjson.JSONDecodeError:
+        return None
+    if done:
+        events.append([None, "[DONE]"])
+    return events, [round((t - started) * 1e6) // 1000 for t in arrivals]
+
+
+def _one_per_chunk(
+    blocks: list[bytes],
+    arrivals: list[float],
+    started: float,
+    ids: IdParser | None,
+    session: str | None,
+    known: list[Known],
+) -> tuple[list[list[Any]], list[int]]:
+    """``_stream_events`` of a stream whose i-th chunk ends with its i-th event (``blocks``)."""
+    loads, bad = orjson.loads, orjson.JSONDecodeError
+    small = MIN_BYTES if ids is not None else sys.maxsize  # larger: the id parser's
+    out: list[list[Any]] = []
+    at: list[int] = []
+    for block, t in zip(blocks, arrivals, strict=True):
+        if block[:6] == b"data: " and b"\n" not in block:
+            data: bytes | str = block[6:]
+            if 0 < len(data) < small and data != b"[DONE]":
+                try:
+                    out.append([None, loads(data)])
+                    at.append(round((t - started) * 1e6) // 1000)
+                    continue
+                except bad:
+                    pass
+            name = None
+        else:
+            ev = parse_block(block)
+            if ev is None:
+                continue
+            name, data = ev
+        out.append([name, _event_data(data, ids, session, known)])
+        at.append(round((t - started) * 1e6) // 1000)
+    return out, at
 
 
 def _timed_events(
