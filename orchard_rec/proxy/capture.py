@@ -251,42 +251,55 @@ def _stream_events(
     ids: IdParser | None,
     session: str | None,
     known: list[Known],
-) -> tuple[list[list[Any]], list[int] | None]:
+) -> tuple[list[Any], list[int] | None]:
     """The stream's events as recorded (``[name, data]``, ``data`` as ``_event_data`` reads it) and
     their times (``_timed_events``).
 
     The usual stream, each chunk one event (a server writes an event at a time), is read in one
     pass: the chunks joined and split at their blank lines, and when the i-th event ends where the
-    i-th chunk does, each event takes its chunk's time and a one-line ``data:`` event small enough
-    for no id parsing is parsed right there; anything else goes the general way."""
-    if len(arrivals) == len(chunks):
+    i-th chunk does, each event takes its chunk's time; when every event is one ``data:`` line of
+    JSON small enough for no id parsing, they are parsed in bulk (``_data_lines``), else one by
+    one as they come (``_one_per_chunk``); anything else goes the general way."""
+    n = len(chunks)
+    if len(arrivals) == n:
         buf = b"".join(chunks)
         if b"\r" not in buf:
+            got = _data_lines(buf, chunks, arrivals, started, ids)
+            if got is not None:
+                return got
             blocks = buf.split(b"\n\n")
-            n = len(blocks) - 1
-            if n == len(chunks) and not blocks[n]:
+            if len(blocks) == n + 1 and not blocks[n]:
                 del blocks[n]
                 ends = list(accumulate(map(len, chunks)))
                 if list(map(add, accumulate(map(len, blocks)), range(2, 2 * n + 2, 2))) == ends:
-                    return _data_lines(buf, n, arrivals, started, ids) or _one_per_chunk(
-                        blocks, arrivals, started, ids, session, known
-                    )
+                    return _one_per_chunk(blocks, arrivals, started, ids, session, known)
     sse, at = _timed_events(chunks, arrivals, started)
     return [[name, _event_data(data, ids, session, known)] for name, data in sse], at
 
 
 def _data_lines(
-    buf: bytes, n: int, arrivals: list[float], started: float, ids: IdParser | None
+    buf: bytes, chunks: list[bytes], arrivals: list[float], started: float, ids: IdParser | None
 ) -> tuple[list[list[Any]], list[int]] | None:
-    """``_one_per_chunk`` of ``n`` events that are each one ``data:`` line of JSON (the last maybe
-    ``[DONE]``) too small for the id parser, in bulk; None when they are not (nothing parsed yet
-    is lost: the caller reads them one by one). ``buf``: the chunks joined, no CR.
+    """``_stream_events`` of chunks that are each one ``data:`` line of JSON and its blank line
+    (the last maybe ``[DONE]``), each too small for the id parser, parsed in bulk; None when they
+    are not (nothing is consumed). ``buf``: the chunks joined, no CR.
 
-    Its only line feeds are the ``n`` blank lines, and every one but the last is followed by
-    ``data: ``, as is the start: then each event is the ``data:`` line between them."""
-    if buf.count(b"\n") != 2 * n or not buf.startswith(b"data: ") or buf.count(b"\n\ndata: ") != n - 1:
+    Its only line feeds are ``n`` blank lines, the last at the end, every other one followed by
+    ``data: ``, as is the start: then each event is the ``data:`` line between them, and it is
+    the i-th chunk's when the i-th ends where that chunk does."""
+    n = len(chunks)
+    if (
+        buf.count(b"\n") != 2 * n
+        or buf[-2:] != b"\n\n"
+        or buf[:6] != b"data: "
+        or buf.count(b"\n\ndata: ") != n - 1
+    ):
         return None
-    datas = buf[6:-2].split(b"\n\ndata: ")
+    datas = buf[6:-2].split(b"\n\ndata: ")  # each event ends 8 bytes after its data
+    if list(map(add, accumulate(map(len, datas)), range(8, 8 * n + 8, 8))) != list(
+        accumulate(map(len, chunks))
+    ):
+        return None
     done = datas[-1] == b"[DONE]"
     if done:
         del datas[-1]

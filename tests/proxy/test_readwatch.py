@@ -85,7 +85,7 @@ def test_an_upstream_silent_for_the_timeout_fails_the_stream_as_aiohttp_would() 
 def test_time_spent_handing_a_chunk_on_is_not_the_upstreams_silence() -> None:
     # the reader is busy 2.5 timeouts on its second chunk; the upstream's chunks keep their pace
     arrivals, err = asyncio.run(_relay(",".join(["0.1"] * 6), busy_after=2, busy_for=TIMEOUT * 2.5))
-    assert err is None
+    assert err is None and len(arrivals) >= 2
 
 
 def test_no_timeout_configured_sets_no_timer() -> None:
