@@ -438,7 +438,8 @@ async def _relay_stream(
                 silence.busy = True
                 out = relay.feed(chunk)
                 if out:
-                    if relay.ended and wal and not cap.submitted:
+                    ended = relay.ended  # only ``feed`` turns it
+                    if ended and wal and not cap.submitted:
                         relay.sending(len(out))
                         cap.done_at = time.time()
                         request.app[POLICY].close(cap.metadata)
@@ -447,7 +448,7 @@ async def _relay_stream(
                     else:
                         await resp.write(out)
                         relay.sending(len(out))
-                    if relay.ended:
+                    if ended:
                         # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
                         cap.complete = True
                 silence.busy = False
