@@ -14,7 +14,8 @@ Per target and K: CPU per relayed chunk (the proxy's CPU time over the run divid
 the clients received: its process, which for ``--workers`` is the parent and its workers, whose
 work it is, and with every child, such as a writer process), the p50/p99 gap between a stream's
 chunks at the client, errors (no 200, no ``[DONE]``, a broken connection), and the proxy's RSS at
-the end (process tree). ``--out FILE`` appends a Markdown section (RESULTS.md). ``--only`` starts
+the end (process tree). A round ends when the proxy is idle again (its writer has recorded the
+round's calls), so the CPU of recording them is the round's. ``--out FILE`` appends a Markdown section (RESULTS.md). ``--only`` starts
 only the targets named.
 """
 
@@ -143,6 +144,7 @@ def run_round(port: int, pid: int, k: int, clients: int, workers: bool = False) 
         if n
     ]
     results = [json.loads(p.communicate()[0]) for p in procs]
+    _quiet(pid)
     tree = _tree(pid)
     own = sum(_cpu(p) - cpu0.get(p, 0.0) for p in mine)  # a worker restarted meanwhile: from 0
     total = sum(_cpu(p) - cpu0.get(p, 0.0) for p in tree)
@@ -158,6 +160,19 @@ def run_round(port: int, pid: int, k: int, clients: int, workers: bool = False) 
         "p99_ms": q[98] * 1e3,
         "rss_mb": sum(_rss_mb(p) for p in tree),
     }
+
+
+def _quiet(pid: int, timeout: float = 30.0) -> None:
+    """Until the proxy's processes are idle: its writer has recorded the round's calls (they end
+    together, and a writer process drains them after the clients are done: that CPU is the round's)."""
+    deadline = time.monotonic() + timeout
+    last = sum(_cpu(p) for p in _tree(pid))
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = sum(_cpu(p) for p in _tree(pid))
+        if now - last < 0.02:  # under ~7 % of a core
+            return
+        last = now
 
 
 def _serve(

@@ -64,6 +64,14 @@ class SSEParser:
     def _buf(self) -> bytes:
         return b"".join(self._parts)
 
+    def single(self, chunk: bytes) -> bytes | None:
+        """The block of ``chunk`` when it is one whole event on one line ending in ``\\n\\n`` (no CR)
+        and nothing is pending: what ``blocks`` gives then, found by two searches (a server writes an
+        event a chunk); else None, and nothing is consumed (``blocks`` reads it)."""
+        if self._parts or chunk[-2:] != b"\n\n" or chunk.find(b"\n") != len(chunk) - 2 or b"\r" in chunk:
+            return None
+        return chunk[:-2]
+
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         return [ev for b in self.blocks(chunk) if (ev := parse_block(b)) is not None]
 

@@ -56,6 +56,7 @@ from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, opening_stats, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
+from orchard_rec.proxy.readwatch import ReadWatch
 from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.tito import TitoSessions
 from orchard_rec.proxy.tito_history import StoreHistory
@@ -401,22 +402,29 @@ async def _relay_stream(
         resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
     wal = request.app[CONFIG].durability != "async"
+    silence = ReadWatch(up, cap.arrivals)  # --read-timeout: one timer per period, not one per chunk
     try:
-        async for chunk in up.content.iter_any():
-            out = relay.feed(chunk)
-            if out:
-                if relay.ended and wal and not cap.submitted:
-                    relay.sending(len(out))
-                    cap.done_at = time.time()
-                    request.app[POLICY].close(cap.metadata)
-                    await request.app[RECORDER].durable(cap)  # recorded before the client has the end
-                    await resp.write(out)
-                else:
-                    await resp.write(out)
-                    relay.sending(len(out))
-                if relay.ended:
-                    # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
-                    cap.complete = True
+        try:
+            async for chunk in up.content.iter_any():
+                silence.busy = True
+                out = relay.feed(chunk)
+                if out:
+                    ended = relay.ended  # only ``feed`` turns it
+                    if ended and wal and not cap.submitted:
+                        relay.sending(len(out))
+                        cap.done_at = time.time()
+                        request.app[POLICY].close(cap.metadata)
+                        await request.app[RECORDER].durable(cap)  # recorded before the client has the end
+                        await resp.write(out)
+                    else:
+                        await resp.write(out)
+                        relay.sending(len(out))
+                    if ended:
+                        # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
+                        cap.complete = True
+                silence.busy = False
+        finally:
+            silence.close()
         tail = relay.finish()
         if wal and not cap.submitted:
             relay.sending(len(tail))

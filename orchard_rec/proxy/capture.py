@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import time
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate
+from operator import add
 from typing import Any
 
 import orjson
@@ -176,9 +178,7 @@ class Capture:
         upstream_obj: Any = None
         known: list[Known] = []
         if self.stream:
-            sse, at = _timed_events(self.chunks, self.arrivals, self.started)
-            sid = self.session_id
-            events = [[name, _event_data(data, ids, sid, known)] for name, data in sse]
+            events, at = _stream_events(self.chunks, self.arrivals, self.started, ids, self.session_id, known)
             upstream_obj = assemble(self.upstream_dialect, events)  # [name, data] pairs
         elif self.body is not None:
             try:
@@ -252,6 +252,110 @@ class Capture:
             policy_versions=versions,
             routed_experts=routed,
         )
+
+
+def _stream_events(
+    chunks: list[bytes],
+    arrivals: list[float],
+    started: float,
+    ids: IdParser | None,
+    session: str | None,
+    known: list[Known],
+) -> tuple[list[Any], list[int] | None]:
+    """The stream's events as recorded (``[name, data]``, ``data`` as ``_event_data`` reads it) and
+    their times (``_timed_events``).
+
+    The usual stream, each chunk one event (a server writes an event at a time), is read in one
+    pass: the chunks joined and split at their blank lines, and when the i-th event ends where the
+    i-th chunk does, each event takes its chunk's time; when every event is one ``data:`` line of
+    JSON small enough for no id parsing, they are parsed in bulk (``_data_lines``), else one by
+    one as they come (``_one_per_chunk``); anything else goes the general way."""
+    n = len(chunks)
+    if len(arrivals) == n:
+        buf = b"".join(chunks)
+        if b"\r" not in buf:
+            got = _data_lines(buf, chunks, arrivals, started, ids)
+            if got is not None:
+                return got
+            blocks = buf.split(b"\n\n")
+            if len(blocks) == n + 1 and not blocks[n]:
+                del blocks[n]
+                ends = list(accumulate(map(len, chunks)))
+                if list(map(add, accumulate(map(len, blocks)), range(2, 2 * n + 2, 2))) == ends:
+                    return _one_per_chunk(blocks, arrivals, started, ids, session, known)
+    sse, at = _timed_events(chunks, arrivals, started)
+    return [[name, _event_data(data, ids, session, known)] for name, data in sse], at
+
+
+def _data_lines(
+    buf: bytes, chunks: list[bytes], arrivals: list[float], started: float, ids: IdParser | None
+) -> tuple[list[list[Any]], list[int]] | None:
+    """``_stream_events`` of chunks that are each one ``data:`` line of JSON and its blank line
+    (the last maybe ``[DONE]``), each too small for the id parser, parsed in bulk; None when they
+    are not (nothing is consumed). ``buf``: the chunks joined, no CR.
+
+    Its only line feeds are ``n`` blank lines, the last at the end, every other one followed by
+    ``data: ``, as is the start: then each event is the ``data:`` line between them, and it is
+    the i-th chunk's when the i-th ends where that chunk does."""
+    n = len(chunks)
+    if (
+        buf.count(b"\n") != 2 * n
+        or buf[-2:] != b"\n\n"
+        or buf[:6] != b"data: "
+        or buf.count(b"\n\ndata: ") != n - 1
+    ):
+        return None
+    datas = buf[6:-2].split(b"\n\ndata: ")  # each event ends 8 bytes after its data
+    if list(map(add, accumulate(map(len, datas)), range(8, 8 * n + 8, 8))) != list(
+        accumulate(map(len, chunks))
+    ):
+        return None
+    done = datas[-1] == b"[DONE]"
+    if done:
+        del datas[-1]
+    if not datas or not min(map(len, datas)) or (ids is not None and max(map(len, datas)) >= MIN_BYTES):
+        return None
+    try:
+        events = [[None, obj] for obj in map(orjson.loads, datas)]  # [DONE] among them: an error
+    except orjson.JSONDecodeError:
+        return None
+    if done:
+        events.append([None, "[DONE]"])
+    return events, [round((t - started) * 1e6) // 1000 for t in arrivals]
+
+
+def _one_per_chunk(
+    blocks: list[bytes],
+    arrivals: list[float],
+    started: float,
+    ids: IdParser | None,
+    session: str | None,
+    known: list[Known],
+) -> tuple[list[list[Any]], list[int]]:
+    """``_stream_events`` of a stream whose i-th chunk ends with its i-th event (``blocks``)."""
+    loads, bad = orjson.loads, orjson.JSONDecodeError
+    small = MIN_BYTES if ids is not None else sys.maxsize  # larger: the id parser's
+    out: list[list[Any]] = []
+    at: list[int] = []
+    for block, t in zip(blocks, arrivals, strict=True):
+        if block[:6] == b"data: " and b"\n" not in block:
+            data: bytes | str = block[6:]
+            if 0 < len(data) < small and data != b"[DONE]":
+                try:
+                    out.append([None, loads(data)])
+                    at.append(round((t - started) * 1e6) // 1000)
+                    continue
+                except bad:
+                    pass
+            name = None
+        else:
+            ev = parse_block(block)
+            if ev is None:
+                continue
+            name, data = ev
+        out.append([name, _event_data(data, ids, session, known)])
+        at.append(round((t - started) * 1e6) // 1000)
+    return out, at
 
 
 def _timed_events(

@@ -218,6 +218,9 @@ class StreamFilter:
         if self.translator is not None:
             events = self.parser.feed(chunk)
             return b"".join([self._one(name, data) for name, data in events]) if events else b""
+        one = self.parser.single(chunk)  # the usual chunk: one event on one line
+        if one is not None and one[:6] == b"data: ":
+            return self._data(one, chunk)
         blocks = self.parser.blocks(chunk)
         if not blocks:
             return b""
@@ -228,18 +231,25 @@ class StreamFilter:
     def _block(self, block: bytes) -> bytes:
         """One raw event of a native stream, as the client gets it."""
         if block[:6] == b"data: " and b"\n" not in block and b"\r" not in block:
-            data = block[6:]
-            if data == b"[DONE]":
-                self.ended = True
-                return DONE_FRAME
-            if len(data) < idcut.MIN_BYTES or not self.plan.inject_ids:
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    return block + b"\n\n"
-                if isinstance(obj, dict) and self.plan._strip(obj):
-                    return b"data: " + orjson.dumps(obj) + b"\n\n"
-                return block + b"\n\n"
+            return self._data(block, None)
+        ev = parse_block(block)
+        return self._one(*ev) if ev is not None else b""
+
+    def _data(self, block: bytes, frame: bytes | None) -> bytes:
+        """A one-line ``data:`` event (``block``; ``frame``: it with its blank line, when at hand)."""
+        data = block[6:]
+        if data == b"[DONE]":
+            self.ended = True
+            return DONE_FRAME
+        plan = self.plan
+        if len(data) < idcut.MIN_BYTES or not plan.inject_ids:
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return frame if frame is not None else block + b"\n\n"
+            if type(obj) is dict and plan._strip(obj):
+                return b"data: " + orjson.dumps(obj) + b"\n\n"
+            return frame if frame is not None else block + b"\n\n"
         ev = parse_block(block)
         return self._one(*ev) if ev is not None else b""
 

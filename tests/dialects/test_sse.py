@@ -102,3 +102,23 @@ def test_last_boundary() -> None:
     assert last_boundary(b"a\n\nb") == 3
     assert last_boundary(b"a\r\n\r\nbc") == 5
     assert last_boundary(b"a\n\nb\r\rc") == 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"data: x", b"\n", b"\r", b"\n\n", b": c", b"event: e", b"{}"]), max_size=6))
+def test_single_is_what_blocks_gives_for_one_whole_event(parts: list[bytes]) -> None:
+    """``SSEParser.single``: the one block ``blocks`` would give for a one-line event ending the
+    chunk, and then the parser's state as ``blocks`` leaves it; None (nothing consumed) otherwise."""
+    chunk = b"".join(parts)
+    for pending in (b"", b"data: pend"):
+        fast, slow = SSEParser(), SSEParser()
+        if pending:
+            assert fast.blocks(pending) == slow.blocks(pending) == []
+        one = fast.single(chunk)
+        want = slow.blocks(chunk)
+        if one is None:
+            assert fast.blocks(chunk) == want
+        else:
+            assert not pending and b"\n" not in one and b"\r" not in one
+            assert [one] == want
+        assert fast.pending == slow.pending and fast.flush() == slow.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,8 +61,12 @@ def _reference(chunks: list[bytes], arrivals: list[float], started: float) -> tu
                 obj = data
             events.append([name, obj])
             at.append(round((t - started) * 1e6) // 1000)
-    for name, data in p.flush():
-        events.append([name, data])
+    for name, data in p.flush():  # a last event without its blank line: read as any other
+        try:
+            obj = orjson.loads(data) if data and data != "[DONE]" else data
+        except orjson.JSONDecodeError:
+            obj = data
+        events.append([name, obj])
         at.append(round((arrivals[-1] - started) * 1e6) // 1000)
     return events, at
 
@@ -105,3 +110,52 @@ def test_relay_strips_what_token_mode_injected_from_every_event() -> None:
     assert b'token_ids":[' not in sent and b'"logprobs":{' not in sent
     assert sent.count(b'"token_ids":null') == 4 and sent.endswith(b"data: [DONE]\n\n")
     assert rec.events[0][1]["prompt_token_ids"] == [1, 2, 3]
+
+
+def _frames(stream: bytes) -> list[int]:
+    """Cuts at every blank line: an event a chunk, as servers write them."""
+    cuts, at = [], 0
+    while (i := stream.find(b"\n\n", at)) >= 0:
+        at = i + 2
+        cuts.append(at)
+    return cuts
+
+
+PLAIN = (
+    b"data: "
+    + orjson.dumps({**CHUNK, "prompt_token_ids": [1, 2, 3]})
+    + b"\n\n"
+    + b"".join(b"data: " + orjson.dumps(CHUNK) + b"\n\n" for _ in range(3))
+    + b"data: "
+    + orjson.dumps({**CHUNK, "usage": {"prompt_tokens": 3}})
+    + b"\n\n"
+    + b"data: [DONE]\n\n"
+)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        PLAIN,  # every event one data line: parsed in bulk
+        PLAIN[:-14],  # no [DONE] (an aborted stream)
+        PLAIN[:-16],  # ... and the last event without its blank line
+        PLAIN.replace(b'"logprob"', b'"logprob" ', 1),  # spaced: still one line
+        PLAIN.replace(b"data: [DONE]", b"data: [DONE]\n\ndata: {not json"),  # past [DONE], malformed
+        PLAIN.replace(b"\n\n", b"\n\n: ping\n\n", 1),  # a comment: one by one
+        PLAIN.replace(b"data: ", b"data:", 2),  # no space after the colon
+        PLAIN.replace(b"\n\n", b"\n\n\n\n", 1),  # an empty block
+        b"data: "
+        + orjson.dumps({**CHUNK, "prompt_token_ids": list(range(5000))})
+        + b"\n\n"
+        + PLAIN,  # the id parser's
+        LF,
+    ],
+)
+@pytest.mark.parametrize("mode", ["token", "off"])
+def test_an_event_a_chunk_records_what_the_parser_gives(stream: bytes, mode: str) -> None:
+    for cuts in (_frames(stream), _frames(stream)[::2]):  # an event a chunk, and two
+        cap, rec, _ = _record(stream, cuts, mode)
+        events, at = _reference(cap.chunks, cap.arrivals, cap.started)
+        assert rec.events == events
+        assert rec.metadata["event_ms"] == at
+        assert rec.response["choices"][0]["message"]["content"].startswith("caf\u00e9 ")

@@ -19,7 +19,7 @@ from orchard_rec.records import Dialect
 
 CLIENT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
-text = st.text(alphabet=st.sampled_from('ab "\\\n:é[]{}DONE'), max_size=12)
+text = st.text(alphabet=st.sampled_from('ab "\\\n:é☃😀[]{}DONE'), max_size=12)
 
 
 @st.composite
@@ -38,16 +38,23 @@ def chunk_obj(draw: st.DrawFn) -> dict:  # type: ignore[type-arg]
 
 
 @st.composite
-def stream(draw: st.DrawFn) -> tuple[list[bytes], list[int]]:
+def stream(draw: st.DrawFn) -> tuple[list[bytes], list[int], bytes]:
     objs = draw(st.lists(chunk_obj(), min_size=1, max_size=6))
     events = []
     for o in objs:
         spaced = draw(st.booleans())  # the upstream's own formatting is kept
-        events.append(json.dumps(o, separators=(", ", ": ") if spaced else (",", ":")).encode())
+        ascii_only = draw(st.booleans())  # "\u00e9" or the UTF-8 bytes
+        sep = (", ", ": ") if spaced else (",", ":")
+        events.append(json.dumps(o, separators=sep, ensure_ascii=ascii_only).encode())
     events.append(b"[DONE]")
-    wire = b"".join(b"data: " + e + b"\n\n" for e in events)
+    blank = draw(st.sampled_from([b"\n\n", b"\r\n\r\n"]))
+    frames = [b"data: " + e + blank for e in events]
+    wire = b"".join(frames)
+    if draw(st.booleans()):  # an event a chunk, as servers write them
+        ends = [sum(map(len, frames[: i + 1])) for i in range(len(frames))]
+        return events, [0, *ends], blank
     cuts = sorted(draw(st.lists(st.integers(0, len(wire)), max_size=8)))
-    return events, [0, *cuts, len(wire)]
+    return events, [0, *cuts, len(wire)], blank
 
 
 def _stripped(obj: dict) -> dict:  # type: ignore[type-arg]
@@ -68,9 +75,11 @@ def _stripped(obj: dict) -> dict:  # type: ignore[type-arg]
 
 @settings(max_examples=300, deadline=None)
 @given(stream())
-def test_client_gets_the_upstream_bytes_less_the_injected_fields(case: tuple[list[bytes], list[int]]) -> None:
-    events, cuts = case
-    wire = b"".join(b"data: " + e + b"\n\n" for e in events)
+def test_client_gets_the_upstream_bytes_less_the_injected_fields(
+    case: tuple[list[bytes], list[int], bytes],
+) -> None:
+    events, cuts, blank = case
+    wire = b"".join(b"data: " + e + blank for e in events)
     plan = plan_for("token", Dialect.CHAT, CLIENT)
     assert plan is not None and plan.inject_ids and plan.inject_logprobs
     f = plan.stream_filter()

@@ -1,0 +1,115 @@
+"""``ReadWatch``: the upstream's read timeout over a relayed stream, one timer per period (issue 39).
+
+Against a real loopback server whose stream trickles, hangs, or waits while the reader is busy:
+a stream whose chunks each come within the timeout is never cut however long it lasts; one
+whose upstream falls silent for the timeout fails with aiohttp's own ``SocketTimeoutError``
+about the timeout after its last chunk; time the relay spends handing a chunk on (``busy``)
+does not count as the upstream's silence; and the connection's own per-read timer is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from orchard_rec.proxy.readwatch import ReadWatch
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]  # timing by design: ~0.5-1.5 s a test
+
+TIMEOUT = 0.3
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
+    gaps = [float(x) for x in request.query["gaps"].split(",")]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for gap in gaps:
+        await asyncio.sleep(gap)
+        await resp.write(b'data: {"x":1}\n\n')
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def _relay(gaps: str, busy_after: int = -1, busy_for: float = 0.0) -> tuple[list[float], str | None]:
+    """Read the stream as the relay does; ``(arrivals, the exception's name or None)``."""
+    app = web.Application()
+    app.router.add_get("/", _stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    arrivals: list[float] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=TIMEOUT)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(f"http://127.0.0.1:{port}/", params={"gaps": gaps}) as up,
+        ):
+            watch = ReadWatch(up, arrivals)
+            assert up.connection is not None and up.connection.protocol is not None
+            assert up.connection.protocol.read_timeout is None  # the per-read timer is off
+            try:
+                async for _chunk in up.content.iter_any():
+                    watch.busy = True
+                    arrivals.append(time.monotonic())
+                    if len(arrivals) == busy_after:
+                        await asyncio.sleep(busy_for)  # a slow client
+                    watch.busy = False
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                arrivals.append(time.monotonic())
+                return arrivals, type(exc).__name__
+            finally:
+                watch.close()
+    finally:
+        await runner.cleanup()
+    return arrivals, None
+
+
+def test_a_stream_that_trickles_longer_than_the_timeout_is_not_cut() -> None:
+    arrivals, err = asyncio.run(_relay(",".join(["0.1"] * 8)))  # 0.8 s in all, 0.1 s apart
+    assert err is None and len(arrivals) >= 2
+
+
+def test_an_upstream_silent_for_the_timeout_fails_the_stream_as_aiohttp_would() -> None:
+    arrivals, err = asyncio.run(_relay("0,0.05,0.05,1.4"))
+    assert err == "SocketTimeoutError"
+    silent = arrivals[-1] - arrivals[-2]
+    assert TIMEOUT * 0.9 <= silent < TIMEOUT + 0.9  # about the timeout after the last chunk
+
+
+def test_time_spent_handing_a_chunk_on_is_not_the_upstreams_silence() -> None:
+    # the reader is busy 2.5 timeouts on its second chunk; the upstream's chunks keep their pace
+    arrivals, err = asyncio.run(_relay(",".join(["0.1"] * 6), busy_after=2, busy_for=TIMEOUT * 2.5))
+    assert err is None and len(arrivals) >= 2
+
+
+def test_no_timeout_configured_sets_no_timer() -> None:
+    async def go() -> None:
+        async def hello(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            await resp.write(b"x")
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/") as up:
+                watch = ReadWatch(up, [])
+                assert watch._handle is None
+                assert await up.read() == b"x"
+                watch.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
