@@ -47,6 +47,7 @@ from orchard_rec.settings import Settings
 from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.engine import (
+    Direct,
     _dumps,
     _has_column,
     _loads,
@@ -204,70 +205,86 @@ class Store:
         if not records:
             return 0
         with self.engine.begin() as db:  # a Connection: no ORM session (~30 us a batch)
-            ids = [r.call_id for r in records]
-            existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
-            fresh: dict[str, CallRecord] = {}
-            for r in records:
-                if r.call_id not in existing and r.call_id not in fresh:
-                    fresh[r.call_id] = r
-            if not fresh:
-                return 0
-            by_session: dict[str, list[CallRecord]] = defaultdict(list)
-            for r in fresh.values():
-                if r.session_id is not None:
-                    by_session[r.session_id].append(r)
-            seqs: dict[str, int] = {}
-            now = datetime.now(UTC)
-            states: dict[str, SessionState] = {}
-            order: list[CallRecord] = []
-            for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
-                group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
-                # the harness is named by a generation call: a probe first (``curl .../v1/models``)
-                # must not label a Codex session ``curl``
-                harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
-                last = self._bump_session(db, sid, len(group), now, harness)
-                for i, r in enumerate(group):
-                    seqs[r.call_id] = last - len(group) + 1 + i
-                cached = self.encoder.state(sid)
-                if cached is not None:
-                    states[sid] = cached.copy()
-                    self.encoder.hits += 1
-                elif last > len(group):  # the session has calls this writer has not seen
-                    states[sid] = self._load_state(db, sid)
-                    self.encoder.misses += 1
-                else:
-                    states[sid] = SessionState()
-                order.extend(group)
-            order.extend(r for r in fresh.values() if r.session_id is None)
-            rows: list[dict[str, Any]] = []
-            blobs: list[tuple[Any, ...]] = []
-            images: dict[str, ImageRef] = {}
-            parts = self.encoder.parts
-            docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
-            for r in order:
-                sid = r.session_id or ""
-                st = states.setdefault(sid, SessionState())
-                fields, new = self.encoder.encode(r, st)
-                rows.append(_row(r, seqs.get(r.call_id), fields))
-                if docs is not None:
-                    docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
-                if not new:
-                    continue
-                if parts:
-                    stored, found = self.encoder.blob_rows(st, new)
-                    blobs.extend((sid, *b) for b in stored)
-                    images.update(found)
-                else:
-                    blobs.extend((sid, h, piece.encode()) for h, piece in new.items())
-            if images:
-                self._insert_images(db, images)
-            if blobs:
-                self._insert_blobs(db, blobs)
-            rowids = self._insert_calls(db, rows)
-            if docs:
-                search.index_calls(db, self.dialect, docs, rowids)
-        self.encoder.commit(states)
-        return len(fresh)
+            drv = Direct(db) if self.direct and self.dialect == "sqlite" else None
+            try:
+                got = self._write(db, drv, records, known_new)
+            finally:
+                if drv is not None:
+                    drv.close()
+        if got is None:
+            return 0
+        self.encoder.commit(got[1])  # the transaction committed: the sessions' states move on
+        return got[0]
+
+    def _write(
+        self, db: Any, drv: Direct | None, records: Sequence[CallRecord], known_new: bool
+    ) -> tuple[int, dict[str, SessionState]] | None:
+        """``write_batch`` in its transaction; ``drv``: the statements that can go straight to the
+        driver (SQLite), else None (through ``db``)."""
+        ids = [r.call_id for r in records]
+        existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
+        fresh: dict[str, CallRecord] = {}
+        for r in records:
+            if r.call_id not in existing and r.call_id not in fresh:
+                fresh[r.call_id] = r
+        if not fresh:
+            return None
+        by_session: dict[str, list[CallRecord]] = defaultdict(list)
+        for r in fresh.values():
+            if r.session_id is not None:
+                by_session[r.session_id].append(r)
+        seqs: dict[str, int] = {}
+        now = datetime.now(UTC)
+        states: dict[str, SessionState] = {}
+        order: list[CallRecord] = []
+        for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
+            group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
+            # the harness is named by a generation call: a probe first (``curl .../v1/models``)
+            # must not label a Codex session ``curl``
+            harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
+            last = self._bump_session(drv or db, sid, len(group), now, harness)
+            for i, r in enumerate(group):
+                seqs[r.call_id] = last - len(group) + 1 + i
+            cached = self.encoder.state(sid)
+            if cached is not None:
+                states[sid] = cached.copy()
+                self.encoder.hits += 1
+            elif last > len(group):  # the session has calls this writer has not seen
+                states[sid] = self._load_state(db, sid)
+                self.encoder.misses += 1
+            else:
+                states[sid] = SessionState()
+            order.extend(group)
+        order.extend(r for r in fresh.values() if r.session_id is None)
+        rows: list[dict[str, Any]] = []
+        blobs: list[tuple[Any, ...]] = []
+        images: dict[str, ImageRef] = {}
+        parts = self.encoder.parts
+        docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
+        for r in order:
+            sid = r.session_id or ""
+            st = states.setdefault(sid, SessionState())
+            fields, new = self.encoder.encode(r, st)
+            rows.append(_row(r, seqs.get(r.call_id), fields))
+            if docs is not None:
+                docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
+            if not new:
+                continue
+            if parts:
+                stored, found = self.encoder.blob_rows(st, new)
+                blobs.extend((sid, *b) for b in stored)
+                images.update(found)
+            else:
+                blobs.extend((sid, h, piece.encode()) for h, piece in new.items())
+        if images:
+            self._insert_images(db, images)
+        if blobs:
+            self._insert_blobs(drv or db, blobs)
+        rowids = self._insert_calls(db, rows, drv)
+        if docs:
+            # by the rowids straight to the driver; else each call looked up (SQLAlchemy's ``text``)
+            search.index_calls(db if drv is None or rowids is None else drv, self.dialect, docs, rowids)
+        return len(fresh), states
 
     def _load_state(self, db: Any, sid: str) -> SessionState:
         """A session's last calls as the writer's cache would hold them (a cache miss: once per session)."""
@@ -364,7 +381,7 @@ class Store:
         )
         conn.exec_driver_sql(sql, new)
 
-    def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> dict[str, int] | None:
+    def _insert_calls(self, db: Any, rows: list[dict[str, Any]], drv: Direct | None = None) -> dict[str, int] | None:
         """Pre-serialized values, straight to the driver; on SQLite the rows' rowids by call id
         (what the search index is keyed by), else None.
 
@@ -385,7 +402,7 @@ class Store:
                 if (v := vals[i]) is not None:
                     vals[i] = f(v)
             params.append(tuple(vals))
-        conn = db
+        conn: Any = db if drv is None else drv
         if self.dialect != "sqlite" or not self.direct:
             assert self._insert_sql is not None
             conn.exec_driver_sql(self._insert_sql, params)
