@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import operator
 import time
 import zlib
 from collections import OrderedDict
@@ -555,6 +556,29 @@ def _prompt_at(cap: Capture, answer: bytes) -> tuple[int, int] | None:
 
 # -- decoding (replay) -------------------------------------------------------------------------------
 
+_PLAIN: tuple[str, ...] = tuple(n for n in FIELDS if n not in _ENUMS)
+_plain_of = operator.itemgetter(*_PLAIN)
+_OUTCOMES: dict[Any, CallOutcome] = {o.value: o for o in CallOutcome}
+
+
+def _dialect(v: Any) -> Dialect:
+    d = Dialect._interned.get(v) if isinstance(v, str) else None
+    return Dialect(v) if d is None else d
+
+
+def _blank() -> Capture:
+    """A ``Capture`` as ``Capture.__init__`` leaves one, for the decoder to fill: ``FIELDS`` are all
+    set from the line then, ``PARTS`` where the line has them; no new call id drawn (the line has
+    its own: ``new_call_id`` takes a lock and the OS's random bytes), no clock read but the one
+    ``started`` needs (a stream's comes from its line)."""
+    cap = Capture.__new__(Capture)
+    cap.request = cap.request_raw = cap.request_base = None
+    cap.upstream_request = cap.upstream_raw = cap.body = cap.id_cut = cap.tokens = None
+    cap.chunks, cap.arrivals = [], []
+    cap.started = time.monotonic()
+    cap.submitted = cap.complete = False
+    return cap
+
 
 class Decoder:
     """Turns capture lines back into ``Capture`` objects, in spool order (one replay pass).
@@ -625,10 +649,13 @@ class Decoder:
             raise SpoolFormatError(f"capture line: {type(exc).__name__}: {exc}") from None
 
     def _capture(self, d: dict[str, Any]) -> Capture:
-        cap = Capture(Dialect(d["dialect"]), d["method"], d["path"], d["session_id"])
-        for name in FIELDS:
-            enum = _ENUMS.get(name)
-            setattr(cap, name, d[name] if enum is None else enum(d[name]))
+        cap = _blank()
+        for name, v in zip(_PLAIN, _plain_of(d), strict=True):
+            setattr(cap, name, v)
+        cap.dialect = _dialect(d["dialect"])
+        cap.upstream_dialect = _dialect(d["upstream_dialect"])
+        outcome = _OUTCOMES.get(d["outcome"])
+        cap.outcome = CallOutcome(d["outcome"]) if outcome is None else outcome
         offers = d.get("bases") or {}
         sid = cap.session_id
         if d["request"] is not None:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
 
@@ -160,7 +160,7 @@ class Store:
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
-        self._insert_multi: dict[int, str] = {}
+        self._insert_multi: dict[tuple[int, tuple[bool, ...]], str] = {}
         self._insert_rows = 1
         self.direct = True
         """SQLite: the writer's statements go straight to the driver as SQLite takes them best (calls
@@ -394,33 +394,45 @@ class Store:
         """
         if self._insert_sql is None:
             self._prepare_insert(db)
-        get, fix = self._insert_get, self._insert_fix
-        params = []
-        for row in rows:  # every column's value at C speed, then the few that need converting
-            vals = list(get(row))
-            for i, f in fix:
-                if (v := vals[i]) is not None:
-                    vals[i] = f(v)
-            params.append(tuple(vals))
+        get, n = self._insert_get, len(rows)
+        # by column: every value at C speed, then the few columns that need converting
+        cols: list[tuple[Any, ...]] = list(zip(*map(get, rows), strict=True))
+        for i, f in self._insert_fix:
+            col = cols[i]
+            if col.count(None) != n:
+                cols[i] = tuple([None if v is None else f(v) for v in col])
         conn: Any = db if drv is None else drv
         if self.dialect != "sqlite" or not self.direct:
             assert self._insert_sql is not None
-            conn.exec_driver_sql(self._insert_sql, params)
+            conn.exec_driver_sql(self._insert_sql, list(zip(*cols, strict=True)))
             return None
         # the rows are numbered in order from the table's largest rowid (this transaction holds the
         # write lock since ``_bump_session``); checked, else the search index looks them up
         before = conn.exec_driver_sql("SELECT max(rowid) FROM calls").scalar() or 0
         last = before
-        for at, size in runs(len(params), self._insert_rows):
-            sql = self._insert_multi.get(size)
+        for at, size in runs(n, self._insert_rows):
+            part = [c[at : at + size] for c in cols] if size != n else cols
+            # a column NULL in every row of the statement is written as NULL, not bound (a bound
+            # NULL costs the driver more than SQLite's whole work on some columns)
+            bound = tuple(c.count(None) != size for c in part)
+            sql = self._insert_multi.get((size, bound))
             if sql is None:
-                assert self._insert_sql is not None
-                head, one = self._insert_sql.split(" VALUES ")
-                sql = self._insert_multi[size] = f"{head} VALUES " + ", ".join([one] * size)
-            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(params[at : at + size]))).lastrowid
-        if last - before != len(rows):
+                sql = self._multi_sql(size, bound)
+            values = tuple(chain.from_iterable(zip(*compress(part, bound), strict=True)))
+            last = conn.exec_driver_sql(sql, values).lastrowid
+        if last - before != n:
             return None
         return {row["id"]: before + 1 + k for k, row in enumerate(rows)}
+
+    def _multi_sql(self, size: int, bound: tuple[bool, ...]) -> str:
+        """The ``calls`` insert of ``size`` rows, ``?`` for each ``bound`` column, else ``NULL``."""
+        assert self._insert_sql is not None
+        head = self._insert_sql.split(" VALUES ")[0]
+        one = "(" + ", ".join("?" if b else "NULL" for b in bound) + ")"
+        if len(self._insert_multi) >= 256:  # a few shapes per workload; never without bound
+            self._insert_multi.clear()
+        sql = self._insert_multi[(size, bound)] = f"{head} VALUES " + ", ".join([one] * size)
+        return sql
 
     def _prepare_insert(self, db: Any) -> None:
         """The ``calls`` insert's statement and value conversions (once: the columns may depend on
