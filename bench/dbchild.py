@@ -28,7 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+try:  # the tree on PYTHONPATH (another tree's package measured with this script), else this one
+    import orchard_rec  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dbthread import capture
@@ -55,13 +58,13 @@ def in_process(ls: list[bytes], batch: int, url: str, prof: cProfile.Profile | N
     child = dbproc._Child(url, access_log=True)
     warm = 4 * batch
     for i in range(0, warm, batch):
-        assert child.write(ls[i : i + batch], i == 0)["ok"]
+        assert child.write(ls[i : i + batch], True)["ok"]
     clock = time.thread_time
     if prof is not None:
         prof.enable()
     t = clock()
     for i in range(warm, len(ls), batch):
-        child.write(ls[i : i + batch], False)
+        child.write(ls[i : i + batch], True)  # as the live database thread: none of it stored yet
     t = clock() - t
     if prof is not None:
         prof.disable()
@@ -84,13 +87,13 @@ def through_process(ls: list[bytes], batch: int, url: str) -> tuple[float, float
         time.sleep(0.02)
     warm = 4 * batch
     for i in range(0, warm, batch):
-        assert proc.write(ls[i : i + batch], first=i == 0).ok
+        assert proc.write(ls[i : i + batch], first=True).ok
     pid = proc.pid
     assert pid is not None
     clock = time.thread_time
     c0, t0 = _cpu(pid), clock()
     for i in range(warm, len(ls), batch):
-        proc.write(ls[i : i + batch], first=False)
+        proc.write(ls[i : i + batch], first=True)
     parent, child = clock() - t0, _cpu(pid) - c0
     proc.close()
     m = len(ls) - warm

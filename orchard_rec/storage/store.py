@@ -23,8 +23,11 @@ concurrent writers on PostgreSQL neither fail nor deadlock on the same screensho
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import chain, compress
@@ -167,6 +170,10 @@ class Store:
         by multi-row inserts, the search index by the rowids they got, the session upsert); False:
         as on PostgreSQL (one ``executemany``, the index looking each call up, the ORM's upsert)."""
         self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
+        self._wconn: Any = None
+        """SQLite with ``direct``: the writer's connection (``_transaction``), from process ``_wpid``."""
+        self._wpid = 0
+        self._wlock = threading.Lock()
         self.encoder = Encoder(Settings.one("state_cache_bytes"))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
@@ -192,6 +199,11 @@ class Store:
         return self._search
 
     def close(self) -> None:
+        if self._wlock.acquire(timeout=30):  # not under a batch writing on it
+            try:
+                self._drop_writer()
+            finally:
+                self._wlock.release()
         self.engine.dispose()
 
     # -- writes ----------------------------------------------------------------------------
@@ -204,7 +216,7 @@ class Store:
         """
         if not records:
             return 0
-        with self.engine.begin() as db:  # a Connection: no ORM session (~30 us a batch)
+        with self._transaction() as db:  # a Connection: no ORM session (~30 us a batch)
             drv = Direct(db) if self.direct and self.dialect == "sqlite" else None
             try:
                 got = self._write(db, drv, records, known_new)
@@ -215,6 +227,40 @@ class Store:
             return 0
         self.encoder.commit(got[1])  # the transaction committed: the sessions' states move on
         return got[0]
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """``engine.begin()``; SQLite with ``direct``: a transaction on the writer's own connection,
+        kept between batches (a pool checkout, its return and reset cost ~60 us a batch), unless
+        another thread writes on it now (then one from the pool). A batch that fails gives its
+        connection up: the next one starts on a new connection, as after ``engine.begin()``."""
+        if not (self.direct and self.dialect == "sqlite") or not self._wlock.acquire(blocking=False):
+            with self.engine.begin() as db:
+                yield db
+            return
+        try:
+            conn = self._wconn
+            if conn is None or self._wpid != os.getpid() or conn.closed:
+                conn = self._wconn = self.engine.connect()
+                self._wpid = os.getpid()
+            done = False
+            try:
+                with conn.begin():
+                    yield conn
+                done = True
+            finally:
+                if not done:
+                    self._drop_writer()
+        finally:
+            self._wlock.release()
+
+    def _drop_writer(self) -> None:
+        conn, self._wconn = self._wconn, None
+        if conn is not None and self._wpid == os.getpid():  # (a forked child's is its parent's)
+            try:
+                conn.close()
+            except Exception:  # a broken connection: the pool has let it go already
+                pass
 
     def _write(
         self, db: Any, drv: Direct | None, records: Sequence[CallRecord], known_new: bool
