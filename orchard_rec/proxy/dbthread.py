@@ -27,6 +27,17 @@ STOP = object()
 """Ends the writer threads' queues."""
 
 
+def _done(q: queue.Queue[Any], n: int) -> None:
+    """``q.task_done()`` ``n`` times, under one hold of its lock."""
+    with q.all_tasks_done:
+        left = q.unfinished_tasks - n
+        if left < 0:
+            raise ValueError("task_done() called too many times")
+        if left == 0:
+            q.all_tasks_done.notify_all()
+        q.unfinished_tasks = left
+
+
 class DatabaseThread:
     """``Recorder``'s database-thread methods; the attributes are the recorder's own."""
 
@@ -141,37 +152,43 @@ class DatabaseThread:
                 for ack in db_acks:
                     ack()
                 self._release(nbytes, len(batch))
-                for _ in range(taken):
-                    self._dbq.task_done()
+                _done(self._dbq, taken)
             if self.spool_pending and not was_pending:
                 due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
         if self.spool_pending:
             self._replay()
 
     def _gather(self, item: Any) -> tuple[Any, int, Any]:
-        """``(item, how many queue items it is, the next item if one was taken that could not join)``:
-        ``item`` joined by the queued items that follow it in the spool (``process`` hands the calls
-        written on the event loop over one by one), up to ``batch_size`` calls and ``batch_bytes``."""
+        """``(item, how many queue items it is, None)``: ``item`` joined by the queued items that
+        follow it in the spool (``process`` hands the calls written on the event loop over one by
+        one), up to ``batch_size`` calls and ``batch_bytes``; an item that cannot join stays queued."""
         batch, start, end, db_acks, nbytes, lines, _ = item
         taken = 1
         if end is None:
             return item, taken, None
-        while len(batch) < self.batch_size and nbytes < self.batch_bytes:
-            try:
-                nxt = self._dbq.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is STOP or nxt[2] is None or nxt[1] != end:
-                return (batch, start, end, db_acks, nbytes, lines, 0.0), taken, nxt
-            if taken == 1:
-                batch, db_acks = list(batch), list(db_acks)
-                lines = None if lines is None else list(lines)
-            taken += 1
-            batch.extend(nxt[0])
-            db_acks.extend(nxt[3])
-            nbytes += nxt[4]
-            lines = None if lines is None or nxt[5] is None else lines + nxt[5]
-            end = nxt[2]
+        q = self._dbq
+        with q.mutex:  # what is queued now, under one hold of the queue's lock (not a ``get`` each)
+            waiting = q.queue
+            while waiting and len(batch) < self.batch_size and nbytes < self.batch_bytes:
+                nxt = waiting[0]
+                if nxt is STOP or nxt[2] is None or nxt[1] != end:
+                    break  # the next batch's first: left in the queue
+                waiting.popleft()
+                if taken == 1:
+                    batch, db_acks = list(batch), list(db_acks)
+                    lines = None if lines is None else list(lines)
+                taken += 1
+                batch.extend(nxt[0])
+                db_acks.extend(nxt[3])
+                nbytes += nxt[4]
+                if lines is not None:  # (a copy of the first item's, made above)
+                    if nxt[5] is None:
+                        lines = None
+                    else:
+                        lines.extend(nxt[5])
+                end = nxt[2]
+            if taken > 1 and q.maxsize > 0:
+                q.not_full.notify(taken - 1)
         return (batch, start, end, db_acks, nbytes, lines, 0.0), taken, None
 
     def _build_and_store(
