@@ -298,7 +298,8 @@ def _fast_binds() -> None:
     adapter for them would turn it off)."""
     import sqlite3
 
-    sqlite3.register_adapter(type(None), {}.get)  # None -> None, at C speed
+    none: Any = {}.get  # None -> None, at C speed
+    sqlite3.register_adapter(type(None), none)
     sqlite3.register_adapter(bytes, cast(Any, bytes))  # a bytes object -> itself (no copy)
 
 

@@ -78,7 +78,7 @@ class Direct:
     ``scalar_one``, ``lastrowid``. A driver error is raised as SQLAlchemy raises it
     (``sqlalchemy.exc.DBAPIError.instance``: ``OperationalError``, ``IntegrityError``, ...)."""
 
-    __slots__ = ("_cur", "_error", "_dialect")
+    __slots__ = ("_cur", "_dialect", "_error")
 
     def __init__(self, conn: Any) -> None:
         raw = conn.connection.driver_connection

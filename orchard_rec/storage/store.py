@@ -427,7 +427,9 @@ class Store:
         )
         conn.exec_driver_sql(sql, new)
 
-    def _insert_calls(self, db: Any, rows: list[dict[str, Any]], drv: Direct | None = None) -> dict[str, int] | None:
+    def _insert_calls(
+        self, db: Any, rows: list[dict[str, Any]], drv: Direct | None = None
+    ) -> dict[str, int] | None:
         """Pre-serialized values, straight to the driver; on SQLite the rows' rowids by call id
         (what the search index is keyed by), else None.
 
