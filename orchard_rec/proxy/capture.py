@@ -443,6 +443,10 @@ def _ints(v: Any, known: list[Known] | None = None) -> Sequence[int] | None:
             return Ids(array("i", v))
         except (TypeError, OverflowError):  # not all ints in 4 bytes: as below
             pass
+    try:  # 8-byte ints at C speed (what JSON gives: ints, or bools, taken as int() takes them)
+        return tuple(array("q", v))
+    except (TypeError, OverflowError):  # floats, strings, bigger ints: an int() call each
+        pass
     try:
         return tuple(map(int, v))
     except (TypeError, ValueError):
