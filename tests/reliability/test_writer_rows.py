@@ -64,7 +64,9 @@ def _calls(upstream_url: str, tmp: Path) -> tuple[list[list[CallRecord]], list[l
     for dialect, mode in CASES:
         work = tmp / f"{dialect}-{mode}"
         work.mkdir()
-        store, taps, live = _run_session(upstream_url, f"sqlite:///{work / 'live.db'}", work, dialect, mode, 4)
+        store, taps, live = _run_session(
+            upstream_url, f"sqlite:///{work / 'live.db'}", work, dialect, mode, 4
+        )
         store.close()
         assert len(taps.lines) == len(live) == 4
         by_id = {r.call_id: r for r in live}
