@@ -374,3 +374,30 @@ def _walk(obj: Any) -> list[str]:
     out: list[str] = []
     _strings_before(obj, out)
     return out
+
+
+def test_a_failed_batch_raises_as_sqlalchemy_and_the_next_one_is_stored(tmp_path: Path) -> None:
+    """The direct path's driver errors are SQLAlchemy's (``IntegrityError`` for a call stored
+    twice under ``known_new``), the batch is rolled back whole, and the writer's connection,
+    given up, is replaced: the next batch is stored."""
+    import sqlalchemy.exc
+
+    batches = workload()
+    store = Store(f"sqlite:///{tmp_path / 'x.db'}")
+    store.upgrade()
+    store.write_batch(batches[0], known_new=True)
+    held = store._wconn
+    assert held is not None
+    again = [*batches[1], batches[0][0]]  # new calls, then one stored already
+    try:
+        store.write_batch(again, known_new=True)
+    except sqlalchemy.exc.IntegrityError as exc:
+        assert "UNIQUE" in str(exc) and "INSERT INTO calls" in str(exc)
+    else:
+        raise AssertionError("a call stored twice")
+    assert store._wconn is None and held.closed
+    assert store.count_calls() == len(batches[0])  # nothing of the failed batch
+    assert store.write_batch(again) == len(batches[1])  # the lookup skips the stored one
+    assert store.count_calls() == len(batches[0]) + len(batches[1])
+    store.close()
+    assert store._wconn is None
