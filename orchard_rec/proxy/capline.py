@@ -561,21 +561,13 @@ _plain_of = operator.itemgetter(*_PLAIN)
 _OUTCOMES: dict[Any, CallOutcome] = {o.value: o for o in CallOutcome}
 
 
-def _dialect(v: Any) -> Dialect:
-    d = Dialect._interned.get(v) if isinstance(v, str) else None
-    return Dialect(v) if d is None else d
-
-
 def _blank() -> Capture:
-    """A ``Capture`` as ``Capture.__init__`` leaves one, for the decoder to fill: ``FIELDS`` are all
-    set from the line then, ``PARTS`` where the line has them; no new call id drawn (the line has
-    its own: ``new_call_id`` takes a lock and the OS's random bytes), no clock read but the one
-    ``started`` needs (a stream's comes from its line)."""
+    """A ``Capture`` as ``__init__`` leaves one but for ``FIELDS`` (the line sets them all): no call
+    id drawn (a lock and the OS's random bytes), one clock read (a stream's line sets ``started``)."""
     cap = Capture.__new__(Capture)
     cap.request = cap.request_raw = cap.request_base = None
     cap.upstream_request = cap.upstream_raw = cap.body = cap.id_cut = cap.tokens = None
-    cap.chunks, cap.arrivals = [], []
-    cap.started = time.monotonic()
+    cap.chunks, cap.arrivals, cap.started = [], [], time.monotonic()
     cap.submitted = cap.complete = False
     return cap
 
@@ -652,10 +644,10 @@ class Decoder:
         cap = _blank()
         for name, v in zip(_PLAIN, _plain_of(d), strict=True):
             setattr(cap, name, v)
-        cap.dialect = _dialect(d["dialect"])
-        cap.upstream_dialect = _dialect(d["upstream_dialect"])
-        outcome = _OUTCOMES.get(d["outcome"])
-        cap.outcome = CallOutcome(d["outcome"]) if outcome is None else outcome
+        known = Dialect._interned  # (an unknown name: as ``Dialect`` takes it; not a string: TypeError)
+        cap.dialect = known.get(d["dialect"]) or Dialect(d["dialect"])
+        cap.upstream_dialect = known.get(d["upstream_dialect"]) or Dialect(d["upstream_dialect"])
+        cap.outcome = _OUTCOMES.get(d["outcome"]) or CallOutcome(d["outcome"])
         offers = d.get("bases") or {}
         sid = cap.session_id
         if d["request"] is not None:

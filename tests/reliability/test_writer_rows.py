@@ -148,3 +148,22 @@ def test_the_writer_process_on_postgresql_reads_back_as_the_reference(upstream, 
     _same_reads(store, ref, records)
     store.close()
     ref.close()
+
+
+def test_a_blank_capture_is_what_init_leaves_but_for_the_line_s_fields() -> None:
+    """``capline._blank`` (the decoder's capture, without ``Capture.__init__``): every slot that is
+    not one of ``capline.FIELDS`` (the line sets all of those) as ``__init__`` leaves it."""
+    from orchard_rec.proxy import capline
+    from orchard_rec.proxy.capture import Capture
+    from orchard_rec.records import Dialect
+
+    made, blank = Capture(Dialect.CHAT, "POST", "/v1/chat/completions", "s"), capline._blank()
+    rest = [s for s in Capture.__slots__ if s not in capline.FIELDS]
+    assert rest and set(capline.FIELDS) <= set(Capture.__slots__)
+    for slot in rest:
+        want, got = getattr(made, slot), getattr(blank, slot)
+        if slot == "started":  # a clock: both read it
+            assert abs(got - want) < 5
+        else:
+            assert type(got) is type(want) and got == want, slot
+    assert blank.chunks is not capline._blank().chunks  # fresh lists, as ``__init__`` makes them
