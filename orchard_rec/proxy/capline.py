@@ -555,6 +555,21 @@ def _prompt_at(cap: Capture, answer: bytes) -> tuple[int, int] | None:
 
 # -- decoding (replay) -------------------------------------------------------------------------------
 
+_PLAIN: tuple[str, ...] = tuple(n for n in FIELDS if n not in _ENUMS)
+_plain_of = operator.itemgetter(*_PLAIN)
+_OUTCOMES: dict[Any, CallOutcome] = {o.value: o for o in CallOutcome}
+
+
+def _blank() -> Capture:
+    """A ``Capture`` as ``__init__`` leaves one but for ``FIELDS`` (the line sets them all): no call
+    id drawn (a lock and the OS's random bytes), one clock read (a stream's line sets ``started``)."""
+    cap = Capture.__new__(Capture)
+    cap.request = cap.request_raw = cap.request_base = None
+    cap.upstream_request = cap.upstream_raw = cap.body = cap.id_cut = cap.tokens = None
+    cap.chunks, cap.arrivals, cap.started = [], [], time.monotonic()
+    cap.submitted = cap.complete = False
+    return cap
+
 
 class Decoder:
     """Turns capture lines back into ``Capture`` objects, in spool order (one replay pass).
@@ -625,10 +640,13 @@ class Decoder:
             raise SpoolFormatError(f"capture line: {type(exc).__name__}: {exc}") from None
 
     def _capture(self, d: dict[str, Any]) -> Capture:
-        cap = Capture(Dialect(d["dialect"]), d["method"], d["path"], d["session_id"])
-        for name in FIELDS:
-            enum = _ENUMS.get(name)
-            setattr(cap, name, d[name] if enum is None else enum(d[name]))
+        cap = _blank()
+        for name, v in zip(_PLAIN, _plain_of(d), strict=True):
+            setattr(cap, name, v)
+        known = Dialect._interned  # (an unknown name: as ``Dialect`` takes it; not a string: TypeError)
+        cap.dialect = known.get(d["dialect"]) or Dialect(d["dialect"])
+        cap.upstream_dialect = known.get(d["upstream_dialect"]) or Dialect(d["upstream_dialect"])
+        cap.outcome = _OUTCOMES.get(d["outcome"]) or CallOutcome(d["outcome"])
         offers = d.get("bases") or {}
         sid = cap.session_id
         if d["request"] is not None:

@@ -501,7 +501,7 @@ def _unshared(sent: Any, prompt: Any) -> Any:
     (else neither the database nor the spool could write the record)."""
     if not isinstance(sent, dict):
         return sent
-    loose = [k for k, v in sent.items() if isinstance(v, Ids) and v is not prompt]
+    loose = [k for k, v in sent.items() if type(v) is Ids and v is not prompt]  # (``Ids`` has no subclass)
     return {**sent, **{k: list(sent[k]) for k in loose}} if loose else sent
 
 
@@ -542,7 +542,7 @@ def _ints(v: Any, known: list[Known] | None = None) -> Sequence[int] | None:
     """``v`` as a tuple of ints; ``known``: arrays ``IdParser`` parsed as ints only, with their
     ids (no conversion needed: a prompt's ``Ids`` as it is). A stream's reassembly copies the
     list: compared then, at pointer speed (the same int objects)."""
-    if isinstance(v, Ids):  # tito's prompt: the branch's ids, extended
+    if type(v) is Ids:  # tito's prompt: the branch's ids, extended (``isinstance``: an ABC's check)
         return v
     for val, t, _, _ in known or ():
         if v is val:
@@ -557,6 +557,10 @@ def _ints(v: Any, known: list[Known] | None = None) -> Sequence[int] | None:
             return Ids(array("i", v))
         except (TypeError, OverflowError):  # not all ints in 4 bytes: as below
             pass
+    try:  # 8-byte ints at C speed (what JSON gives: ints, or bools, taken as int() takes them)
+        return tuple(array("q", v))
+    except (TypeError, OverflowError):  # floats, strings, bigger ints: an int() call each
+        pass
     try:
         return tuple(map(int, v))
     except (TypeError, ValueError):

@@ -27,6 +27,12 @@ STOP = object()
 """Ends the writer threads' queues."""
 
 
+def _done(q: Any, n: int) -> None:
+    """``q.task_done()`` ``n`` times (the recorder's ``Handoff``: a no-op)."""
+    for _ in range(n):
+        q.task_done()
+
+
 class DatabaseThread:
     """``Recorder``'s database-thread methods; the attributes are the recorder's own."""
 
@@ -141,8 +147,7 @@ class DatabaseThread:
                 for ack in db_acks:
                     ack()
                 self._release(nbytes, len(batch))
-                for _ in range(taken):
-                    self._dbq.task_done()
+                _done(self._dbq, taken)
             if self.spool_pending and not was_pending:
                 due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
         if self.spool_pending:
@@ -151,14 +156,17 @@ class DatabaseThread:
     def _gather(self, item: Any) -> tuple[Any, int, Any]:
         """``(item, how many queue items it is, the next item if one was taken that could not join)``:
         ``item`` joined by the queued items that follow it in the spool (``process`` hands the calls
-        written on the event loop over one by one), up to ``batch_size`` calls and ``batch_bytes``."""
+        written on the event loop over one by one), up to ``batch_size`` calls and ``batch_bytes``.
+        (The queue is the recorder's ``Handoff``, a ``SimpleQueue``: nothing to peek at, so an item
+        that cannot join is carried to the next round.)"""
         batch, start, end, db_acks, nbytes, lines, _ = item
         taken = 1
         if end is None:
             return item, taken, None
+        get = self._dbq.get_nowait
         while len(batch) < self.batch_size and nbytes < self.batch_bytes:
             try:
-                nxt = self._dbq.get_nowait()
+                nxt = get()
             except queue.Empty:
                 break
             if nxt is STOP or nxt[2] is None or nxt[1] != end:
@@ -170,7 +178,11 @@ class DatabaseThread:
             batch.extend(nxt[0])
             db_acks.extend(nxt[3])
             nbytes += nxt[4]
-            lines = None if lines is None or nxt[5] is None else lines + nxt[5]
+            if lines is not None:  # (a copy of the first item's, made above)
+                if nxt[5] is None:
+                    lines = None
+                else:
+                    lines.extend(nxt[5])
             end = nxt[2]
         return (batch, start, end, db_acks, nbytes, lines, 0.0), taken, None
 

@@ -159,20 +159,33 @@ def _write_lines(handler: _ServeHandler, records: Any) -> None:
     """A batch's access lines, as the handler's formatter would write them, in one write and one
     flush (a ``LogRecord``, a format and a flush per line cost ~20 us per call on the writer thread)."""
     out = []
-    for r in records:
-        f = access_fields(r)
-        created = time.time()
-        msg = _ACCESS_MSG % _args(f)
-        if handler.json:
+    if handler.json:
+        for r in records:
+            f = access_fields(r)
+            created = time.time()
             d: dict[str, Any] = {
                 "ts": round(created, 3),
                 "level": "info",
                 "logger": access_log.name,
-                "msg": msg,
+                "msg": _ACCESS_MSG % _args(f),
             }
             d.update(f)
             out.append(json.dumps(d, default=str))
-        else:
+    else:  # the text line straight from the record: ``_args(access_fields(r))`` without the dict
+        for r in records:
+            created = time.time()
+            tin = _count(r.prompt_ids, r.usage, _IN)
+            tout = _count(r.completion_ids, r.usage, _OUT)
+            msg = _ACCESS_MSG % (
+                r.method,
+                r.path,
+                r.session_id or "-",
+                r.status_code,
+                r.outcome.value,
+                "-" if tin is None else tin,
+                "-" if tout is None else tout,
+                round((r.done_at - r.received_at) * 1000, 1),
+            )
             out.append(f"{_hms(created)} INFO {msg}")
     if not out:
         return

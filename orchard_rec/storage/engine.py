@@ -69,6 +69,56 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+class Direct:
+    """The writer's SQLite statements straight to the driver's cursor on ``conn``'s connection (a
+    SQLAlchemy ``Connection`` in a transaction): what ``Connection.exec_driver_sql`` would run, in
+    the same transaction, without its per-statement work (an execution context, a result object,
+    the events: ~40 us a statement, more than SQLite's own for most of the writer's statements,
+    bench/PROFILE.md round 8). Answers what the writer asks of a result: ``scalar``,
+    ``scalar_one``, ``lastrowid``. A driver error is raised as SQLAlchemy raises it
+    (``sqlalchemy.exc.DBAPIError.instance``: ``OperationalError``, ``IntegrityError``, ...)."""
+
+    __slots__ = ("_cur", "_dialect", "_error")
+
+    def __init__(self, conn: Any) -> None:
+        raw = conn.connection.driver_connection
+        self._cur = raw.cursor()
+        self._dialect = conn.dialect
+        self._error: type[Exception] = conn.dialect.loaded_dbapi.Error
+
+    def exec_driver_sql(self, sql: str, params: Any = ()) -> Direct:
+        """``params``: a tuple (one execution) or a list of tuples (``executemany``)."""
+        try:
+            if isinstance(params, list):
+                self._cur.executemany(sql, params)
+            else:
+                self._cur.execute(sql, params)
+        except self._error as exc:
+            from sqlalchemy.exc import DBAPIError
+
+            raise DBAPIError.instance(sql, params, exc, self._error, dialect=self._dialect) from exc
+        return self
+
+    def scalar(self) -> Any:
+        row = self._cur.fetchone()
+        return None if row is None else row[0]
+
+    def scalar_one(self) -> Any:
+        rows = self._cur.fetchall()
+        if len(rows) != 1:
+            from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+
+            raise (NoResultFound if not rows else MultipleResultsFound)(f"{len(rows)} rows, one expected")
+        return rows[0][0]
+
+    @property
+    def lastrowid(self) -> int:
+        return int(self._cur.lastrowid)
+
+    def close(self) -> None:
+        self._cur.close()
+
+
 def runs(n: int, cap: int) -> list[tuple[int, int]]:
     """``(start, size)`` pieces of ``n`` rows for multi-row statements: ``cap``-sized ones, then the
     rest by powers of two (37 -> 32, 4, 1), so that a writer's batches of any size use a few

@@ -80,14 +80,25 @@ def _strings(node: Any, out: list[str], depth: int = 0) -> None:
     elif isinstance(node, dict):
         if "function" in node and isinstance(node.get("function"), dict) and "parameters" in node["function"]:
             return  # a tool's definition, not the conversation
-        if "input_schema" in node:
-            return
+        if "input_schema" in node or depth == 40:
+            return  # (at 40: its values, at 41, would add nothing)
         for k, v in node.items():
-            if k not in _SKIP_KEYS:
+            if k in _SKIP_KEYS:
+                continue
+            if type(v) is str:  # a value's own call saved (most values are strings or numbers)
+                if v and not v.startswith("data:"):
+                    out.append(v)
+            elif isinstance(v, (str, dict, list)):
                 _strings(v, out, depth + 1)
     elif isinstance(node, list):
+        if depth == 40:
+            return
         for v in node:
-            _strings(v, out, depth + 1)
+            if type(v) is str:
+                if v and not v.startswith("data:"):
+                    out.append(v)
+            elif isinstance(v, (str, dict, list)):
+                _strings(v, out, depth + 1)
 
 
 def text_of(obj: Any) -> str:

@@ -23,11 +23,14 @@ concurrent writers on PostgreSQL neither fail nor deadlock on the same screensho
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
 
@@ -47,6 +50,7 @@ from orchard_rec.settings import Settings
 from orchard_rec.storage import layout, search
 from orchard_rec.storage.delta import Encoder, Reader, SessionState
 from orchard_rec.storage.engine import (
+    Direct,
     _dumps,
     _has_column,
     _loads,
@@ -73,6 +77,18 @@ from orchard_rec.storage.rows import (
 )
 
 __all__ = ["SessionSummary", "Store", "default_db_url"]
+
+
+_NULLS: dict[int, tuple[None, ...]] = {}
+
+
+def _nulls(n: int) -> tuple[None, ...]:
+    """``(None,) * n``, made once per size (a column of a statement's rows is NULL in all if it
+    equals it)."""
+    t = _NULLS.get(n)
+    if t is None:
+        t = _NULLS[n] = (None,) * n
+    return t
 
 
 def default_db_url() -> str:
@@ -159,13 +175,17 @@ class Store:
         self._insert_conv: list[tuple[str, Any]] = []
         self._insert_get: Any = None
         self._insert_fix: list[tuple[int, Any]] = []
-        self._insert_multi: dict[int, str] = {}
+        self._insert_multi: dict[tuple[int, tuple[bool, ...]], str] = {}
         self._insert_rows = 1
         self.direct = True
         """SQLite: the writer's statements go straight to the driver as SQLite takes them best (calls
         by multi-row inserts, the search index by the rowids they got, the session upsert); False:
         as on PostgreSQL (one ``executemany``, the index looking each call up, the ORM's upsert)."""
         self._search: bool | None = None  # has the search index (0009)? Looked up on the first write
+        self._wconn: Any = None
+        """SQLite with ``direct``: the writer's connection (``_transaction``), from process ``_wpid``."""
+        self._wpid = 0
+        self._wlock = threading.Lock()
         self.encoder = Encoder(Settings.one("state_cache_bytes"))
         """The writer's per-session cache (last call's ids, request split, blob digests), bounded by
         ``ORCHARD_STATE_CACHE_MB`` (default 1024: ~400 sessions at a 150k-token context by its
@@ -191,6 +211,11 @@ class Store:
         return self._search
 
     def close(self) -> None:
+        if self._wlock.acquire(timeout=30):  # not under a batch writing on it
+            try:
+                self._drop_writer()
+            finally:
+                self._wlock.release()
         self.engine.dispose()
 
     # -- writes ----------------------------------------------------------------------------
@@ -203,71 +228,121 @@ class Store:
         """
         if not records:
             return 0
-        with self.engine.begin() as db:  # a Connection: no ORM session (~30 us a batch)
-            ids = [r.call_id for r in records]
-            existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
-            fresh: dict[str, CallRecord] = {}
-            for r in records:
-                if r.call_id not in existing and r.call_id not in fresh:
-                    fresh[r.call_id] = r
-            if not fresh:
-                return 0
-            by_session: dict[str, list[CallRecord]] = defaultdict(list)
-            for r in fresh.values():
-                if r.session_id is not None:
-                    by_session[r.session_id].append(r)
-            seqs: dict[str, int] = {}
-            now = datetime.now(UTC)
-            states: dict[str, SessionState] = {}
-            order: list[CallRecord] = []
-            for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
-                group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
-                # the harness is named by a generation call: a probe first (``curl .../v1/models``)
-                # must not label a Codex session ``curl``
-                harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
-                last = self._bump_session(db, sid, len(group), now, harness)
-                for i, r in enumerate(group):
-                    seqs[r.call_id] = last - len(group) + 1 + i
-                cached = self.encoder.state(sid)
-                if cached is not None:
-                    states[sid] = cached.copy()
-                    self.encoder.hits += 1
-                elif last > len(group):  # the session has calls this writer has not seen
-                    states[sid] = self._load_state(db, sid)
-                    self.encoder.misses += 1
-                else:
-                    states[sid] = SessionState()
-                order.extend(group)
-            order.extend(r for r in fresh.values() if r.session_id is None)
-            rows: list[dict[str, Any]] = []
-            blobs: list[tuple[Any, ...]] = []
-            images: dict[str, ImageRef] = {}
-            parts = self.encoder.parts
-            docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
-            for r in order:
-                sid = r.session_id or ""
-                st = states.setdefault(sid, SessionState())
-                fields, new = self.encoder.encode(r, st)
-                rows.append(_row(r, seqs.get(r.call_id), fields))
-                if docs is not None:
-                    docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
-                if not new:
-                    continue
-                if parts:
-                    stored, found = self.encoder.blob_rows(st, new)
-                    blobs.extend((sid, *b) for b in stored)
-                    images.update(found)
-                else:
-                    blobs.extend((sid, h, piece.encode()) for h, piece in new.items())
-            if images:
-                self._insert_images(db, images)
-            if blobs:
-                self._insert_blobs(db, blobs)
-            rowids = self._insert_calls(db, rows)
-            if docs:
-                search.index_calls(db, self.dialect, docs, rowids)
-        self.encoder.commit(states)
-        return len(fresh)
+        with self._transaction() as db:  # a Connection: no ORM session (~30 us a batch)
+            drv = Direct(db) if self.direct and self.dialect == "sqlite" else None
+            try:
+                got = self._write(db, drv, records, known_new)
+            finally:
+                if drv is not None:
+                    drv.close()
+        if got is None:
+            return 0
+        self.encoder.commit(got[1])  # the transaction committed: the sessions' states move on
+        return got[0]
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """``engine.begin()``; SQLite with ``direct``: a transaction on the writer's own connection,
+        kept between batches (a pool checkout, its return and reset cost ~60 us a batch), unless
+        another thread writes on it now (then one from the pool). A batch that fails gives its
+        connection up: the next one starts on a new connection, as after ``engine.begin()``."""
+        if not (self.direct and self.dialect == "sqlite") or not self._wlock.acquire(blocking=False):
+            with self.engine.begin() as db:
+                yield db
+            return
+        try:
+            conn = self._wconn
+            if conn is None or self._wpid != os.getpid() or conn.closed:
+                conn = self._wconn = self.engine.connect()
+                self._wpid = os.getpid()
+            done = False
+            try:
+                with conn.begin():
+                    yield conn
+                done = True
+            finally:
+                if not done:
+                    self._drop_writer()
+        finally:
+            self._wlock.release()
+
+    def _drop_writer(self) -> None:
+        conn, self._wconn = self._wconn, None
+        if conn is not None and self._wpid == os.getpid():  # (a forked child's is its parent's)
+            try:
+                conn.close()
+            except Exception:  # a broken connection: the pool has let it go already
+                pass
+
+    def _write(
+        self, db: Any, drv: Direct | None, records: Sequence[CallRecord], known_new: bool
+    ) -> tuple[int, dict[str, SessionState]] | None:
+        """``write_batch`` in its transaction; ``drv``: the statements that can go straight to the
+        driver (SQLite), else None (through ``db``)."""
+        ids = [r.call_id for r in records]
+        existing = set() if known_new else set(db.scalars(select(Call.id).where(Call.id.in_(ids))))
+        fresh: dict[str, CallRecord] = {}
+        for r in records:
+            if r.call_id not in existing and r.call_id not in fresh:
+                fresh[r.call_id] = r
+        if not fresh:
+            return None
+        by_session: dict[str, list[CallRecord]] = defaultdict(list)
+        for r in fresh.values():
+            if r.session_id is not None:
+                by_session[r.session_id].append(r)
+        seqs: dict[str, int] = {}
+        now = datetime.now(UTC)
+        states: dict[str, SessionState] = {}
+        order: list[CallRecord] = []
+        for sid in sorted(by_session):  # fixed lock order: no deadlock between replicas
+            group = sorted(by_session[sid], key=lambda r: (r.received_at, r.call_id))
+            # the harness is named by a generation call: a probe first (``curl .../v1/models``)
+            # must not label a Codex session ``curl``
+            harness = next((r.harness for r in group if r.harness and r.dialect.is_generation), None)
+            last = self._bump_session(drv or db, sid, len(group), now, harness)
+            for i, r in enumerate(group):
+                seqs[r.call_id] = last - len(group) + 1 + i
+            cached = self.encoder.state(sid)
+            if cached is not None:
+                states[sid] = cached.copy()
+                self.encoder.hits += 1
+            elif last > len(group):  # the session has calls this writer has not seen
+                states[sid] = self._load_state(db, sid)
+                self.encoder.misses += 1
+            else:
+                states[sid] = SessionState()
+            order.extend(group)
+        order.extend(r for r in fresh.values() if r.session_id is None)
+        rows: list[dict[str, Any]] = []
+        blobs: list[tuple[Any, ...]] = []
+        images: dict[str, ImageRef] = {}
+        parts = self.encoder.parts
+        docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
+        for r in order:
+            sid = r.session_id or ""
+            st = states.setdefault(sid, SessionState())
+            fields, new = self.encoder.encode(r, st)
+            rows.append(_row(r, seqs.get(r.call_id), fields))
+            if docs is not None:
+                docs.append((r.call_id, r.session_id, search.doc_text(new, st.bases, r.response)))
+            if not new:
+                continue
+            if parts:
+                stored, found = self.encoder.blob_rows(st, new)
+                blobs.extend((sid, *b) for b in stored)
+                images.update(found)
+            else:
+                blobs.extend((sid, h, piece.encode()) for h, piece in new.items())
+        if images:
+            self._insert_images(db, images)
+        if blobs:
+            self._insert_blobs(drv or db, blobs)
+        rowids = self._insert_calls(db, rows, drv)
+        if docs:
+            # by the rowids straight to the driver; else each call looked up (SQLAlchemy's ``text``)
+            search.index_calls(db if drv is None or rowids is None else drv, self.dialect, docs, rowids)
+        return len(fresh), states
 
     def _load_state(self, db: Any, sid: str) -> SessionState:
         """A session's last calls as the writer's cache would hold them (a cache miss: once per session)."""
@@ -364,7 +439,9 @@ class Store:
         )
         conn.exec_driver_sql(sql, new)
 
-    def _insert_calls(self, db: Any, rows: list[dict[str, Any]]) -> dict[str, int] | None:
+    def _insert_calls(
+        self, db: Any, rows: list[dict[str, Any]], drv: Direct | None = None
+    ) -> dict[str, int] | None:
         """Pre-serialized values, straight to the driver; on SQLite the rows' rowids by call id
         (what the search index is keyed by), else None.
 
@@ -377,33 +454,45 @@ class Store:
         """
         if self._insert_sql is None:
             self._prepare_insert(db)
-        get, fix = self._insert_get, self._insert_fix
-        params = []
-        for row in rows:  # every column's value at C speed, then the few that need converting
-            vals = list(get(row))
-            for i, f in fix:
-                if (v := vals[i]) is not None:
-                    vals[i] = f(v)
-            params.append(tuple(vals))
-        conn = db
+        get, n = self._insert_get, len(rows)
+        # by column: every value at C speed, then the few columns that need converting
+        cols: list[tuple[Any, ...]] = list(zip(*map(get, rows), strict=True))
+        for i, f in self._insert_fix:
+            col = cols[i]
+            if col.count(None) != n:
+                cols[i] = tuple([None if v is None else f(v) for v in col])
+        conn: Any = db if drv is None else drv
         if self.dialect != "sqlite" or not self.direct:
             assert self._insert_sql is not None
-            conn.exec_driver_sql(self._insert_sql, params)
+            conn.exec_driver_sql(self._insert_sql, list(zip(*cols, strict=True)))
             return None
         # the rows are numbered in order from the table's largest rowid (this transaction holds the
         # write lock since ``_bump_session``); checked, else the search index looks them up
         before = conn.exec_driver_sql("SELECT max(rowid) FROM calls").scalar() or 0
         last = before
-        for at, size in runs(len(params), self._insert_rows):
-            sql = self._insert_multi.get(size)
+        for at, size in runs(n, self._insert_rows):
+            part = [c[at : at + size] for c in cols] if size != n else cols
+            # a column NULL in every row of the statement is written as NULL, not bound (a bound
+            # NULL costs the driver more than SQLite's whole work on some columns)
+            bound = tuple(map(_nulls(size).__ne__, part))  # (compared at C speed)
+            sql = self._insert_multi.get((size, bound))
             if sql is None:
-                assert self._insert_sql is not None
-                head, one = self._insert_sql.split(" VALUES ")
-                sql = self._insert_multi[size] = f"{head} VALUES " + ", ".join([one] * size)
-            last = conn.exec_driver_sql(sql, tuple(chain.from_iterable(params[at : at + size]))).lastrowid
-        if last - before != len(rows):
+                sql = self._multi_sql(size, bound)
+            values = tuple(chain.from_iterable(zip(*compress(part, bound), strict=True)))
+            last = conn.exec_driver_sql(sql, values).lastrowid
+        if last - before != n:
             return None
         return {row["id"]: before + 1 + k for k, row in enumerate(rows)}
+
+    def _multi_sql(self, size: int, bound: tuple[bool, ...]) -> str:
+        """The ``calls`` insert of ``size`` rows, ``?`` for each ``bound`` column, else ``NULL``."""
+        assert self._insert_sql is not None
+        head = self._insert_sql.split(" VALUES ")[0]
+        one = "(" + ", ".join("?" if b else "NULL" for b in bound) + ")"
+        if len(self._insert_multi) >= 256:  # a few shapes per workload; never without bound
+            self._insert_multi.clear()
+        sql = self._insert_multi[(size, bound)] = f"{head} VALUES " + ", ".join([one] * size)
+        return sql
 
     def _prepare_insert(self, db: Any) -> None:
         """The ``calls`` insert's statement and value conversions (once: the columns may depend on

@@ -313,3 +313,91 @@ def test_call_times_are_written_as_the_datetime_bind_processor_writes_them() -> 
         want = _ts(e)
         assert want is not None
         assert _sqlite_epoch(e) == _sqlite_time(want), e
+
+
+def _strings_before(node: Any, out: list[str], depth: int = 0) -> None:
+    """``search._strings`` as it was before round 8 (each value its own call)."""
+    if depth > 40:
+        return
+    if isinstance(node, str):
+        if node and not node.startswith("data:"):
+            out.append(node)
+    elif isinstance(node, dict):
+        if "function" in node and isinstance(node.get("function"), dict) and "parameters" in node["function"]:
+            return
+        if "input_schema" in node:
+            return
+        for k, v in node.items():
+            if k not in search._SKIP_KEYS:
+                _strings_before(v, out, depth + 1)
+    elif isinstance(node, list):
+        for v in node:
+            _strings_before(v, out, depth + 1)
+
+
+def test_search_text_is_the_same_as_before_round_8() -> None:
+    """The indexed text of answers and request pieces: the same strings in the same order, nested
+    past the depth bound, with skipped keys, tool definitions, data URLs, numbers and nulls."""
+    from collections import OrderedDict
+
+    class Text(str):
+        pass
+
+    deep: Any = "bottom"
+    for k in range(45):
+        deep = {"content": [deep, f"level {k}", k, None, True]} if k % 2 else [deep, f"item {k}", 1.5]
+    objs: list[Any] = [
+        deep,
+        {"a": deep},
+        [deep],
+        _answer(3, [1, 2], [3]),
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": "y"}}}]},
+        {"tool": {"input_schema": {"a": "b"}, "name": "n"}, "text": "kept", "id": "skipped"},
+        [{"type": "image_url", "image_url": {"url": PNG}}, PNG, "", "data:x", "plain"],
+        OrderedDict([("role", "user"), ("content", Text("subclassed")), ("more", ("tuple", "not walked"))]),
+        {"choices": [{"message": {"content": "x", "tool_calls": [{"function": {"arguments": "{}"}}]}}]},
+        Text("top"),
+        42,
+        None,
+    ]
+    for obj in objs:
+        for depth in (0, 1, 39, 40, 41):
+            want: list[str] = []
+            got: list[str] = []
+            _strings_before(obj, want, depth)
+            search._strings(obj, got, depth)
+            assert got == want, (obj if not isinstance(obj, (dict, list)) else type(obj), depth)
+        assert search.text_of(obj) == "\n".join(w for w in [*_walk(obj)])
+
+
+def _walk(obj: Any) -> list[str]:
+    out: list[str] = []
+    _strings_before(obj, out)
+    return out
+
+
+def test_a_failed_batch_raises_as_sqlalchemy_and_the_next_one_is_stored(tmp_path: Path) -> None:
+    """The direct path's driver errors are SQLAlchemy's (``IntegrityError`` for a call stored
+    twice under ``known_new``), the batch is rolled back whole, and the writer's connection,
+    given up, is replaced: the next batch is stored."""
+    import sqlalchemy.exc
+
+    batches = workload()
+    store = Store(f"sqlite:///{tmp_path / 'x.db'}")
+    store.upgrade()
+    store.write_batch(batches[0], known_new=True)
+    held = store._wconn
+    assert held is not None
+    again = [*batches[1], batches[0][0]]  # new calls, then one stored already
+    try:
+        store.write_batch(again, known_new=True)
+    except sqlalchemy.exc.IntegrityError as exc:
+        assert "UNIQUE" in str(exc) and "INSERT INTO calls" in str(exc)
+    else:
+        raise AssertionError("a call stored twice")
+    assert store._wconn is None and held.closed
+    assert store.count_calls() == len(batches[0])  # nothing of the failed batch
+    assert store.write_batch(again) == len(batches[1])  # the lookup skips the stored one
+    assert store.count_calls() == len(batches[0]) + len(batches[1])
+    store.close()
+    assert store._wconn is None
