@@ -84,7 +84,7 @@ async def _client(port: int, path: str, k: int, start: float) -> dict:  # type: 
     return {**out, "gaps": gaps}
 
 
-def client_main(port: int, path: str, k: int, start: float) -> None:
+def client_main(port: int, path: str, k: int, start: float, out: str) -> None:
     try:
         import uvloop
 
@@ -92,7 +92,9 @@ def client_main(port: int, path: str, k: int, start: float) -> None:
     except ImportError:
         pass
     res = asyncio.run(_client(port, path, k, start))
-    sys.stdout.write(json.dumps(res))
+    # to a file, not stdout: under uvloop a result past a pipe's 64 KiB reached the driver cut short
+    with open(out, "w") as f:
+        json.dump(res, f)
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -135,15 +137,31 @@ def run_round(port: int, pid: int, k: int, clients: int, workers: bool = False) 
     tree = _tree(pid)
     cpu0 = {p: _cpu(p) for p in tree}
     mine = _own(pid, workers)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--client", str(port), "/v1/chat/completions", str(n), str(start)],
-            stdout=subprocess.PIPE,
-        )
-        for n in share
-        if n
-    ]
-    results = [json.loads(p.communicate()[0]) for p in procs]
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"client{i}.json") for i in range(len(share))]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--client",
+                    str(port),
+                    "/v1/chat/completions",
+                    str(n),
+                    str(start),
+                    out,
+                ]
+            )
+            for n, out in zip(share, outs, strict=True)
+            if n
+        ]
+        for p in procs:
+            p.wait()
+        results = []
+        for n, out in zip(share, outs, strict=True):
+            if n:
+                with open(out) as f:
+                    results.append(json.load(f))
     _quiet(pid)
     tree = _tree(pid)
     own = sum(_cpu(p) - cpu0.get(p, 0.0) for p in mine)  # a worker restarted meanwhile: from 0
@@ -329,6 +347,6 @@ def _table(rows: list[tuple[int, str, dict]], args: argparse.Namespace, notes: l
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        client_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+        client_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6])
     else:
         main()
