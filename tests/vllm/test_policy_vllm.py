@@ -297,19 +297,28 @@ def test_tito_records_vllms_spans_across_keep_and_abort(
         cli_app, ["export", "--db", sqlite_url, "--out", str(out), "--session", f"rl-{stream}"]
     )
     assert r.exit_code == 0, r.output
-    # the sample holding both turns (a retried turn is a fork of the session: a sample of its own)
+    # the sample holding the second call: its tokens carry the recorded spans of the calls in it. A
+    # retried turn is a fork of the session, a sample of its own whose earlier turns are its prompt
+    # (and a retry that generated what the turn's first try did continues either): turn 1's versions
+    # are in it when turn 1's kept call is.
     [sample] = [x for x in read_jsonl(out) if second.call_id in x.metadata["call_ids"]]
     per = sample.versions_per_token()
-    assert per is not None and {x for x in per if x is not None} == {sp[0] for sp in _spans(c1)} | {was, now}
-    top = int(now.rsplit("-", 1)[1])  # the trainer's V; K = 1: versions below V - 1 are stale
+    held = [c for c in calls if c.call_id in sample.metadata["call_ids"]]
+    assert per is not None and {x for x in per if x is not None} == {
+        sp[0] for c in held for sp in (c.policy_versions or ())
+    }
+    assert {was, now} <= set(per)
+    if first.call_id in sample.metadata["call_ids"]:
+        assert {sp[0] for sp in _spans(c1)} <= set(per)
+    top = int(now.rsplit("-", 1)[1])  # the trainer's V; K = 0: versions below V are stale
     r = CliRunner().invoke(
         cli_app,
         ["export", "--db", sqlite_url, "--out", str(tmp_path / "m.jsonl"), "--session", f"rl-{stream}",
-         "--policy-version", str(top), "--max-staleness", "1", "--stale", "mask"],
+         "--policy-version", str(top), "--max-staleness", "0", "--stale", "mask"],
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     [masked] = [x for x in read_jsonl(tmp_path / "m.jsonl") if second.call_id in x.metadata["call_ids"]]
-    stale = [i for i, x in enumerate(per) if x is not None and int(x.rsplit("-", 1)[1]) < top - 1]
+    stale = [i for i, x in enumerate(per) if x is not None and int(x.rsplit("-", 1)[1]) < top]
     assert stale and all(masked.loss_mask[i] == 0 for i in stale)
     assert [i for i, (m0, m1) in enumerate(zip(sample.loss_mask, masked.loss_mask)) if m0 != m1] == stale
     if calls_made == 2:  # no retried turn: this one sample is all the export holds
