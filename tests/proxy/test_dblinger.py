@@ -1,0 +1,49 @@
+"""The database thread's linger under ``process`` durability (``DatabaseThread._next_linger``):
+longer while calls keep coming, back to ``ORCHARD_DB_LINGER_S`` when they thin out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchard_rec.proxy.recorder import Recorder
+from orchard_rec.storage import Store
+
+
+def _recorder(tmp_path: Path) -> tuple[Recorder, Store]:
+    store = Store(f"sqlite:///{tmp_path / 'l.db'}")
+    rec = Recorder(store, spool=tmp_path / "l.spool", durability="process", writer="process")
+    rec._linger_max_s = max(rec.knobs.db_linger_max_s, rec.db_linger_s)  # as ``_db_loop`` sets it
+    return rec, store
+
+
+def test_full_batches_double_the_linger_up_to_the_maximum_and_a_small_one_resets_it(
+    tmp_path: Path,
+) -> None:
+    rec, store = _recorder(tmp_path)
+    assert (rec.db_linger_s, rec._linger_max_s) == (0.01, 0.05)
+    full = rec._FULL_BATCH
+    linger = rec.db_linger_s
+    seen = []
+    for _ in range(4):
+        linger = rec._next_linger(linger, full)
+        seen.append(linger)
+    assert seen == [0.02, 0.04, 0.05, 0.05]
+    assert rec._next_linger(0.05, full - 1) == 0.01  # calls thinned out: stored as soon as before
+    assert rec._next_linger(0.01, 1) == 0.01
+    store.close()
+
+
+def test_the_maximum_is_a_knob_and_never_below_the_linger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHARD_DB_LINGER_MAX_S", "0")  # no growth
+    rec, store = _recorder(tmp_path)
+    assert rec._next_linger(0.01, 100) == 0.01
+    store.close()
+    monkeypatch.setenv("ORCHARD_DB_LINGER_S", "0.002")
+    monkeypatch.setenv("ORCHARD_DB_LINGER_MAX_S", "0.007")
+    rec, store = _recorder(tmp_path)
+    assert [rec._next_linger(x, 20) for x in (0.002, 0.004, 0.007)] == [0.004, 0.007, 0.007]
+    store.close()
