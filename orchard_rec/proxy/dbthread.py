@@ -123,7 +123,7 @@ class DatabaseThread:
                     time.sleep(self.db_delay_s)
             item, taken, carry = self._gather(item)
             batch, start, end, db_acks, nbytes, lines, _ = item
-            linger_s = self._next_linger(linger_s, len(batch))
+            linger_s = self._next_linger(linger_s, len(batch), nbytes)
             was_pending = self.spool_pending
             try:
                 if end is None:  # not in the spool: the database is its only way
@@ -164,16 +164,17 @@ class DatabaseThread:
     _FULL_BATCH = 16
     """Calls in a batch at which the next one lingers longer (``_next_linger``)."""
 
-    def _next_linger(self, linger_s: float, ncalls: int) -> float:
-        """The next batch's linger (``process``) after one of ``ncalls`` calls that lingered
-        ``linger_s``: twice as long (up to ``ORCHARD_DB_LINGER_MAX_S``) while calls keep coming (the batch
-        held ``_FULL_BATCH`` calls or more), else back to ``db_linger_s``. The writer process spends
-        ~200 us of fixed cost per batch (the pipe round trip, the transaction, per-batch Python):
-        under load bigger batches amortize it (``bench/PROFILE.md`` round 12); a trickle of calls
+    def _next_linger(self, linger_s: float, ncalls: int, nbytes: int = 0) -> float:
+        """The next batch's linger (``process``) after one of ``ncalls`` calls (``nbytes``) that
+        lingered ``linger_s``: twice as long (up to ``ORCHARD_DB_LINGER_MAX_S``) while calls keep
+        coming (the batch held ``_FULL_BATCH`` calls or more, and less than a quarter of
+        ``batch_bytes``: what waits in the queue stays well below the pacing bound), else back to
+        ``db_linger_s``. The writer process spends ~235 us of fixed cost per batch (the pipe round
+        trip, the transaction, per-batch Python): under load bigger batches amortize it (``bench/PROFILE.md`` round 12); a trickle of calls
         is stored as soon as before. Records are durable in the spool meanwhile; a call a client
         waits on (acks: ``committed`` token-in/token-out calls) does not linger; an outcome for a
         session not in the database yet (``Recorder.flush``) waits up to the linger."""
-        if ncalls >= self._FULL_BATCH:
+        if ncalls >= self._FULL_BATCH and nbytes < self.batch_bytes // 4:
             return min(max(linger_s, self.db_linger_s) * 2, self._linger_max_s)
         return self.db_linger_s
 

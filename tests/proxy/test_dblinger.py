@@ -32,6 +32,9 @@ def test_full_batches_double_the_linger_up_to_the_maximum_and_a_small_one_resets
     assert seen == [0.02, 0.04, 0.05, 0.05]
     assert rec._next_linger(0.05, full - 1) == 0.01  # calls thinned out: stored as soon as before
     assert rec._next_linger(0.01, 1) == 0.01
+    # big calls: the queue does not hold 50 ms of them (``batch_bytes`` 32 MiB by default)
+    assert rec._next_linger(0.01, full, rec.batch_bytes // 4 - 1) == 0.02
+    assert rec._next_linger(0.04, full, rec.batch_bytes // 4) == 0.01
     store.close()
 
 
