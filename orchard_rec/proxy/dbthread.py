@@ -115,8 +115,8 @@ class DatabaseThread:
             if not item[3] and not self._closing:
                 if self.durability == "process":
                     linger = linger_s - (time.monotonic() - item[6])
-                    if linger > 0:
-                        time.sleep(linger)  # more calls join the batch meanwhile
+                    if linger > 0:  # more calls join the batch meanwhile; one a client waits on ends it
+                        self._dbq.linger(linger)  # type: ignore[attr-defined]  # (``Handoff``)
                 elif self.db_delay_s and self.proc is None and self._dbq.empty():
                     # the clients of this batch are being answered on the event loop right now: let it
                     # finish before this thread takes the GIL for the records (sleeping releases it)

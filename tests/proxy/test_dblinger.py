@@ -50,3 +50,28 @@ def test_the_maximum_is_a_knob_and_never_below_the_linger(
     rec, store = _recorder(tmp_path)
     assert [rec._next_linger(x, 20) for x in (0.002, 0.004, 0.007)] == [0.004, 0.007, 0.007]
     store.close()
+
+
+def test_a_call_a_client_waits_on_ends_the_linger_and_others_do_not() -> None:
+    import threading
+    import time
+
+    from orchard_rec.proxy.dbthread import STOP
+    from orchard_rec.proxy.handoff import Handoff
+
+    q = Handoff()
+    q.poll = 0.01
+    q._asleep = False  # the database thread is at work on a batch (``get`` returned one)
+
+    def took(put: object, linger: float) -> float:
+        t = threading.Timer(0.05, q.put_nowait, (put,))
+        t.start()
+        t0 = time.monotonic()
+        q.linger(linger)
+        t.join()
+        return time.monotonic() - t0
+
+    assert took(([], 0, 1, [], 0, None, 0.0), 0.3) >= 0.3  # a plain call joins the batch later
+    assert took(([], 1, 2, [lambda: None], 0, None, 0.0), 2.0) < 1.0  # ``committed``: at once
+    assert took(STOP, 2.0) < 1.0
+    assert q.qsize() == 3
