@@ -104,6 +104,8 @@ KNOBS: tuple[Knob, ...] = (
          "the write-ahead spool's wait before writing the database when idle", empty=0.0),
     Knob("db_linger_s", "ORCHARD_DB_LINGER_S", 0.01, "s", _seconds,
          "how long the database writer waits to batch calls", empty=0.0),
+    Knob("db_linger_max_s", "ORCHARD_DB_LINGER_MAX_S", 0.05, "s", _seconds,
+         "process durability: the database writer's longest wait while calls keep coming", empty=0.0),
     Knob("writer_nice", "ORCHARD_WRITER_NICE", 0, "niceness", _integer,
          "the writer thread's / writer child's OS niceness (0: the process's own)", empty=0),
     Knob("fault_write_delay_s", "ORCHARD_FAULT_WRITE_DELAY_S", 0, "s", _seconds,
@@ -140,6 +142,7 @@ class Settings:
     writer_linger_s: float = 0.005
     wal_db_delay_s: float = 0.002
     db_linger_s: float = 0.01
+    db_linger_max_s: float = 0.05
     writer_nice: int = 0
     fault_write_delay_s: float = 0.0
     upstream_check_s: float = 10.0

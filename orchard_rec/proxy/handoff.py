@@ -71,6 +71,13 @@ class Handoff(queue.SimpleQueue[Any]):
             self._wake.wait(wait)
             self._wake.clear()
 
+    def linger(self, seconds: float) -> None:
+        """The database thread's wait for more calls to join a batch (``DatabaseThread._db_loop``):
+        ``seconds``, or less when a ``put`` that a client waits on (``committed``: its acks) or the
+        end (``STOP``) comes meanwhile; those join the batch at once rather than after the wait."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+
     def task_done(self) -> None:
         pass
 

@@ -12,7 +12,8 @@ Durability (``--durability``, what a call survives; README "Durability" has the 
   large one (``inline_bytes``), or any while the spool thread has calls queued, by the spool thread
   as under ``machine``, without the fsync. A background thread (``_sync_run``) fsyncs every write
   within ``fsync_interval``, so a machine crash loses at most that. The database thread lingers
-  ``db_linger_s`` after a batch's first call so calls handed over one by one are stored in batches.
+  ``db_linger_s`` after a batch's first call (up to ``db_linger_max_s`` while batches come full:
+  ``DatabaseThread._next_linger``) so calls handed over one by one are stored in batches.
 - ``machine`` (was ``wal``): the handler holds the client's last byte until the call is appended
   to the local spool and fsync'd (``await durable(cap)``).
 Under both, what is appended is a
