@@ -21,17 +21,14 @@ from orchard_rec.settings import Settings
 from orchard_rec.storage.spool import Spool
 from orchard_rec.storage.store import Store
 
+if TYPE_CHECKING:
+    from orchard_rec.proxy.handoff import Handoff  # (it imports ``STOP`` from here)
+
 __all__ = ["STOP", "DatabaseThread"]
 
 log = logging.getLogger("orchard_rec.recorder")
 STOP = object()
 """Ends the writer threads' queues."""
-
-
-def _done(q: Any, n: int) -> None:
-    """``q.task_done()`` ``n`` times (the recorder's ``Handoff``: a no-op)."""
-    for _ in range(n):
-        q.task_done()
 
 
 class DatabaseThread:
@@ -55,7 +52,7 @@ class DatabaseThread:
     lines: capline.Encoder
     ids: IdParser
     _closing: bool
-    _dbq: queue.Queue[Any]
+    _dbq: Handoff
     _encoding: threading.Lock
 
     if TYPE_CHECKING:
@@ -110,18 +107,17 @@ class DatabaseThread:
                         self.proc.ready()
                     continue
             if item is STOP:
-                self._dbq.task_done()
                 break
             if not item[3] and not self._closing:
                 if self.durability == "process":
                     linger = linger_s - (time.monotonic() - item[6])
                     if linger > 0:  # more calls join the batch meanwhile; one a client waits on ends it
-                        self._dbq.linger(linger)  # type: ignore[attr-defined]  # (``Handoff``)
+                        self._dbq.linger(linger)
                 elif self.db_delay_s and self.proc is None and self._dbq.empty():
                     # the clients of this batch are being answered on the event loop right now: let it
                     # finish before this thread takes the GIL for the records (sleeping releases it)
                     time.sleep(self.db_delay_s)
-            item, taken, carry = self._gather(item)
+            item, carry = self._gather(item)
             batch, start, end, db_acks, nbytes, lines, _ = item
             linger_s = self._next_linger(linger_s, len(batch), nbytes)
             was_pending = self.spool_pending
@@ -153,7 +149,6 @@ class DatabaseThread:
                 for ack in db_acks:
                     ack()
                 self._release(nbytes, len(batch))
-                _done(self._dbq, taken)
             if self.spool_pending and not was_pending:
                 due = time.monotonic() + self.retry_s  # the first retry: a full interval after a failure
         if self.spool_pending:
@@ -178,16 +173,15 @@ class DatabaseThread:
             return min(max(linger_s, self.db_linger_s) * 2, self._linger_max_s)
         return self.db_linger_s
 
-    def _gather(self, item: Any) -> tuple[Any, int, Any]:
-        """``(item, how many queue items it is, the next item if one was taken that could not join)``:
+    def _gather(self, item: Any) -> tuple[Any, Any]:
+        """``(item, the next item if one was taken that could not join)``:
         ``item`` joined by the queued items that follow it in the spool (``process`` hands the calls
         written on the event loop over one by one), up to ``batch_size`` calls and ``batch_bytes``.
         (The queue is the recorder's ``Handoff``, a ``SimpleQueue``: nothing to peek at, so an item
         that cannot join is carried to the next round.)"""
         batch, start, end, db_acks, nbytes, lines, _ = item
-        taken = 1
         if end is None:
-            return item, taken, None
+            return item, None
         get = self._dbq.get_nowait
         while len(batch) < self.batch_size and nbytes < self.batch_bytes:
             try:
@@ -195,11 +189,10 @@ class DatabaseThread:
             except queue.Empty:
                 break
             if nxt is STOP or nxt[2] is None or nxt[1] != end:
-                return (batch, start, end, db_acks, nbytes, lines, 0.0), taken, nxt
-            if taken == 1:
+                return (batch, start, end, db_acks, nbytes, lines, 0.0), nxt
+            if batch is item[0]:
                 batch, db_acks = list(batch), list(db_acks)
                 lines = None if lines is None else list(lines)
-            taken += 1
             batch.extend(nxt[0])
             db_acks.extend(nxt[3])
             nbytes += nxt[4]
@@ -209,7 +202,7 @@ class DatabaseThread:
                 else:
                     lines.extend(nxt[5])
             end = nxt[2]
-        return (batch, start, end, db_acks, nbytes, lines, 0.0), taken, None
+        return (batch, start, end, db_acks, nbytes, lines, 0.0), None
 
     def _build_and_store(
         self, batch: list[Capture | CallRecord], lines: list[bytes] | None, *, first: bool

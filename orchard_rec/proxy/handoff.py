@@ -21,8 +21,8 @@ __all__ = ["Handoff", "Spooled"]
 
 class Handoff(queue.SimpleQueue[Any]):
     """The database thread's queue (``Recorder._dbq``): ``queue.SimpleQueue`` (C, one lock; ~0.1 us
-    a ``put`` from the event loop instead of ``queue.Queue``'s ~1.5) with the ``task_done`` the
-    thread calls (a no-op: nobody joins it; ``Recorder.depth`` counts the calls in it itself).
+    a ``put`` from the event loop instead of ``queue.Queue``'s ~1.5); ``task_done`` is a no-op kept
+    for ``queue.Queue``'s callers (nobody joins it; ``Recorder.depth`` counts the calls in it itself).
 
     ``poll`` (``process`` durability: ``db_linger_s``): a ``put`` does not wake the database thread;
     it looks for calls every ``poll`` seconds instead, which costs a batch no time (it lingers that

@@ -64,7 +64,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from orchard_rec.errors import one_line
 from orchard_rec.proxy import capline
@@ -170,8 +170,7 @@ class Recorder(DatabaseThread):
         self.spool_path = spool
         self.spool: Spool | None = None
         self._q: queue.Queue[Any] = queue.Queue()
-        self._handoff = Handoff()
-        self._dbq: queue.Queue[Any] = cast("queue.Queue[Any]", self._handoff)
+        self._dbq = Handoff()
         """wal: spooled batches on their way to the database (the second stage of the pipeline)."""
         self._dbq_calls = 0
         self._count_lock = threading.Lock()
@@ -236,7 +235,7 @@ class Recorder(DatabaseThread):
         (``ORCHARD_DB_LINGER_S``, default 10 ms; not when a client waits for the commit): the calls
         come one by one from the event loop, and records cost less CPU in larger batches (SQLite, per
         call: 88 us in batches of 8, 42 us of 32), and the loop answers the clients meanwhile."""
-        self._handoff.poll = self.db_linger_s if self.durability == "process" else 0.0
+        self._dbq.poll = self.db_linger_s if self.durability == "process" else 0.0
         self.fsync_interval = fsync_interval
         """``process`` durability: the background fsync covers every write at most this long after it
         (it starts one a quarter of the interval after the oldest unsynced write, sooner when recent fsyncs were slow)."""
