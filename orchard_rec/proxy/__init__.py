@@ -17,8 +17,8 @@ the access log, shared with that process), ``recent`` (a few recent entries per 
 (several upstreams: the sans-io picker, consistent hashing with bounded loads, health checks, safe
 retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
 a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core; ``edge`` the headers that cross it and its errors in
-the caller's dialect), ``server``, ``config``, ``metrics``, ``openapi``, ``readwatch`` (the
-upstream's read timeout over a relayed stream, one timer per period).
+the caller's dialect), ``server``, ``config``, ``metrics``, ``openapi``, ``upclient`` (the
+calls' HTTP/1.1 client to the upstreams: keep-alive, httptools, aiohttp's exceptions).
 
 ``build_app(ProxyConfig(...))`` gives the aiohttp application; ``run_forever`` and
 ``BackgroundServer`` run it. Handlers hand finished calls to the ``Recorder`` and never wait on SQL.

@@ -56,12 +56,12 @@ from orchard_rec.proxy.fleet import Fleet, open_upstream, upstream_errors, watch
 from orchard_rec.proxy.identity import SESSION_HEADER, opening_stats, validate_session_id
 from orchard_rec.proxy.metrics import Metrics
 from orchard_rec.proxy.openapi import openapi_spec
-from orchard_rec.proxy.readwatch import ReadWatch
 from orchard_rec.proxy.recorder import Recorder, default_spool
 from orchard_rec.proxy.tito import TitoSessions
 from orchard_rec.proxy.tito_history import StoreHistory
 from orchard_rec.proxy.tito_wire import upstream_url
 from orchard_rec.proxy.titocall import TitoCall
+from orchard_rec.proxy.upclient import UpResponse, UpstreamClient
 from orchard_rec.proxy.versions import PolicyTracker, trusted
 from orchard_rec.records import CallOutcome, Dialect
 from orchard_rec.settings import current
@@ -143,7 +143,7 @@ def _authorize(
     raise Unauthorized("invalid API key")
 
 
-def _client_headers(up: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+def _client_headers(up: UpResponse) -> list[tuple[str, str]]:
     return _TO_CLIENT.pairs(up.headers)
 
 
@@ -193,7 +193,7 @@ _OUTCOME = {o: o.value for o in CallOutcome}
 
 class _Door:
     """What every call reads of the app, gathered once (each ``app[KEY]`` is a Python-level look-up);
-    ``client`` is set when the upstream session opens (``build_app``'s lifecycle)."""
+    ``client`` is set when the upstream client opens (``build_app``'s lifecycle)."""
 
     __slots__ = ("client", "config", "fleet", "metrics", "policy", "recorder")
 
@@ -203,7 +203,7 @@ class _Door:
         self.metrics = app[METRICS]
         self.policy = app[POLICY]
         self.fleet = app[FLEET]
-        self.client: aiohttp.ClientSession | None = None
+        self.client: UpstreamClient | None = None
 
 
 DOOR = web.AppKey("door", _Door)
@@ -393,7 +393,7 @@ def _open(
 
 
 async def _relay_stream(
-    request: web.Request, call: Call, relay: StreamRelay, up: aiohttp.ClientResponse
+    request: web.Request, call: Call, relay: StreamRelay, up: UpResponse
 ) -> web.StreamResponse:
     """Relay an event stream chunk by chunk, as ``relay`` (the core) rewrites it."""
     cap = call.cap
@@ -402,29 +402,23 @@ async def _relay_stream(
         resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
     wal = request.app[CONFIG].durability != "async"
-    silence = ReadWatch(up, cap.arrivals)  # --read-timeout: one timer per period, not one per chunk
     try:
-        try:
-            async for chunk in up.content.iter_any():
-                silence.busy = True
-                out = relay.feed(chunk)
-                if out:
-                    ended = relay.ended  # only ``feed`` turns it
-                    if ended and wal and not cap.submitted:
-                        relay.sending(len(out))
-                        cap.done_at = time.time()
-                        request.app[POLICY].close(cap.metadata)
-                        await request.app[RECORDER].durable(cap)  # recorded before the client has the end
-                        await resp.write(out)
-                    else:
-                        await resp.write(out)
-                        relay.sending(len(out))
-                    if ended:
-                        # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
-                        cap.complete = True
-                silence.busy = False
-        finally:
-            silence.close()
+        async for chunk in up.content.iter_any():  # --read-timeout: the client's, while it waits (upclient)
+            out = relay.feed(chunk)
+            if out:
+                ended = relay.ended  # only ``feed`` turns it
+                if ended and wal and not cap.submitted:
+                    relay.sending(len(out))
+                    cap.done_at = time.time()
+                    request.app[POLICY].close(cap.metadata)
+                    await request.app[RECORDER].durable(cap)  # recorded before the client has the end
+                    await resp.write(out)
+                else:
+                    await resp.write(out)
+                    relay.sending(len(out))
+                if ended:
+                    # the client may hang up now (SDKs stop at [DONE]) while we wait for the upstream's EOF
+                    cap.complete = True
         tail = relay.finish()
         if wal and not cap.submitted:
             relay.sending(len(tail))
@@ -665,7 +659,10 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        app[UPSTREAM] = door.client = aiohttp.ClientSession(
+        # the calls' client (upclient: a lean one); aiohttp's session for health checks, the policy
+        # version and the RL routes (pause/resume), which are not on the calls' path
+        door.client = UpstreamClient(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+        app[UPSTREAM] = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
         # the proxy's own upstream credential, as on every call (never a client's)
@@ -684,6 +681,7 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await app[UPSTREAM].close()
+        await door.client.close()
         await asyncio.to_thread(recorder.close)
         if owned_store:
             app[STORE].close()

@@ -287,7 +287,7 @@ class _FleetCollector(Collector):
 
 def open_upstream(
     fleet: Fleet,
-    client: aiohttp.ClientSession,
+    client: Any,
     key: str | None,
     method: str,
     url_of: Callable[[str], str],
@@ -299,7 +299,7 @@ def open_upstream(
     **kw: Any,
 ) -> _Opened:
     """The response of the server ``fleet`` picks for session ``key`` (``url_of(base)``: the URL
-    there), recorded as ``metadata["upstream"]`` (the call's); ``routing_header`` carries ``key``.
+    there; ``client``: the proxy's ``upclient.UpstreamClient``, or an aiohttp ``ClientSession``), recorded as ``metadata["upstream"]`` (the call's); ``routing_header`` carries ``key``.
     ``prefer``: the server to try first while it is healthy (a call's own server, for the rest of
     its generation); ``picked(url)`` is told each server just before the request goes to it.
     A server that never had the call (``never_started``) is ejected and the next one tried; any
@@ -331,7 +331,7 @@ class _Opened:
     def __init__(
         self,
         fleet: Fleet,
-        client: aiohttp.ClientSession,
+        client: Any,
         key: str | None,
         method: str,
         url_of: Callable[[str], str],
@@ -343,9 +343,9 @@ class _Opened:
         self.fleet, self.client, self.key, self.method, self.url_of = fleet, client, key, method, url_of
         self.metadata, self.prefer, self.picked, self.kw = metadata, prefer, picked, kw
         self.server: Upstream | None = None
-        self.resp: aiohttp.ClientResponse | None = None
+        self.resp: Any = None
 
-    async def __aenter__(self) -> aiohttp.ClientResponse:
+    async def __aenter__(self) -> Any:
         fleet = self.fleet
         tried: list[Upstream] = []
         while True:

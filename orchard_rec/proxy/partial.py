@@ -69,7 +69,7 @@ class Link:
     headers: dict[str, str]
     errors: Callable[[], AbstractContextManager[None]]
     metadata: dict[str, Any]
-    open: Callable[..., AbstractAsyncContextManager[aiohttp.ClientResponse]]
+    open: Callable[..., AbstractAsyncContextManager[Any]]
 
     @property
     def server(self) -> str:

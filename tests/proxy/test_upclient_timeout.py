@@ -1,10 +1,10 @@
-"""``ReadWatch``: the upstream's read timeout over a relayed stream, one timer per period (issue 39).
+"""The upstream client's read timeout over a relayed stream, one timer per period (issues 39, 40).
 
 Against a real loopback server whose stream trickles, hangs, or waits while the reader is busy:
 a stream whose chunks each come within the timeout is never cut however long it lasts; one
 whose upstream falls silent for the timeout fails with aiohttp's own ``SocketTimeoutError``
-about the timeout after its last chunk; time the relay spends handing a chunk on (``busy``)
-does not count as the upstream's silence; and the connection's own per-read timer is off.
+about the timeout after its last chunk; time the relay spends handing a chunk on (not waiting
+on the client) does not count as the upstream's silence; no timeout configured arms no timer.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from orchard_rec.proxy.readwatch import ReadWatch
+from orchard_rec.proxy.upclient import UpstreamClient
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]  # timing by design: ~0.5-1.5 s a test
 
@@ -44,28 +44,19 @@ async def _relay(gaps: str, busy_after: int = -1, busy_for: float = 0.0) -> tupl
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     arrivals: list[float] = []
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=TIMEOUT)
+    client = UpstreamClient(read_timeout=TIMEOUT)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.get(f"http://127.0.0.1:{port}/", params={"gaps": gaps}) as up,
-        ):
-            watch = ReadWatch(up, arrivals)
-            assert up.connection is not None and up.connection.protocol is not None
-            assert up.connection.protocol.read_timeout is None  # the per-read timer is off
+        async with await client.request("GET", f"http://127.0.0.1:{port}/?gaps={gaps}") as up:
             try:
                 async for _chunk in up.content.iter_any():
-                    watch.busy = True
                     arrivals.append(time.monotonic())
                     if len(arrivals) == busy_after:
                         await asyncio.sleep(busy_for)  # a slow client
-                    watch.busy = False
             except (TimeoutError, aiohttp.ClientError) as exc:
                 arrivals.append(time.monotonic())
                 return arrivals, type(exc).__name__
-            finally:
-                watch.close()
     finally:
+        await client.close()
         await runner.cleanup()
     return arrivals, None
 
@@ -104,11 +95,11 @@ def test_no_timeout_configured_sets_no_timer() -> None:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
-            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/") as up:
-                watch = ReadWatch(up, [])
-                assert watch._handle is None
+            client = UpstreamClient(read_timeout=None)
+            async with await client.request("GET", f"http://127.0.0.1:{port}/") as up:
+                assert up._timer is None
                 assert await up.read() == b"x"
-                watch.close()
+            await client.close()
         finally:
             await runner.cleanup()
 
