@@ -63,6 +63,20 @@ _PLAIN_TARGET = re.compile(r"/[A-Za-z0-9\-._~/!$&'()*+,;=:@?]*")
 """A request target yarl leaves as it is (no escapes, no dot segments checked separately)."""
 
 
+_SKIP, _HOST, _ACCEPT, _CTYPE = 1, 2, 3, 4
+_KIND_OF = {"content-length": _SKIP, "transfer-encoding": _SKIP, "host": _HOST, "accept": _ACCEPT}
+_KIND_OF["content-type"] = _CTYPE
+_KINDS: dict[str, int] = {}
+"""What a header's spelling is to the request's head (0: a header like any), learned once, bounded."""
+
+
+def _kind(name: str) -> int:
+    kind = _KIND_OF.get(name.lower(), 0)
+    if len(_KINDS) < 4096:
+        _KINDS[name] = kind
+    return kind
+
+
 class BadAnswer(aiohttp.ClientError):
     """The upstream's answer is not HTTP/1.1 the client can parse."""
 
@@ -123,7 +137,7 @@ class _Brotli:
 class _Origin:
     """One scheme, host and port: its pooled connections and how to reach it."""
 
-    __slots__ = ("host", "host_header", "idle", "key", "port", "ssl", "url")
+    __slots__ = ("host", "host_line", "idle", "key", "port", "ssl", "url")
 
     def __init__(self, origin: str, ssl_context: ssl.SSLContext | None) -> None:
         u = URL(origin)
@@ -135,7 +149,7 @@ class _Origin:
         self.ssl: ssl.SSLContext | None = None
         if u.scheme == "https":
             self.ssl = ssl_context or ssl.create_default_context()
-        self.host_header = u.host_port_subcomponent or self.host
+        self.host_line = f"Host: {u.host_port_subcomponent or self.host}"
         self.idle: list[_Conn] = []
         self.key = ConnectionKey(
             self.host, self.port, self.ssl is not None, ssl_context or True, None, None, None, None
@@ -558,26 +572,28 @@ class UpstreamClient:
     def _head(
         self, method: str, origin: _Origin, target: str, headers: Mapping[str, str] | None, body: Any
     ) -> bytes:
-        lines = [f"{method} {target} HTTP/1.1"]
+        lines = [f"{method} {target} HTTP/1.1", ""]  # [1]: the Host line
         host = accept = ctype = False
         if headers:
+            kinds = _KINDS
             for k, v in headers.items():
-                low = k.lower()
-                if low == "content-length" or low == "transfer-encoding":
-                    continue
-                if "\n" in v or "\r" in v or "\n" in k or "\r" in k:
-                    raise ValueError("Newline or carriage return character detected in HTTP header")
-                if low == "host":
-                    host = True
-                    lines.insert(1, f"{k}: {v}")
-                    continue
-                if low == "accept":
-                    accept = True
-                elif low == "content-type":
-                    ctype = True
+                kind = kinds.get(k)
+                if kind is None:
+                    kind = _kind(k)
+                if kind:
+                    if kind == _SKIP:
+                        continue
+                    if kind == _HOST:
+                        host = True
+                        lines[1] = f"{k}: {v}"
+                        continue
+                    if kind == _ACCEPT:
+                        accept = True
+                    else:
+                        ctype = True
                 lines.append(f"{k}: {v}")
         if not host:
-            lines.insert(1, f"Host: {origin.host_header}")
+            lines[1] = origin.host_line
         if not accept:
             lines.append("Accept: */*")
         if body is not None:
@@ -587,7 +603,11 @@ class UpstreamClient:
         elif method in _BODILESS:
             lines.append("Content-Length: 0")
         lines.append("\r\n")
-        return "\r\n".join(lines).encode("utf-8", "surrogateescape")
+        text = "\r\n".join(lines)
+        n = len(lines)  # line breaks: one a line; any more came inside a header
+        if text.count("\n") != n or text.count("\r") != n:
+            raise ValueError("Newline or carriage return character detected in HTTP header")
+        return text.encode("utf-8", "surrogateescape")
 
     async def _connect(self, origin: _Origin) -> _Conn:
         loop = asyncio.get_running_loop()
