@@ -166,8 +166,9 @@ def test_a_body_without_length_runs_until_the_server_closes(head: bytes) -> None
         ("HEAD", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
         ("GET", b"HTTP/1.1 204 No Content\r\n\r\n"),
         ("GET", b'HTTP/1.1 304 Not Modified\r\nETag: "x"\r\n\r\n'),
+        ("GET", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 1000\r\n\r\n"),  # the entity's length
     ],
-    ids=["head-length", "head-chunked", "204", "304"],
+    ids=["head-length", "head-chunked", "204", "304", "304-length"],
 )
 def test_head_204_and_304_have_no_body_and_keep_the_connection(method: str, head: bytes) -> None:
     async def handler(conn: Conn) -> None:
@@ -434,18 +435,29 @@ def test_concurrent_requests_open_connections_and_all_return_to_the_pool() -> No
     run(main)
 
 
-def test_connection_close_from_the_server_is_not_reused() -> None:
+@pytest.mark.parametrize(
+    ("wire", "request_headers"),
+    [
+        (answer(body=b"bye", headers=("Connection: close",)), None),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nbye", None),
+        (answer(body=b"bye"), {"Connection": "close"}),
+    ],
+    ids=["server-says-close", "server-http-1.0", "caller-says-close"],
+)
+def test_a_connection_either_side_wants_closed_is_not_reused(
+    wire: bytes, request_headers: dict[str, str] | None
+) -> None:
     async def handler(conn: Conn) -> None:
         await conn.request()
-        conn.send(answer(body=b"bye", headers=("Connection: close",)))
+        conn.send(wire)
         await conn.wait_eof()  # the server keeps its side open: the client must close
 
     async def main() -> None:
         async with upstream(handler) as (up, client):
-            assert (await get(client, up.url))[1] == b"bye"
+            assert (await get(client, up.url, headers=request_headers))[1] == b"bye"
             assert counts(client)[2] == 0
             await within(up.conns[0].eof.wait())
-            assert (await get(client, up.url))[1] == b"bye"
+            assert (await get(client, up.url, headers=request_headers))[1] == b"bye"
             assert len(up.conns) == 2 and counts(client) == (2, 0, 0)
 
     run(main)

@@ -310,6 +310,7 @@ def _drop_second(how: str, every: bool = False) -> Callable[[Conn], Awaitable[No
         ("PUT", "fin"),
         ("DELETE", "fin"),
         ("OPTIONS", "fin"),
+        ("TRACE", "fin"),
     ],
 )
 def test_an_idempotent_request_a_reused_connection_drops_is_sent_once_more(method: str, how: str) -> None:
