@@ -63,9 +63,10 @@ _PLAIN_TARGET = re.compile(r"/[A-Za-z0-9\-._~/!$&'()*+,;=:@?]*")
 """A request target yarl leaves as it is (no escapes, no dot segments checked separately)."""
 
 
-_SKIP, _HOST, _ACCEPT, _CTYPE = 1, 2, 3, 4
+_SKIP, _HOST, _ACCEPT, _CTYPE, _CONNECTION = 1, 2, 3, 4, 5
 _KIND_OF = {"content-length": _SKIP, "transfer-encoding": _SKIP, "host": _HOST, "accept": _ACCEPT}
 _KIND_OF["content-type"] = _CTYPE
+_KIND_OF["connection"] = _CONNECTION
 _KINDS: dict[str, int] = {}
 """What a header's spelling is to the request's head (0: a header like any), learned once, bounded."""
 
@@ -185,7 +186,12 @@ class _Conn(asyncio.Protocol):
             r._lost(BadAnswer("the upstream switched protocols"))
             self.abort()
         except httptools.HttpParserError as exc:
-            err = r._error or BadAnswer(f"the upstream's answer is not HTTP/1.1: {exc}")
+            err = r._error
+            if err is None:
+                if r.status >= 200:  # the body's framing (a chunk size, a chunk's end)
+                    err = aiohttp.ClientPayloadError(f"Response payload is not completed: {exc}")
+                else:
+                    err = BadAnswer(f"the upstream's answer is not HTTP/1.1: {exc}")
             r._lost(err)
             self.abort()
 
@@ -213,6 +219,7 @@ class UpResponse:
         "_began",
         "_buffered",
         "_chunks",
+        "_close",
         "_conn",
         "_decode",
         "_done",
@@ -243,6 +250,7 @@ class UpResponse:
         self._hdrs: list[tuple[str, str]] = []
         self._reason = b""
         self._began = False
+        self._close = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -296,7 +304,7 @@ class UpResponse:
         if head is not None and not head.done():
             head.set_result(None)
         if self._method == "HEAD":  # llhttp would wait for the body Content-Length announces
-            self._finish(keep=False)
+            self._finish(keep=self._parser.should_keep_alive() and not self._close)
 
     def on_body(self, body: bytes) -> None:
         if self._decode is not None:
@@ -332,7 +340,7 @@ class UpResponse:
             if tail:
                 self._chunks.append(tail)
                 self._buffered += len(tail)
-        self._finish(keep=self._parser.should_keep_alive())
+        self._finish(keep=self._parser.should_keep_alive() and not self._close)
 
     # -- the connection's end -----------------------------------------------------------------
 
@@ -571,9 +579,10 @@ class UpstreamClient:
 
     def _head(
         self, method: str, origin: _Origin, target: str, headers: Mapping[str, str] | None, body: Any
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
+        """The request's head, and whether the caller said ``Connection: close``."""
         lines = [f"{method} {target} HTTP/1.1", ""]  # [1]: the Host line
-        host = accept = ctype = False
+        host = accept = ctype = close = False
         if headers:
             kinds = _KINDS
             for k, v in headers.items():
@@ -589,8 +598,10 @@ class UpstreamClient:
                         continue
                     if kind == _ACCEPT:
                         accept = True
-                    else:
+                    elif kind == _CTYPE:
                         ctype = True
+                    elif "close" in v.lower():  # the caller's Connection: close: not pooled after
+                        close = True
                 lines.append(f"{k}: {v}")
         if not host:
             lines[1] = origin.host_line
@@ -607,7 +618,7 @@ class UpstreamClient:
         n = len(lines)  # line breaks: one a line; any more came inside a header
         if text.count("\n") != n or text.count("\r") != n:
             raise ValueError("Newline or carriage return character detected in HTTP header")
-        return text.encode("utf-8", "surrogateescape")
+        return text.encode("utf-8", "surrogateescape"), close
 
     async def _connect(self, origin: _Origin) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -657,7 +668,7 @@ class UpstreamClient:
         if self._closed:
             raise aiohttp.ClientConnectionError("the upstream client is closed")
         origin, target = self._target(url)
-        head = self._head(method, origin, target, headers, data)
+        head, close = self._head(method, origin, target, headers, data)
         retry = method in IDEMPOTENT
         while True:
             conn = self._pooled(origin)
@@ -667,6 +678,8 @@ class UpstreamClient:
             else:
                 self._reused += 1
             resp = UpResponse(conn, method, self.read_timeout)
+            if close:
+                resp._close = True
             loop = asyncio.get_running_loop()
             resp._head = loop.create_future()
             conn.resp = resp
