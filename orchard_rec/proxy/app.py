@@ -101,8 +101,9 @@ _TO_UPSTREAM_KEYED = Names(HOP | CLIENT_AUTH)
 _TO_CLIENT = Names(RESP_DROP)
 
 
-def _upstream_headers(request: web.Request, dialect: Dialect | None = None) -> dict[str, str]:
-    cfg = request.app[CONFIG]
+def _upstream_headers(
+    request: web.Request, cfg: ProxyConfig, dialect: Dialect | None = None
+) -> dict[str, str]:
     out = (_TO_UPSTREAM_KEYED if (cfg.api_keys or cfg.upstream_key) else _TO_UPSTREAM).kept(request.headers)
     out["Accept-Encoding"] = "identity"  # we must read what we record; clients get it uncompressed
     if cfg.upstream_key:  # the proxy's own credential; a client's key never reaches the upstream
@@ -163,7 +164,9 @@ async def _relay_probe(request: web.Request, path: str) -> web.StreamResponse:
         return (base[:-3] if base.endswith("/v1") else base) + tail
 
     with upstream_errors(scratch, cfg.upstream):
-        async with _open(request, scratch, "GET", url_of, headers=_upstream_headers(request)) as up:
+        async with _open(
+            request.app[DOOR], scratch, "GET", url_of, headers=_upstream_headers(request, cfg)
+        ) as up:
             data = await up.read()
             return web.Response(status=up.status, body=data, headers=_client_headers(up))
     raise AssertionError("unreachable")  # pragma: no cover
@@ -297,11 +300,12 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     call = TitoCall(cap, body, tito, cfg.upstream_kind, cfg.tito_endpoint, app[POLICY].salt(cfg))
     await asyncio.to_thread(call.plan)
     path, wire = call.upstream()
-    headers = _upstream_headers(request)
+    headers = _upstream_headers(request, cfg)
     headers["Content-Type"] = "application/json"
+    door = app[DOOR]
     with upstream_errors(cap, cfg.upstream):
         async with _open(
-            request,
+            door,
             cap,
             "POST",
             lambda base: upstream_url(cfg.upstream_kind, base, path),
@@ -320,7 +324,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
         headers,
         lambda: upstream_errors(cap, cfg.upstream),
         cap.metadata,
-        lambda url_of, server, **kw: _open(request, cap, "POST", url_of, server, **kw),
+        lambda url_of, server, **kw: _open(door, cap, "POST", url_of, server, **kw),
     )
     call.settle(await partial.settle(cfg, cap, call.first(), call.up_body, call.prompt, link))
     await asyncio.to_thread(call.commit)
@@ -346,12 +350,12 @@ async def _relay(request: web.Request, door: _Door, call: Call, raw: bytes, rout
         data = raw
     with upstream_errors(cap, cfg.upstream):
         async with _open(
-            request,
+            door,
             cap,
             request.method,
             lambda base: upstream_address(base, path),
             data=data if data else None,
-            headers=_upstream_headers(request, cap.dialect),
+            headers=_upstream_headers(request, cfg, cap.dialect),
         ) as up:
             relay = call.response(up.status, up.content_type, up.headers)
             if relay is not None:
@@ -369,13 +373,10 @@ async def _relay(request: web.Request, door: _Door, call: Call, raw: bytes, rout
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _open(
-    request: web.Request, cap: Capture, method: str, url_of: Any, server: str | None = None, **kw: Any
-) -> Any:
+def _open(door: _Door, cap: Capture, method: str, url_of: Any, server: str | None = None, **kw: Any) -> Any:
     """The upstream's response from the server the fleet picks for the call's session (``fleet.py``;
     ``server``: this one first while it is healthy), the call's policy fence taken there (when
     the call has one: policy tracking on, a generation)."""
-    door = request.app[DOOR]
     policy, meta = door.policy, cap.metadata
     assert door.client is not None
     return open_upstream(
