@@ -538,6 +538,7 @@ class UpstreamClient:
         self._opened = 0
         self._reused = 0
         self._closed = False
+        self._sweep: asyncio.TimerHandle | None = None
 
     def stats(self) -> dict[str, int]:
         return {
@@ -548,6 +549,9 @@ class UpstreamClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for o in self._origins.values():
             o.idle.clear()
         for c in list(self._conns):
@@ -560,6 +564,25 @@ class UpstreamClient:
             return
         conn.idle_since = time.monotonic()
         conn.origin.idle.append(conn)
+        if self._sweep is None:  # idle connections are closed after ``keepalive`` s, as aiohttp's are
+            self._sweep = asyncio.get_running_loop().call_later(self.keepalive, self._expire)
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``keepalive`` s (the oldest are first in each pool)."""
+        self._sweep = None
+        old = time.monotonic() - self.keepalive
+        left = False
+        for o in self._origins.values():
+            idle = o.idle
+            n = 0
+            while n < len(idle) and (idle[n].idle_since <= old or idle[n].closed):
+                idle[n].abort()
+                n += 1
+            if n:
+                del idle[:n]
+            left = left or bool(idle)
+        if left and not self._closed:
+            self._sweep = asyncio.get_running_loop().call_later(self.keepalive / 2, self._expire)
 
     def _target(self, url: str) -> tuple[_Origin, str]:
         start = url.find("://")

@@ -608,6 +608,22 @@ def test_a_connection_idle_longer_than_keepalive_is_not_reused() -> None:
     run(main)
 
 
+def test_an_idle_connection_is_closed_after_keepalive_without_another_request() -> None:
+    """As aiohttp's pool does: nothing left open for a server that never closes its side."""
+
+    async def handler(conn: Conn) -> None:
+        await serve_forever(conn, answer(body=b"ok"))
+
+    async def main() -> None:
+        async with upstream(handler, keepalive=0.2) as (up, client):
+            await get(client, up.url)
+            assert counts(client)[2] == 1
+            await within(up.conns[0].eof.wait(), 1.0)  # closed by the client, no request since
+            assert counts(client)[2] == 0
+
+    run(main)
+
+
 # -- the request on the wire ------------------------------------------------------------------
 
 
