@@ -19,7 +19,8 @@ HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"
 
 
 def build_orchard(upstream: str) -> web.Application:
-    """The forwarder on ``orchard_rec.proxy.upclient.UpstreamClient``."""
+    """The forwarder on ``orchard_rec.proxy.upclient.UpstreamClient`` (its relay is ``build``'s,
+    written out again: the floor's own code stays as every earlier round measured it)."""
     from orchard_rec.proxy.upclient import UpstreamClient
 
     client = UpstreamClient()

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 import yarl
 from multidict import CIMultiDictProxy
+
+from orchard_rec.proxy.upclient import UpstreamClient
 
 from .rawup import (
     Conn,
@@ -39,16 +40,10 @@ from .rawup import (
     within,
 )
 
-upclient = pytest.importorskip("orchard_rec.proxy.upclient")
-UpstreamClient = upclient.UpstreamClient
-
 pytestmark = pytest.mark.network
 
-
-def upstream(
-    handler: Callable[[Conn], Awaitable[None]], **client: Any
-) -> AbstractAsyncContextManager[tuple[RawUpstream, Any]]:
-    return upstream_and_client(UpstreamClient, handler, **client)
+upstream = functools.partial(upstream_and_client, UpstreamClient)
+"""``upstream(handler, **client options)``: a raw upstream and a client to it (``async with``)."""
 
 
 # -- bodies -------------------------------------------------------------------------------------

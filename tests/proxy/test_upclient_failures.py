@@ -11,17 +11,18 @@ The upstreams are the test's own raw ``asyncio`` servers on loopback (``rawup.py
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import aiohttp
 import pytest
 import trustme
+
+from orchard_rec.proxy.upclient import UpstreamClient
 
 from .rawup import (
     Conn,
@@ -39,16 +40,10 @@ from .rawup import (
     within,
 )
 
-upclient = pytest.importorskip("orchard_rec.proxy.upclient")
-UpstreamClient = upclient.UpstreamClient
-
 pytestmark = pytest.mark.network
 
-
-def upstream(
-    handler: Callable[[Conn], Awaitable[None]], **client: Any
-) -> AbstractAsyncContextManager[tuple[RawUpstream, Any]]:
-    return upstream_and_client(UpstreamClient, handler, **client)
+upstream = functools.partial(upstream_and_client, UpstreamClient)
+"""``upstream(handler, **client options)``: a raw upstream and a client to it (``async with``)."""
 
 
 # -- read timeout ---------------------------------------------------------------------------------
