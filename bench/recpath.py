@@ -49,9 +49,7 @@ def _recorder(work: Path, tag: str) -> Recorder:
     rec.spool = Spool(rec.spool_path, preallocate=0, keep_bytes=rec.knobs.spool_keep_bytes)  # as start()
     rec._thread = True  # type: ignore[assignment]  # "started": durable writes inline
     rec.proc = _Ready()  # type: ignore[assignment]  # serve's default: the writer process takes the lines
-    handoff = getattr(rec, "_handoff", None)
-    if handoff is not None:  # as under load: the database thread looks for calls, no put wakes it
-        handoff._asleep = False
+    rec._dbq._asleep = False  # as under load: the database thread looks for calls, no put wakes it
     return rec
 
 

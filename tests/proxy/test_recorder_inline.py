@@ -152,6 +152,7 @@ def test_a_call_whose_line_the_spool_refused_goes_on_as_a_copy(tmp_path: Path) -
         raise OSError(28, "No space left on device")
 
     rec.spool.append_lines = full  # type: ignore[union-attr,method-assign]
+    rec.spool.append_line = full  # type: ignore[union-attr,method-assign]  # (one call's)
     caps = [growing_capture("s", k) for k in range(2)]
     items = _inline(rec, caps)
     assert [it[2] for it in items] == [None, None]  # not in the spool: the database is their only way
