@@ -341,7 +341,7 @@ class Encoder:
         d["parsed"] = cap.request is not None
         d["request"] = self._request(cap, sid, offers)
         d["upstream"] = self._upstream(cap, sid, offers)
-        d["tokens"] = self._tokens(cap)
+        d["tokens"] = None if cap.tokens is None else self._tokens(cap)
         if cap.stream:
             answer: bytes | None = b"".join(cap.chunks)
             if len(cap.arrivals) == len(cap.chunks):  # each chunk's arrival (µs) and length
@@ -376,7 +376,12 @@ class Encoder:
             self.whole += len(raw) >= _SMALL
             out = [_lit(raw)]
         if cap.request is not None and sid is not None:  # the database has its text: a base
-            self.bases.put("req", sid, (cap.call_id, raw, 0, len(raw), -1))  # its CRC: when a ref needs it
+            if len(raw) < _SMALL:  # no delta can use it (``_delta``): not kept, the session's last dropped
+                self.bases.drop("req", sid)
+            else:
+                self.bases.put(
+                    "req", sid, (cap.call_id, raw, 0, len(raw), -1)
+                )  # its CRC: when a ref needs it
             offers["req"] = True
         return out
 
@@ -401,7 +406,10 @@ class Encoder:
             self.whole += len(data) >= _SMALL
             out = [_lit(data)]
         if sid is not None:  # read back, it is rebuilt from the database's recipe: checked by CRC
-            self.bases.put("up", sid, (cap.call_id, data, 0, len(data), -1))
+            if len(data) < _SMALL:  # as a request's (``_request``)
+                self.bases.drop("up", sid)
+            else:
+                self.bases.put("up", sid, (cap.call_id, data, 0, len(data), -1))
             offers["up"] = True
         return {"bytes": out}
 
@@ -501,17 +509,17 @@ def _delta(kind: str, base: tuple[str, bytes, int, int, int], data: bytes) -> li
     """``data`` as the base's first ``P`` bytes + new bytes + the base's last ``S`` bytes, or None
     when they share too little to be worth it."""
     bid, bdata, bs, be, crc = base
-    check: list[int] = []  # ``ids`` refs carry theirs in their own place
-    if kind in ("up", "req"):
-        # a request's or upstream body's CRC is taken when a ref to it is written (-1 until then):
-        # a base no later line refers to (a session's last call, a small one) costs none
-        check.append(crc if crc >= 0 else zlib.crc32(memoryview(bdata)[:-1]))
     b = bdata if (bs, be) == (0, len(bdata)) else bdata[bs:be]
     n = len(b)
     p = common_prefix(data, b)
     s = common_suffix(data, b, min(len(data), n) - p)
     if p + s < _SMALL:
         return None
+    check: list[int] = []  # ``ids`` refs carry theirs in their own place
+    if kind in ("up", "req"):
+        # a request's or upstream body's CRC is taken when a ref to it is written (-1 until then):
+        # a base no later line refers to (a session's last call) costs none
+        check.append(crc if crc >= 0 else zlib.crc32(memoryview(bdata)[:-1]))
     # cut at character boundaries: the new bytes are then text of their own
     while p and p < len(data) and (data[p] & 0xC0) == 0x80:
         p -= 1
@@ -530,16 +538,21 @@ def _delta(kind: str, base: tuple[str, bytes, int, int, int], data: bytes) -> li
 def _recipe(request: Any, up: Any) -> dict[str, Any] | None:
     """Token mode's native plan: ``up`` is the request with ``_INJECTED`` keys set (``plan_for``),
     as ``{key: value}`` to set on a copy of the request; None when it is anything else."""
-    if type(request) is not dict or type(up) is not dict or up is request:
-        return None
-    keys = list(up)
-    if keys[: len(request)] != list(request):  # ``dict(request) | extra`` has the request's keys first
+    if type(request) is not dict or type(up) is not dict or up is request or len(up) < len(request):
         return None
     extra: dict[str, Any] = {}
-    get = request.get
-    for k, v in up.items():
-        if get(k, _INJECTED) is v:
+    items = iter(up.items())
+    for (rk, rv), (k, v) in zip(
+        request.items(), items
+    ):  # ``dict(request) | extra``: the request's keys first
+        if k != rk:
+            return None
+        if v is rv:
             continue
+        if k not in _INJECTED or isinstance(v, dict | list):
+            return None
+        extra[k] = v
+    for k, v in items:  # (zip stops at the request's end without taking one of these)
         if k not in _INJECTED or isinstance(v, dict | list):
             return None
         extra[k] = v

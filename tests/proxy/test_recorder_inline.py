@@ -161,3 +161,78 @@ def test_a_call_whose_line_the_spool_refused_goes_on_as_a_copy(tmp_path: Path) -
     assert all(x.done_at is not None for x in batch) and "spool append failed" in (rec.last_error or "")
     rec.spool.close()  # type: ignore[union-attr]
     store.close()
+
+
+def _recipe_by_definition(request: Any, up: Any) -> Any:
+    """``capline._recipe``'s contract written plainly (its form before it was made faster): ``up`` is
+    ``request`` with the request's keys first, their values the very objects, then only the injected
+    keys (scalars), or the request's own injected keys set to other scalars."""
+    if type(request) is not dict or type(up) is not dict or up is request:
+        return None
+    keys = list(up)
+    if keys[: len(request)] != list(request):
+        return None
+    extra = {}
+    for k, v in up.items():
+        if request.get(k, capline._INJECTED) is v:
+            continue
+        if k not in capline._INJECTED or isinstance(v, dict | list):
+            return None
+        extra[k] = v
+    return extra
+
+
+def test_the_recipe_of_an_upstream_body_is_what_its_definition_says() -> None:
+    import random
+
+    rng = random.Random(40)
+    values: list[Any] = [True, False, 1, "x", None, [1], {"a": 1}]
+    names = ["model", "messages", "logprobs", "return_token_ids", "stream", "cache_salt"]
+    seen = set()
+    for _ in range(20000):
+        request = {k: rng.choice(values) for k in rng.sample(names, rng.randint(0, 5))}
+        how = rng.randint(0, 4)
+        up: Any = dict(request)
+        if how == 0:  # token mode's plan
+            up["return_token_ids"] = up["logprobs"] = True
+        elif how == 1:  # other keys set or changed
+            for k in rng.sample([*capline._INJECTED, "stream", "model"], rng.randint(0, 3)):
+                up[k] = rng.choice(values)
+        elif how == 2:  # the keys in another order
+            items = list(up.items())
+            rng.shuffle(items)
+            up = dict(items)
+            up["logprobs"] = rng.choice(values)
+        elif how == 3:  # equal values, not the same objects
+            up = {k: list(v) if isinstance(v, list) and rng.random() < 0.5 else v for k, v in request.items()}
+            up[rng.choice(capline._INJECTED)] = rng.choice(values)
+        else:  # shorter, or not a dict
+            up = rng.choice([{}, [], dict(list(request.items())[:-1]), request])
+        want = _recipe_by_definition(request, up)
+        got = capline._recipe(request, up)
+        assert got == want and type(got) is type(want), (request, up)
+        seen.add(None if want is None else len(want))
+    assert {None, 0, 1, 2} <= seen
+
+
+def test_lines_of_small_and_large_requests_of_one_session_decode_to_their_bytes() -> None:
+    """A request too short for any delta is not kept as a base (and drops the session's last): the
+    lines after it are written against what the decoder keeps too, and decode byte for byte."""
+    import orjson
+
+    from orchard_rec.records import Dialect
+
+    enc, dec = capline.Encoder(), capline.Decoder(None)
+    sizes = [100, 6000, 6100, 200, 6200, 6300, 50, 50, 7000, 7100]
+    refs = 0
+    for k, n in enumerate(sizes):
+        cap = growing_capture("mix", k)
+        raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "v" * n}], "k": k})
+        cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+        line = orjson.loads(enc.encode(cap))
+        refs += sum(1 for part in line["request"] if part[0] == "ref")
+        assert line["bases"]["req"] is True
+        back = dec.capture(line)
+        assert back.request_raw == raw and back.dialect is Dialect.CHAT
+    assert refs >= 3  # the large ones after a large one were written against it
+    assert all(kind != "req" or len(e[1]) >= 4096 for (kind, _), e in enc.bases._d.items())
