@@ -126,9 +126,11 @@ class Handoff(queue.SimpleQueue[Any]):
         self._asleep = True
         """The database thread waits for a ``put`` to wake it (``_wake``), not for its next look."""
         self._wake = threading.Event()
+        self._put = super().put_nowait
+        """``SimpleQueue.put_nowait``, bound once (``super()`` is an object made per call)."""
 
     def put_nowait(self, item: Any) -> None:
-        super().put_nowait(item)
+        self._put(item)
         if self.poll and (self._asleep or item is _STOP or item[3]):
             self._wake.set()
 

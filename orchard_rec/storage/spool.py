@@ -419,7 +419,9 @@ class Spool:
             ):
                 n = pos + len(data)
                 try:
-                    _pwrite_all(seg.f.fileno(), data, pos)
+                    fd = seg.f.fileno()
+                    if os.pwrite(fd, data, pos) != len(data):  # a full disk, a signal: the rest, or its error
+                        _pwrite_all(fd, data, pos)
                 except BaseException:
                     self._cut(seg, pos)
                     raise
