@@ -47,7 +47,7 @@ class Inline:
 
     if TYPE_CHECKING:
 
-        def _line(self, item: Capture | CallRecord) -> bytes | None: ...
+        def _unencodable(self, cap: Capture) -> bytes | None: ...
         def _spool_batch(
             self, batch: list[Capture | CallRecord], acks: list[Any], db_acks: list[Any], nbytes: int
         ) -> None: ...
@@ -80,7 +80,10 @@ class Inline:
         assert spool is not None
         with self._encoding:
             start = spool.end
-            line = self._line(cap)
+            try:
+                line: bytes | None = self.lines.encode(cap)  # ``_line``, one call less
+            except Exception:  # never leave a call unspooled for a bug here: its whole record instead
+                line = self._unencodable(cap)
             end: int | None = start
             if line is not None:
                 try:

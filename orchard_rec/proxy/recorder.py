@@ -566,14 +566,18 @@ class Recorder(DatabaseThread, Inline):
         try:
             return self.lines.encode(item)
         except Exception:  # never leave a call unspooled for a bug here: its whole record instead
-            log.exception("could not write the capture line of call %s; spooling its record", item.call_id)
-            self.lines.reset()  # it may have become a base, and a record line offers none
-            try:
-                record = item.to_record()
-            except Exception:
-                log.exception("could not build the record of call %s either", item.call_id)
-                return None
-            return self._record_line(record)
+            return self._unencodable(item)
+
+    def _unencodable(self, cap: Capture) -> bytes | None:
+        """The line of a call whose capture line could not be written: its record's (logged)."""
+        log.exception("could not write the capture line of call %s; spooling its record", cap.call_id)
+        self.lines.reset()  # it may have become a base, and a record line offers none
+        try:
+            record = cap.to_record()
+        except Exception:
+            log.exception("could not build the record of call %s either", cap.call_id)
+            return None
+        return self._record_line(record)
 
     def _record_line(self, record: CallRecord) -> bytes | None:
         """A record's spool line; None for one that cannot be serialized (orjson refuses an integer

@@ -8,6 +8,7 @@ as a replay does)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,33 @@ def test_lines_of_small_and_large_requests_of_one_session_decode_to_their_bytes(
         assert back.request_raw == raw and back.dialect is Dialect.CHAT
     assert refs >= 3  # the large ones after a large one were written against it
     assert all(kind != "req" or len(e[1]) >= 4096 for (kind, _), e in enc.bases._d.items())
+
+
+def test_a_call_whose_capture_line_cannot_be_written_goes_inline_as_its_record_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'i.db'}")
+    store.upgrade()
+    rec = _recorder(tmp_path, store)
+    rec.proc = _Ready()  # type: ignore[assignment]
+    encode = rec.lines.encode
+
+    def broken(cap: Any) -> bytes:
+        if cap.call_id == caps[1].call_id:
+            raise RuntimeError("a bug in the encoder")
+        return encode(cap)
+
+    rec.lines.encode = broken  # type: ignore[method-assign]
+    caps = [growing_capture("b", k) for k in range(3)]
+    want = [capline.snapshot(c).to_record() for c in caps]
+    items = _inline(rec, caps)
+    assert [type(x) for it in items for x in it[0]] == [Spooled] * 3
+    lines = [it[5][0] for it in items]
+    assert [load_line(line).get("_k") for line in lines] == ["cap", None, "cap"]  # a record line
+    assert "could not write the capture line" in caplog.text
+    # what was spooled gives the records (the third written whole: the bases were forgotten)
+    got = rec._records([x for it in items for x in it[0]])
+    assert [replace(r, done_at=0.0) for r in got] == [replace(r, done_at=0.0) for r in want]
+    assert all(part[0] != "ref" for part in load_line(lines[2])["request"])
+    rec.spool.close()  # type: ignore[union-attr]
+    store.close()
