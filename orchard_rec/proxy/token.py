@@ -121,9 +121,10 @@ class Plan:
         if c is not None:
             rest, obj, spans = c
             self.cut = (rest, spans)
-            translated = self._translated(obj)
-            if translated is not None:
-                return translated
+            if self.client is not self.upstream:  # (``translated``; a native call needs no look)
+                translated = self._translated(obj)
+                if translated is not None:
+                    return translated
             if self._strip(obj):
                 return orjson.dumps(obj), None
             return rest, None
@@ -138,9 +139,10 @@ class Plan:
                 out = self.wire.upstream_error(status, data)
                 return out, (orjson.loads(out) if out is not data else None)
             return data, None
-        translated = self._translated(obj)
-        if translated is not None:
-            return translated
+        if self.client is not self.upstream:
+            translated = self._translated(obj)
+            if translated is not None:
+                return translated
         if self._strip(obj):
             return orjson.dumps(obj), None
         return data, None
