@@ -57,6 +57,9 @@ import orjson
 
 from orchard_rec.errors import cache_stats
 from orchard_rec.proxy import idcut
+from orchard_rec.proxy.capbases import Bases as _Bases
+from orchard_rec.proxy.capbases import common_prefix, common_suffix
+from orchard_rec.proxy.capbases import same as _same
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.proxy.reqparse import RequestCache
@@ -83,7 +86,6 @@ KIND = "cap"
 """``"_k"`` of a capture line (a line without it is a record line)."""
 _INJECTED = ("return_token_ids", "logprobs")
 """The keys token mode adds to a native chat/completions request (``token.plan_for``)."""
-_BLOCK = 1 << 16
 _COMPACT = b"0123456789,-[]"
 _SMALL = 4096
 """Byte strings shorter than this are written whole: a delta saves nothing worth its base."""
@@ -187,51 +189,7 @@ def is_capture_line(d: dict[str, Any]) -> bool:
     return d.get("_k") == KIND
 
 
-# -- byte helpers --------------------------------------------------------------------------------
-
-
-def _same(a: bytes, i: int, b: memoryview, j: int, n: int) -> bool:
-    """``a[i:i+n] == b[j:j+n]`` at memcmp speed, without copying."""
-    return a.startswith(b[j : j + n], i)
-
-
-def common_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    mb = memoryview(b)
-    k = 0
-    while k < n:
-        step = min(_BLOCK, n - k)
-        if not _same(a, k, mb, k, step):
-            lo, hi = k, k + step  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if _same(a, lo, mb, lo, mid - lo):
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        k += step
-    return n
-
-
-def common_suffix(a: bytes, b: bytes, limit: int) -> int:
-    """The length of the longest common suffix of ``a`` and ``b``, at most ``limit``."""
-    la, lb = len(a), len(b)
-    mb = memoryview(b)
-    k = 0
-    while k < limit:
-        step = min(_BLOCK, limit - k)
-        if not _same(a, la - k - step, mb, lb - k - step, step):
-            lo, hi = k, k + step  # the last lo bytes are equal, the last hi are not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if _same(a, la - mid, mb, lb - mid, mid - lo):
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        k += step
-    return limit
+# -- byte helpers (the prefix/suffix search and the bases: ``capbases``) ---------------------------
 
 
 def _lit(data: bytes | memoryview) -> list[Any]:
@@ -247,55 +205,6 @@ def _compact(data: bytes) -> bool:
 
 
 # -- encoding (the spool thread) -------------------------------------------------------------------
-
-
-class _Bases:
-    """Per session, the last base of one kind: ``(call_id, data, start, end, crc)``, least
-    recently used first out, bounded in bytes (shared by all kinds)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._d: OrderedDict[tuple[str, str], tuple[str, bytes, int, int, int]] = OrderedDict()
-        self._by_id: dict[tuple[str, str], tuple[str, str]] = {}
-
-    def get(self, kind: str, session: str) -> tuple[str, bytes, int, int, int] | None:
-        return self._d.get((kind, session))
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def by_id(self, kind: str, call_id: str) -> tuple[str, bytes, int, int, int] | None:
-        key = self._by_id.get((kind, call_id))
-        return None if key is None else self._d.get(key)
-
-    def put(self, kind: str, session: str, entry: tuple[str, bytes, int, int, int]) -> None:
-        key = (kind, session)
-        old = self._d.pop(key, None)
-        if old is not None:
-            self.bytes -= len(old[1])
-            self._by_id.pop((kind, old[0]), None)
-        size = len(entry[1])
-        if size > self.max_bytes:
-            return
-        self._d[key] = entry
-        self._by_id[(kind, entry[0])] = key
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            (k, _), e = self._d.popitem(last=False)
-            self._by_id.pop((k, e[0]), None)
-            self.bytes -= len(e[1])
-
-    def drop(self, kind: str, session: str) -> None:
-        old = self._d.pop((kind, session), None)
-        if old is not None:
-            self.bytes -= len(old[1])
-            self._by_id.pop((kind, old[0]), None)
-
-    def clear(self) -> None:
-        self._d.clear()
-        self._by_id.clear()
-        self.bytes = 0
 
 
 class Encoder:
