@@ -3,15 +3,17 @@
     python bench/recpath.py [--calls 20000] [--rounds 5] [--profile]
 
 What the proxy's event loop does per non-stream call to record it under the default durability
-(``process``), on ``bench/dbthread.py``'s captures (the c=32 bench's load: one session, token
-mode's plan, ``bench/fakeupstream.py``'s answer): ``Recorder.durable`` (the call's spool line
-snapshotted, encoded and written to a real spool file, the hand-off to the database thread) and
-``Metrics.observe_call``. The database thread is not started: its queue is drained here without
-work, untimed, and the spool acknowledged the way it does (every ~32 calls).
+(``process``) with the writer process ready, on ``bench/dbthread.py``'s captures (the c=32 bench's
+load: one session, token mode's plan, ``bench/fakeupstream.py``'s answer): ``Recorder.durable``
+(the call's spool line encoded and written to a real spool file, and handed to the database thread
+as that line: ``handoff.Inline._spool_one``) and ``Metrics.observe_call``. The database thread is
+not started: its queue is drained here without work, untimed, and the spool acknowledged the way
+it does (every ~32 calls).
 
 Printed: microseconds of thread CPU (``time.thread_time``) per call, the best of ``--rounds``
-rounds: ``durable`` as a whole and its parts (``snapshot``, ``Encoder.encode``,
-``Spool.append_lines``), each timed alone on the same captures, and ``observe_call``.
+rounds: ``durable`` as a whole and its parts (``Encoder.encode``, ``Spool.append_line``), each
+timed alone on the same captures, ``snapshot`` (the copy made instead of the line hand-off when the
+writer process is not ready: not on this path), and ``observe_call``.
 ``--profile``: a cProfile of one more round of ``durable``.
 """
 
@@ -49,9 +51,7 @@ def _recorder(work: Path, tag: str) -> Recorder:
     rec.spool = Spool(rec.spool_path, preallocate=0, keep_bytes=rec.knobs.spool_keep_bytes)  # as start()
     rec._thread = True  # type: ignore[assignment]  # "started": durable writes inline
     rec.proc = _Ready()  # type: ignore[assignment]  # serve's default: the writer process takes the lines
-    handoff = getattr(rec, "_handoff", None)
-    if handoff is not None:  # as under load: the database thread looks for calls, no put wakes it
-        handoff._asleep = False
+    rec._dbq._asleep = False  # as under load: the database thread looks for calls, no put wakes it
     return rec
 
 
@@ -121,10 +121,10 @@ def one_round(n: int, work: Path, tag: str) -> dict[str, float]:
     clock = time.thread_time
     t = clock()
     for k, line in enumerate(lines):
-        end = spool.append_lines([line], sync=False)
+        end = spool.append_line(line)
         if k % ACK_EVERY == ACK_EVERY - 1:
             spool.ack(end)
-    out["  Spool.append_lines"] = clock() - t
+    out["  Spool.append_line"] = clock() - t
     spool.close()
 
     metrics = Metrics(lambda: 0)

@@ -16,7 +16,8 @@ the access log, shared with that process), ``recent`` (a few recent entries per 
 ``partial`` (tito's generations aborted for a weight update, continued after ``/resume``), ``fleet``
 (several upstreams: the sans-io picker, consistent hashing with bounded loads, health checks, safe
 retries), ``capline`` (the spool's capture lines under ``process`` and ``machine``:
-a call's raw material, written as what is new relative to its session's earlier calls), ``app`` (aiohttp routes driving the core; ``edge`` the headers that cross it and its errors in
+a call's raw material, written as what is new relative to its session's earlier calls; ``capbases``
+the encoder's delta bases; ``handoff`` the hand-over to the database thread), ``app`` (aiohttp routes driving the core; ``edge`` the headers that cross it and its errors in
 the caller's dialect), ``server``, ``config``, ``metrics``, ``openapi``, ``upclient`` (the
 calls' HTTP/1.1 client to the upstreams: keep-alive, httptools, aiohttp's exceptions).
 

@@ -458,7 +458,8 @@ def cache_stats(app: web.Application) -> dict[str, dict[str, int]]:
     """Every per-session cache of the proxy: ``entries``, ``bytes``, ``max_bytes``, ``hits`` and
     ``misses`` of each (``requests``: bodies parsed on a session's last, ``ORCHARD_REQUEST_CACHE_MB``;
     ``translations``: Responses/Messages requests translated on the last, the same bound; ``openings``:
-    the digests of long conversation openings a derived session id was hashed from, 8 MiB; ``ids``,
+    the digests of the conversation openings a derived session id was hashed from, 8 MiB for long
+    ones and 256 KiB for short ones kept by their bytes; ``ids``,
     ``state``, ``spool_bases``: ``Recorder.caches``; ``tito``: the sessions' token branches). Misses
     that keep growing with the calls mean more sessions at once than the bound holds: each then
     costs O(its context) again (raise the ``ORCHARD_*_MB`` it names)."""

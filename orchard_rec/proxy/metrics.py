@@ -161,9 +161,13 @@ class Metrics:
         calls[0] += 1
         self._in[0] += bytes_in
         self._out[0] += bytes_out
-        dur.observe(duration)
+        dur.sum += duration  # ``_Hist.observe``, written out (a call less for each)
+        if duration <= dur.top:
+            dur.counts[bisect_left(dur.bounds, duration)] += 1
         if ttfb is not None:
-            first.observe(ttfb)
+            first.sum += ttfb
+            if ttfb <= first.top:
+                first.counts[bisect_left(first.bounds, ttfb)] += 1
         if errors is not None:
             errors[0] += 1
 
@@ -201,17 +205,18 @@ class _Hist:
     cumulative), as ``Histogram.observe`` keeps them (a value goes to the first bucket whose bound
     it does not exceed; NaN to none)."""
 
-    __slots__ = ("bounds", "child", "counts", "sum")
+    __slots__ = ("bounds", "child", "counts", "sum", "top")
 
     def __init__(self, child: Any) -> None:
         self.child = child
         self.bounds: list[float] = list(child._upper_bounds)
+        self.top = self.bounds[-1]
         self.sum = 0.0
         self.counts = [0.0] * len(self.bounds)
 
     def observe(self, v: float) -> None:
         self.sum += v
-        if v <= self.bounds[-1]:  # +Inf: all but NaN
+        if v <= self.top:  # +Inf: all but NaN
             self.counts[bisect_left(self.bounds, v)] += 1
 
     def flush(self) -> None:

@@ -72,7 +72,7 @@ from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.dbproc import WriterProcess
 from orchard_rec.proxy.dbthread import STOP as _STOP
 from orchard_rec.proxy.dbthread import DatabaseThread
-from orchard_rec.proxy.handoff import Handoff, Spooled
+from orchard_rec.proxy.handoff import Handoff, Inline
 from orchard_rec.proxy.idcut import IdParser
 from orchard_rec.records import CallRecord
 from orchard_rec.settings import Settings, current
@@ -119,7 +119,7 @@ def _size(item: Capture | CallRecord) -> int:
     return item.bytes_in + item.bytes_out
 
 
-class Recorder(DatabaseThread):
+class Recorder(DatabaseThread, Inline):
     def __init__(
         self,
         store: Store,
@@ -387,25 +387,6 @@ class Recorder(DatabaseThread):
         await fut  # not through asyncio.shield: two loop steps fewer on the client's wait; a
         # cancelled handler cancels only this future (``settle`` skips it), never the append
 
-    def _write_inline(self, cap: Capture, size: int) -> None:
-        """``process``: write a small call's line here, on the event loop (what the spool thread would
-        do, without the two thread hand-offs on the client's wait); the database thread takes it on.
-        With the writer process ready, the database thread gets the line alone (``Spooled``), not a copy."""
-        cap.submitted = True
-        self._bytes_in += size
-        self.inflight -= 1
-        proc = self.proc
-        if proc is None or not proc.is_ready:
-            self._spool_batch([capline.snapshot(cap)], [], [], size)
-            return
-        done = cap.done_at
-        if done is None:  # as ``snapshot`` has it: the line's call ended now
-            cap.done_at = time.time()
-        try:
-            self._spool_batch([cap], [], [], size, by_line=True)
-        finally:
-            cap.done_at = done
-
     async def admit(self, limit: int, timeout: float) -> bool:
         """Wait while more than ``limit`` bytes are queued (pacing; 0: never). False when the queue
         is still above it after ``timeout`` seconds (the caller answers 429). Event-loop thread."""
@@ -585,14 +566,18 @@ class Recorder(DatabaseThread):
         try:
             return self.lines.encode(item)
         except Exception:  # never leave a call unspooled for a bug here: its whole record instead
-            log.exception("could not write the capture line of call %s; spooling its record", item.call_id)
-            self.lines.reset()  # it may have become a base, and a record line offers none
-            try:
-                record = item.to_record()
-            except Exception:
-                log.exception("could not build the record of call %s either", item.call_id)
-                return None
-            return self._record_line(record)
+            return self._unencodable(item)
+
+    def _unencodable(self, cap: Capture) -> bytes | None:
+        """The line of a call whose capture line could not be written: its record's (logged)."""
+        log.exception("could not write the capture line of call %s; spooling its record", cap.call_id)
+        self.lines.reset()  # it may have become a base, and a record line offers none
+        try:
+            record = cap.to_record()
+        except Exception:
+            log.exception("could not build the record of call %s either", cap.call_id)
+            return None
+        return self._record_line(record)
 
     def _record_line(self, record: CallRecord) -> bytes | None:
         """A record's spool line; None for one that cannot be serialized (orjson refuses an integer
@@ -622,13 +607,10 @@ class Recorder(DatabaseThread):
         acks: list[Ack],
         db_acks: list[Ack],
         nbytes: int,
-        *,
-        by_line: bool = False,
     ) -> None:
         """process / machine: one append for the whole batch (``machine``: and its fsync, group
         commit), release the clients, hand the batch (``Capture`` snapshots: their records are built
-        there) to the database thread, in the spool's order. ``by_line``: the calls themselves, handed
-        on as their lines alone (``Spooled``; as snapshots where a call has no line)."""
+        there) to the database thread, in the spool's order (one call of the event loop's: ``_spool_one``)."""
         assert self.spool is not None
         end: int | None
         with self._encoding:
@@ -646,12 +628,6 @@ class Recorder(DatabaseThread):
                 end = None
             for ack in acks:
                 ack()
-            if by_line:  # not in the spool: a copy (its record needs no base from the database)
-                batch = (
-                    [Spooled(c.call_id, line, self) for c, line in zip(batch, lines)]
-                    if len(lines) == len(batch) and end is not None
-                    else [capline.snapshot(c) if isinstance(c, Capture) else c for c in batch]
-                )
             with self._count_lock:
                 self._dbq_calls += len(batch)
             # a call without a line (set aside) goes to the database from this process, as in-thread

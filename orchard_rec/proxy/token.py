@@ -99,7 +99,12 @@ class Plan:
     @property
     def upstream_path(self) -> str:
         """Where the upstream dialect is called (from the root: ``core.upstream_url`` places it)."""
-        d = dialects.get(self.upstream)
+        # a native plan's upstream is the client's dialect (``wire``, from the registry: ``_plan``)
+        d = (
+            self.wire
+            if self.upstream is self.client and self.wire is not None
+            else dialects.get(self.upstream)
+        )
         if d is None or d.upstream_path is None:
             raise ValueError(f"{self.upstream} has no token-aware upstream route")
         return d.upstream_path
@@ -116,9 +121,10 @@ class Plan:
         if c is not None:
             rest, obj, spans = c
             self.cut = (rest, spans)
-            translated = self._translated(obj)
-            if translated is not None:
-                return translated
+            if self.client is not self.upstream:  # (``translated``; a native call needs no look)
+                translated = self._translated(obj)
+                if translated is not None:
+                    return translated
             if self._strip(obj):
                 return orjson.dumps(obj), None
             return rest, None
@@ -133,9 +139,10 @@ class Plan:
                 out = self.wire.upstream_error(status, data)
                 return out, (orjson.loads(out) if out is not data else None)
             return data, None
-        translated = self._translated(obj)
-        if translated is not None:
-            return translated
+        if self.client is not self.upstream:
+            translated = self._translated(obj)
+            if translated is not None:
+                return translated
         if self._strip(obj):
             return orjson.dumps(obj), None
         return data, None
@@ -153,17 +160,20 @@ class Plan:
         True if anything changed.
         """
         changed = False
-        if self.inject_ids and obj.get("prompt_token_ids") is not None:
+        ids = self.inject_ids
+        if ids and obj.get("prompt_token_ids") is not None:
             obj["prompt_token_ids"] = None
             changed = True
         for c in obj.get("choices") or ():
             if not isinstance(c, dict):
                 continue
-            if self.inject_ids:
-                for k in ("token_ids", "prompt_token_ids"):
-                    if c.get(k) is not None:
-                        c[k] = None
-                        changed = True
+            if ids:
+                if c.get("token_ids") is not None:
+                    c["token_ids"] = None
+                    changed = True
+                if c.get("prompt_token_ids") is not None:
+                    c["prompt_token_ids"] = None
+                    changed = True
             if self.inject_logprobs and c.get("logprobs") is not None:
                 c["logprobs"] = None
                 changed = True

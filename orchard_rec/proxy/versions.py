@@ -141,7 +141,7 @@ class PolicyTracker:
         there counts as moved (never a guess)."""
         fence = metadata.get("policy")
         v = self.servers.get(url)
-        if not isinstance(fence, dict) or "_serial" not in fence or v is None:
+        if v is None or not isinstance(fence, dict) or "_serial" not in fence:
             return
         if not again or fence.get("_on") is None:
             fence["sent"] = v.version
@@ -151,25 +151,19 @@ class PolicyTracker:
             fence["_serial"] = -1
             fence["_on"] = url
 
-    def _of(self, fence: dict[str, Any]) -> Version:
-        return self.servers.get(fence.get("_on") or "", self.newest)
-
-    def done(self, fence: dict[str, Any]) -> dict[str, Any]:
-        """The closing fence: the version when the last token arrived (on the call's server)."""
-        v = self._of(fence)
-        out: dict[str, Any] = {"sent": fence.get("sent"), "done": v.version}
-        if fence.get("_serial") != v.serial and out["sent"] == out["done"]:
-            out["moved"] = True  # changed and changed back inside the call
-        return out
-
     def close(self, metadata: dict[str, Any]) -> None:
         """Close the fence ``metadata["policy"]`` holds, if open (no version known: removed)."""
         fence = metadata.get("policy")
         if isinstance(fence, dict) and "_serial" in fence:
-            closed = self.done(fence)
+            # closed with the version when the last token arrived (on the call's server)
+            v = self.servers.get(fence.get("_on") or "", self.newest)
+            sent, done = fence.get("sent"), v.version
+            closed: dict[str, Any] = {"sent": sent, "done": done}
+            if fence["_serial"] != v.serial and sent == done:
+                closed["moved"] = True  # changed and changed back inside the call
             if "spans" in fence:  # the server's own (tito)
                 closed["spans"] = fence["spans"]
-            if closed["sent"] is None and "spans" not in closed and closed["done"] is None:
+            if sent is None and done is None and "spans" not in closed:
                 del metadata["policy"]
             else:
                 metadata["policy"] = closed

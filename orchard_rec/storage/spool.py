@@ -402,6 +402,41 @@ class Spool:
                     self._dirty.append(seg)
             return self.end
 
+    def append_line(self, line: bytes) -> int:
+        """``append_lines([line], sync=False)`` (the event loop's write of one call, ``process``
+        durability) without the list's work: one ``pwrite`` at the end of the segment being written.
+        Anything else to do first (truncate what is acknowledged, rotate, zero stale lines, zeros kept
+        ahead) goes the general way."""
+        data = line + b"\n"
+        with self._lock:
+            seg = self._segments[-1]
+            pos = seg.size
+            if not (
+                seg.stale
+                or self.preallocate
+                or pos > self.segment_bytes
+                or (self.acked == self.end and (pos > self._keep(seg) or len(self._segments) > 1))
+            ):
+                n = pos + len(data)
+                try:
+                    fd = seg.f.fileno()
+                    if os.pwrite(fd, data, pos) != len(data):  # a full disk, a signal: the rest, or its error
+                        _pwrite_all(fd, data, pos)
+                except BaseException:
+                    self._cut(seg, pos)
+                    raise
+                if seg.room < n:
+                    seg.room = n
+                seg.count += 1
+                seg.size = n
+                self.end += 1
+                if self.unsynced_since is None:
+                    self.unsynced_since = time.monotonic()
+                if seg not in self._dirty:
+                    self._dirty.append(seg)
+                return self.end
+        return self.append_lines((line,), sync=False)
+
     def _synced_upto(self, end: int, now: float) -> None:
         """Everything below ``end`` is fsync'd (the lock held); so is all written, when ``end`` is ``self.end``."""
         self.synced = max(self.synced, end)

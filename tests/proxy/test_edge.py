@@ -133,3 +133,34 @@ def test_session_from_the_opening_is_hashed_once_per_session(monkeypatch: pytest
         assert identity.derive_session(None, None, Dialect.CHAT, b) == plain(b)
     assert identity._openings.bytes <= 64 * 1024
     assert sum(e[2] for e in identity._openings.entries.values()) == identity._openings.bytes
+
+
+def test_a_small_opening_is_hashed_once_and_kept_by_its_bytes_within_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small opening's objects are new each call (the request cache keeps no small body): its digest
+    is kept by its encoded bytes, the same id as hashing it; the bytes kept stay under the bound."""
+    import hashlib
+
+    import orjson
+
+    from orchard_rec.proxy import identity
+    from orchard_rec.records import Dialect
+
+    def plain(body: dict) -> str:  # type: ignore[type-arg]
+        return (
+            "c-" + hashlib.sha256(orjson.dumps([m["content"] for m in body["messages"][:1]])).hexdigest()[:32]
+        )
+
+    monkeypatch.setattr(identity, "_openings", identity._Openings())
+    monkeypatch.setattr(identity._Openings, "SMALL_MAX_BYTES", 4096)
+    ops = identity._openings
+    for _ in range(3):  # new objects each time, equal bytes
+        body = orjson.loads(b'{"model":"m","messages":[{"role":"user","content":"hello there"}]}')
+        assert identity.derive_session(None, None, Dialect.CHAT, body) == plain(body)
+    assert (ops.stats()["hits"], ops.stats()["misses"], len(ops.small), ops.entries) == (2, 1, 1, {})
+    for i in range(200):
+        body = {"messages": [{"role": "user", "content": f"question {i} " + "z" * 50}]}
+        assert identity.derive_session(None, None, Dialect.CHAT, body) == plain(body)
+    assert 0 < ops.small_bytes <= 4096 and ops.small_bytes == sum(map(len, ops.small))
+    assert ops.stats()["bytes"] == ops.small_bytes and ops.stats()["entries"] == len(ops.small)

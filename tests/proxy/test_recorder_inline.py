@@ -8,6 +8,7 @@ as a replay does)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +153,117 @@ def test_a_call_whose_line_the_spool_refused_goes_on_as_a_copy(tmp_path: Path) -
         raise OSError(28, "No space left on device")
 
     rec.spool.append_lines = full  # type: ignore[union-attr,method-assign]
+    rec.spool.append_line = full  # type: ignore[union-attr,method-assign]  # (one call's)
     caps = [growing_capture("s", k) for k in range(2)]
     items = _inline(rec, caps)
     assert [it[2] for it in items] == [None, None]  # not in the spool: the database is their only way
     batch = [x for it in items for x in it[0]]
     assert [type(x).__name__ for x in batch] == ["Capture", "Capture"]
     assert all(x.done_at is not None for x in batch) and "spool append failed" in (rec.last_error or "")
+    rec.spool.close()  # type: ignore[union-attr]
+    store.close()
+
+
+def _recipe_by_definition(request: Any, up: Any) -> Any:
+    """``capline._recipe``'s contract written plainly (its form before it was made faster): ``up`` is
+    ``request`` with the request's keys first, their values the very objects, then only the injected
+    keys (scalars), or the request's own injected keys set to other scalars."""
+    if type(request) is not dict or type(up) is not dict or up is request:
+        return None
+    keys = list(up)
+    if keys[: len(request)] != list(request):
+        return None
+    extra = {}
+    for k, v in up.items():
+        if request.get(k, capline._INJECTED) is v:
+            continue
+        if k not in capline._INJECTED or isinstance(v, dict | list):
+            return None
+        extra[k] = v
+    return extra
+
+
+def test_the_recipe_of_an_upstream_body_is_what_its_definition_says() -> None:
+    import random
+
+    rng = random.Random(40)
+    values: list[Any] = [True, False, 1, "x", None, [1], {"a": 1}]
+    names = ["model", "messages", "logprobs", "return_token_ids", "stream", "cache_salt"]
+    seen = set()
+    for _ in range(20000):
+        request = {k: rng.choice(values) for k in rng.sample(names, rng.randint(0, 5))}
+        how = rng.randint(0, 4)
+        up: Any = dict(request)
+        if how == 0:  # token mode's plan
+            up["return_token_ids"] = up["logprobs"] = True
+        elif how == 1:  # other keys set or changed
+            for k in rng.sample([*capline._INJECTED, "stream", "model"], rng.randint(0, 3)):
+                up[k] = rng.choice(values)
+        elif how == 2:  # the keys in another order
+            items = list(up.items())
+            rng.shuffle(items)
+            up = dict(items)
+            up["logprobs"] = rng.choice(values)
+        elif how == 3:  # equal values, not the same objects
+            up = {k: list(v) if isinstance(v, list) and rng.random() < 0.5 else v for k, v in request.items()}
+            up[rng.choice(capline._INJECTED)] = rng.choice(values)
+        else:  # shorter, or not a dict
+            up = rng.choice([{}, [], dict(list(request.items())[:-1]), request])
+        want = _recipe_by_definition(request, up)
+        got = capline._recipe(request, up)
+        assert got == want and type(got) is type(want), (request, up)
+        seen.add(None if want is None else len(want))
+    assert {None, 0, 1, 2} <= seen
+
+
+def test_lines_of_small_and_large_requests_of_one_session_decode_to_their_bytes() -> None:
+    """A request too short for any delta is not kept as a base (and drops the session's last): the
+    lines after it are written against what the decoder keeps too, and decode byte for byte."""
+    import orjson
+
+    from orchard_rec.records import Dialect
+
+    enc, dec = capline.Encoder(), capline.Decoder(None)
+    sizes = [100, 6000, 6100, 200, 6200, 6300, 50, 50, 7000, 7100]
+    refs = 0
+    for k, n in enumerate(sizes):
+        cap = growing_capture("mix", k)
+        raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "v" * n}], "k": k})
+        cap.request_raw, cap.request, cap.bytes_in = raw, orjson.loads(raw), len(raw)
+        line = orjson.loads(enc.encode(cap))
+        refs += sum(1 for part in line["request"] if part[0] == "ref")
+        assert line["bases"]["req"] is True
+        back = dec.capture(line)
+        assert back.request_raw == raw and back.dialect is Dialect.CHAT
+    assert refs >= 3  # the large ones after a large one were written against it
+    assert all(kind != "req" or len(e[1]) >= 4096 for (kind, _), e in enc.bases._d.items())
+
+
+def test_a_call_whose_capture_line_cannot_be_written_goes_inline_as_its_record_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'i.db'}")
+    store.upgrade()
+    rec = _recorder(tmp_path, store)
+    rec.proc = _Ready()  # type: ignore[assignment]
+    encode = rec.lines.encode
+
+    def broken(cap: Any) -> bytes:
+        if cap.call_id == caps[1].call_id:
+            raise RuntimeError("a bug in the encoder")
+        return encode(cap)
+
+    rec.lines.encode = broken  # type: ignore[method-assign]
+    caps = [growing_capture("b", k) for k in range(3)]
+    want = [capline.snapshot(c).to_record() for c in caps]
+    items = _inline(rec, caps)
+    assert [type(x) for it in items for x in it[0]] == [Spooled] * 3
+    lines = [it[5][0] for it in items]
+    assert [load_line(line).get("_k") for line in lines] == ["cap", None, "cap"]  # a record line
+    assert "could not write the capture line" in caplog.text
+    # what was spooled gives the records (the third written whole: the bases were forgotten)
+    got = rec._records([x for it in items for x in it[0]])
+    assert [replace(r, done_at=0.0) for r in got] == [replace(r, done_at=0.0) for r in want]
+    assert all(part[0] != "ref" for part in load_line(lines[2])["request"])
     rec.spool.close()  # type: ignore[union-attr]
     store.close()

@@ -80,15 +80,19 @@ def _session(upstream_url: str, db: str, tmp: Path, dialect: str, mode: str) -> 
     assert cfg.durability == "process"  # the default
     with BackgroundServer(lambda: build_app(cfg)) as proxy:
         rec = proxy.app[RECORDER]
-        spool_batch = rec._spool_batch
+        spool_batch, spool_one = rec._spool_batch, rec._spool_one
         caps: list[Any] = []
 
         def keep(batch: Any, *args: Any, **kw: Any) -> None:
-            # as the lines have them (``by_line``: the calls themselves, handed on as their lines)
-            caps.extend(capline.snapshot(c) for c in batch)
+            caps.extend(capline.snapshot(c) for c in batch)  # as the lines have them
             spool_batch(batch, *args, **kw)
 
+        def keep_one(cap: Any, size: int) -> None:  # a call written inline, handed on as its line
+            caps.append(capline.snapshot(cap))
+            spool_one(cap, size)
+
         rec._spool_batch = keep
+        rec._spool_one = keep_one
         wait_for(lambda: rec.proc is not None and rec.proc.ready())  # else the first batches go in-thread
         for t in range(6):
             path, body, headers = growing_body(dialect, t, stream=t % 4 >= 2)
