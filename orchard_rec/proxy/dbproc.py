@@ -323,6 +323,7 @@ class _Child:
         self.ids = IdParser(knobs.ids_cache_bytes)
         self.requests = RequestCache(knobs.request_cache_bytes)
         self.decoder = capline.Decoder(self.store, requests=self.requests, max_bytes=knobs.spool_bases_bytes)
+        self.store.encoder.owned = True  # this process's records are its own (``delta.Encoder.owned``)
         self.delay = knobs.fault_write_delay_s
         self.record_of_line = capline.record_of_line
 

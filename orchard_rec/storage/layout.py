@@ -59,6 +59,7 @@ from orchard_rec.storage.packing import (
     _int_array,
     common_prefix,
     compress,
+    compress_json,
     decompress,
     pack_delta,
     pack_floats,
@@ -75,11 +76,13 @@ __all__ = [
     "client_view",
     "collapse_runs",
     "compress",
+    "compress_json",
     "continuation",
     "cut",
     "decompress",
     "derive_upstream",
     "digest",
+    "events_json",
     "image_spans",
     "join_request",
     "pack_delta",
@@ -605,6 +608,47 @@ def _strip(obj: Any, ids: bool, lp: bool) -> Any:
     return out
 
 
+def events_json(events: list[Any], ids: bool, lp: bool) -> bytes:
+    """``orjson.dumps`` of ``events`` as ``client_view`` gives them (each ``[name, data]``'s data
+    through ``_strip``), without their copies: the injected fields are set to null in the objects
+    themselves for the dump and put back after. So the objects must be the caller's alone
+    meanwhile (the database writer process's records: no other thread sees them), and no object
+    an event strips may be another's (a parsed stream's events share none)."""
+    if not (ids or lp):
+        return orjson.dumps(events)
+    undo: list[tuple[dict[str, Any], str, Any]] = []
+    keys = (
+        (("token_ids", "prompt_token_ids", "logprobs") if lp else ("token_ids", "prompt_token_ids"))
+        if ids
+        else ("logprobs",)
+    )
+    for e in events:
+        if not (isinstance(e, list) and len(e) == 2):
+            continue
+        obj = e[1]
+        if not isinstance(obj, dict):
+            continue
+        if ids:
+            v = obj.get("prompt_token_ids")
+            if v is not None:
+                undo.append((obj, "prompt_token_ids", v))
+                obj["prompt_token_ids"] = None
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for c in choices:
+                if isinstance(c, dict):
+                    for k in keys:
+                        v = c.get(k)
+                        if v is not None:
+                            undo.append((c, k, v))
+                            c[k] = None
+    try:
+        return orjson.dumps(events)
+    finally:
+        for obj, k, v in reversed(undo):
+            obj[k] = v
+
+
 def client_view(
     dialect: str,
     response: Any,
@@ -613,10 +657,12 @@ def client_view(
     upstream: Any,
     prompt_ids: Sequence[int] | None,
     completion_ids: Sequence[int] | None,
+    injected_: tuple[bool, bool] | None = None,
 ) -> tuple[Any, list[Any] | None, list[Any]]:
     """``(response, events, restore)``: as the client received them, and without the ids the
-    id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``)."""
-    ids, lp = injected(dialect, request, upstream)
+    id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``).
+    ``injected_``: ``injected(dialect, request, upstream)`` when the caller has it."""
+    ids, lp = injected(dialect, request, upstream) if injected_ is None else injected_
     if ids or lp:
         response = _strip(response, ids, lp)
         if events is not None:
