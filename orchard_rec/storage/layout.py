@@ -663,7 +663,9 @@ def client_view(
     id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``).
     ``injected_``: ``injected(dialect, request, upstream)`` when the caller has it."""
     ids, lp = injected(dialect, request, upstream) if injected_ is None else injected_
+    fresh = False  # ``response`` is a copy made here (its choices list and each choice too): changed in place
     if ids or lp:
+        fresh = isinstance(response, dict)
         response = _strip(response, ids, lp)
         if events is not None:
             events = [
@@ -671,30 +673,33 @@ def client_view(
             ]
     restore: list[Any] = []
     if isinstance(response, dict) and (prompt_ids is not None or completion_ids is not None):
-
-        def same(v: Any, ids: Sequence[int] | None) -> bool:  # without building a list unless it may match
-            if ids is None:
-                return False
-            if v is ids:  # the proxy's ``delta.Ids``, in the answer as it is
-                return True
-            return isinstance(v, list) and len(v) == len(ids) and v == list(ids)
-
-        response = dict(response)
-        if same(response.get("prompt_token_ids"), prompt_ids):
+        if not fresh:
+            response = dict(response)
+        if _same_ids(response.get("prompt_token_ids"), prompt_ids):
             response["prompt_token_ids"] = None
             restore.append([["prompt_token_ids"], "prompt"])
         choices = response.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            c0 = dict(choices[0])
+            c0 = choices[0] if fresh else dict(choices[0])
             for k, which, want in (
                 ("prompt_token_ids", "prompt", prompt_ids),
                 ("token_ids", "completion", completion_ids),
             ):
-                if same(c0.get(k), want):
+                if _same_ids(c0.get(k), want):
                     c0[k] = None
                     restore.append([["choices", 0, k], which])
-            response["choices"] = [c0, *choices[1:]]
+            if not fresh:
+                response["choices"] = [c0, *choices[1:]]
     return response, events, restore
+
+
+def _same_ids(v: Any, ids: Sequence[int] | None) -> bool:
+    """Whether an answer's array ``v`` is ``ids`` (without building a list unless it may be)."""
+    if ids is None:
+        return False
+    if v is ids:  # the proxy's ``delta.Ids``, in the answer as it is
+        return True
+    return isinstance(v, list) and len(v) == len(ids) and v == list(ids)
 
 
 def restore_ids(
