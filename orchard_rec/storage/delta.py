@@ -232,7 +232,7 @@ class Encoder:
                     base = split.bases.get(h)
                     if base is not None and base[0] in st.known:
                         st.bases[h] = base
-            if self.parts and r.dialect.value == "completions":
+            if self.parts and r.dialect == "completions":
                 self._continue(r, st, split, new_blobs)
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
@@ -261,10 +261,11 @@ class Encoder:
             up_refs_col = layout.pack_delta(st.up_refs_id if n else None, n, b"".join(digests[n:]))
             st.up_refs, st.up_refs_id, st.up_texts = digests, r.call_id, msgs
         st.known.update(new_blobs)
-        inj = layout.injected(r.dialect.value, r.request, r.upstream_request)
+        dialect = r.dialect.value
+        inj = layout.injected(dialect, r.request, r.upstream_request)
         own = r.events if self.owned else None  # the events' JSON then without their copies
         response, events, restore = layout.client_view(
-            r.dialect.value,
+            dialect,
             r.response,
             r.events if own is None else None,
             r.request,
