@@ -1,6 +1,6 @@
 """The database writer process's CPU per call under the c=32 bench's load (``--db-writer process``).
 
-    python bench/dbchild.py [--calls 9600] [--batch 32] [--rounds 3] [--profile]
+    python bench/dbchild.py [--calls 9600] [--batch 32] [--rounds 3] [--profile] [--stream [CHUNKS]]
 
 The calls of ``bench/dbthread.py`` (the c=32 bench's: one-message chat, token mode,
 ``bench/fakeupstream.py``'s answer), spooled as the event loop spools them (``capline.snapshot``,
@@ -12,6 +12,9 @@ The calls of ``bench/dbthread.py`` (the c=32 bench's: one-message chat, token mo
 - through a real writer process (``dbproc.WriterProcess``, the pipe protocol included): the
   parent's thread CPU for ``WriterProcess.write`` and the child's CPU from
   ``/proc/<pid>/task/*/schedstat`` (Linux), per call.
+
+``--stream``: streamed calls instead, ``bench/streamrec.py``'s (a token-mode chat stream of
+``CHUNKS`` one-token chunks, default 32, relayed through ``StreamRelay``), per call and per chunk.
 
 Printed: microseconds of CPU per call, the best of ``--rounds`` rounds.
 """
@@ -41,9 +44,15 @@ from orchard_rec.proxy.server import tune_interpreter
 from orchard_rec.storage import Store
 
 
-def lines(n: int) -> list[bytes]:
+def lines(n: int, stream: int = 0) -> list[bytes]:
     enc = capline.Encoder()
-    return [enc.encode(capline.snapshot(capture())) for _ in range(n)]
+    if not stream:
+        return [enc.encode(capline.snapshot(capture())) for _ in range(n)]
+    from fakeupstream import _bodies
+    from streamrec import relayed
+
+    frames = _bodies(stream)[(True, True)]
+    return [enc.encode(capline.snapshot(relayed(frames, i % 64)[0])) for i in range(n)]
 
 
 def _db(work: Path, tag: str) -> str:
@@ -106,13 +115,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--stream", type=int, nargs="?", const=32, default=0, metavar="CHUNKS")
     a = ap.parse_args()
     tune_interpreter()
     logs.configure_logging("info")  # as ``serve`` logs: one access line per call, here to /dev/null
     for h in logging.getLogger("orchard_rec").handlers:
         h.stream = open(os.devnull, "w")  # type: ignore[attr-defined]
     work = Path(tempfile.mkdtemp(prefix="orchard-dbchild-"))
-    ls = lines(a.calls)
+    ls = lines(a.calls, a.stream)
     best: dict[str, float] = {}
     # the child's stderr (its access lines) to /dev/null: it inherits this process's
     saved = os.dup(2)
@@ -128,8 +138,9 @@ def main() -> None:
         got["process: the child"] = child
         for key, v in got.items():
             best[key] = min(best.get(key, v), v)
+    per = a.stream + 2  # a stream's chunks: the first (role, prompt ids), one a token, [DONE]
     for key, v in best.items():
-        print(f"{key:36s} {v:7.1f} us/call")
+        print(f"{key:36s} {v:7.1f} us/call" + (f"  {v / per:5.2f} us/chunk" if a.stream else ""))
     if a.profile:
         prof = cProfile.Profile(time.thread_time)
         in_process(ls, a.batch, _db(work, "prof"), prof)

@@ -8,12 +8,13 @@ its writer thread, never on the event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import sys
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import add
 from typing import Any
@@ -188,12 +189,16 @@ class Capture:
                     upstream_obj = orjson.loads(self.body) if self.body else None
             except orjson.JSONDecodeError:
                 upstream_obj = self.body.decode("utf-8", errors="replace")
-        prompt_ids, completion_ids, logprobs, finish, usage = extract_tokens(
-            self.upstream_dialect, upstream_obj
+        up_wire = dialects.get(self.upstream_dialect)
+        prompt_ids, completion_ids, logprobs, finish, usage = (
+            up_wire.extract_tokens(upstream_obj)
+            if up_wire is not None
+            else extract_tokens(self.upstream_dialect, upstream_obj)
         )
         if self.tokens is not None:
             prompt_ids, completion_ids, logprobs, finish = self.tokens
         response = upstream_obj
+        wire = up_wire
         if self.upstream_dialect is not self.dialect:  # translated: keep what the client saw
             if self.client_events is not None:
                 events = self.client_events
@@ -217,9 +222,8 @@ class Capture:
             metadata = {k: v for k, v in metadata.items() if k != "routed_experts"}
             sent = self.upstream_request if self.upstream_request is not None else self.request
             routed = _routing(upstream_obj, events, sent)
-        wire = dialects.get(self.dialect)
         model = wire.model_of(self.path, self.request) if wire is not None else None
-        return CallRecord(
+        return _record(
             call_id=self.call_id,
             session_id=self.session_id,
             dialect=self.dialect,
@@ -242,16 +246,36 @@ class Capture:
             events=events,
             error=self.error,
             usage=usage if isinstance(usage, dict) else None,
-            prompt_ids=prompt,  # type: ignore[arg-type]  # ``Ids``: a sequence, equal to the tuple
+            prompt_ids=prompt,  # ``Ids``: a sequence, equal to the tuple
             completion_ids=completion_t,
             completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
             finish_reason=finish if isinstance(finish, str) else None,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             metadata=metadata,
+            seq=None,
             policy_versions=versions,
             routed_experts=routed,
         )
+
+
+def _record_maker() -> Callable[..., CallRecord]:
+    """``CallRecord(**fields)``, every field by name (``to_record`` gives them all), ~1 us less a
+    record: the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
+    (a global and an attribute looked up, then the slot found by name); this sets each slot
+    through its own descriptor. Generated as ``dataclasses`` generates ``__init__``, from the
+    fields themselves: a field added to ``CallRecord`` is a missing argument here until
+    ``to_record`` gives it (a ``TypeError`` at the first call, not a record without it)."""
+    names = [f.name for f in dataclasses.fields(CallRecord)]
+    ns: dict[str, Any] = {f"_set_{n}": CallRecord.__dict__[n].__set__ for n in names}
+    ns["_new"], ns["_cls"] = object.__new__, CallRecord
+    body = "".join(f"    _set_{n}(r, {n})\n" for n in names)
+    exec(f"def make(*, {', '.join(names)}):\n    r = _new(_cls)\n{body}    return r\n", ns)
+    make: Callable[..., CallRecord] = ns["make"]
+    return make
+
+
+_record = _record_maker()
 
 
 def _stream_events(
@@ -511,22 +535,26 @@ def _settle(response: Any, events: list[Any] | None, prompt: Any, in_events: boo
     of its first choice, and of an event (or its first choice) when token mode injected the ids
     (``in_events``: storage strips them from what the client received); anywhere else it becomes
     the list it stands for."""
+    _settle_one(response, True, prompt)
+    for e in events or ():
+        if isinstance(e, list) and len(e) == 2:
+            _settle_one(e[1], in_events, prompt)
 
-    def fix(node: Any, allowed: bool) -> None:
-        v = node.get("prompt_token_ids")
-        if isinstance(v, Ids) and not (allowed and v is prompt):
-            node["prompt_token_ids"] = list(v)
 
-    objs = [(response, True)]
-    objs += [(e[1], in_events) for e in events or () if isinstance(e, list) and len(e) == 2]
-    for obj, allowed in objs:
-        if isinstance(obj, dict):
-            fix(obj, allowed)
-            choices = obj.get("choices")
-            if isinstance(choices, list):
-                for i, c in enumerate(choices):
-                    if isinstance(c, dict):
-                        fix(c, allowed and i == 0)
+def _settle_one(obj: Any, allowed: bool, prompt: Any) -> None:
+    """``_settle`` of one answer or event: its ``prompt_token_ids`` and its choices'."""
+    if not isinstance(obj, dict):
+        return
+    v = obj.get("prompt_token_ids")
+    if isinstance(v, Ids) and not (allowed and v is prompt):
+        obj["prompt_token_ids"] = list(v)
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for i, c in enumerate(choices):
+            if isinstance(c, dict):
+                v = c.get("prompt_token_ids")
+                if isinstance(v, Ids) and not (allowed and i == 0 and v is prompt):
+                    c["prompt_token_ids"] = list(v)
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -176,6 +176,11 @@ class Encoder:
         """Session calls encoded on the session's state held here (``Store.write_batch`` counts)."""
         self.misses = 0
         """Session calls whose session had to be read back from the database first."""
+        self.owned = False
+        """The records ``encode`` is given are the caller's alone while it runs (the database
+        writer process's: no other thread holds them), so a stream's events are written as the
+        client received them by nulling the injected fields in place for their dump
+        (``layout.events_json``), not from copies of every event."""
 
     def stats(self) -> dict[str, int]:
         return cache_stats(len(self._states), self._bytes, self.max_bytes, self.hits, self.misses)
@@ -227,7 +232,7 @@ class Encoder:
                     base = split.bases.get(h)
                     if base is not None and base[0] in st.known:
                         st.bases[h] = base
-            if self.parts and r.dialect.value == "completions":
+            if self.parts and r.dialect == "completions":
                 self._continue(r, st, split, new_blobs)
             n = layout.common_prefix(split.refs, st.refs) if st.refs_id else 0
             refs_col = layout.pack_delta(st.refs_id if n else None, n, b"".join(split.refs[n:]))
@@ -256,9 +261,24 @@ class Encoder:
             up_refs_col = layout.pack_delta(st.up_refs_id if n else None, n, b"".join(digests[n:]))
             st.up_refs, st.up_refs_id, st.up_texts = digests, r.call_id, msgs
         st.known.update(new_blobs)
+        dialect = r.dialect.value
+        inj = layout.injected(dialect, r.request, r.upstream_request)
+        own = r.events if self.owned else None  # the events' JSON then without their copies
         response, events, restore = layout.client_view(
-            r.dialect.value, r.response, r.events, r.request, r.upstream_request, prompt, r.completion_ids
+            dialect,
+            r.response,
+            r.events if own is None else None,
+            r.request,
+            r.upstream_request,
+            prompt,
+            r.completion_ids,
+            inj,
         )
+        events_col: bytes | None
+        if own is not None:
+            events_col = layout.compress_json(layout.events_json(own, *inj))
+        else:
+            events_col = None if events is None else layout.compress(events)
         fields = {
             "request_skel": skel,
             "request_refs": refs_col,
@@ -266,7 +286,7 @@ class Encoder:
             "upstream_refs": up_refs_col,
             "response": response,
             "response_ids": restore or None,
-            "events": None if events is None else layout.compress(events),
+            "events": events_col,
             "prompt_ids": prompt_col,
             "completion_ids": None if r.completion_ids is None else layout.pack_ints(r.completion_ids),
             "completion_logprobs": None

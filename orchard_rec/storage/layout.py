@@ -59,6 +59,7 @@ from orchard_rec.storage.packing import (
     _int_array,
     common_prefix,
     compress,
+    compress_json,
     decompress,
     pack_delta,
     pack_floats,
@@ -75,11 +76,13 @@ __all__ = [
     "client_view",
     "collapse_runs",
     "compress",
+    "compress_json",
     "continuation",
     "cut",
     "decompress",
     "derive_upstream",
     "digest",
+    "events_json",
     "image_spans",
     "join_request",
     "pack_delta",
@@ -605,6 +608,47 @@ def _strip(obj: Any, ids: bool, lp: bool) -> Any:
     return out
 
 
+def events_json(events: list[Any], ids: bool, lp: bool) -> bytes:
+    """``orjson.dumps`` of ``events`` as ``client_view`` gives them (each ``[name, data]``'s data
+    through ``_strip``), without their copies: the injected fields are set to null in the objects
+    themselves for the dump and put back after. So the objects must be the caller's alone
+    meanwhile (the database writer process's records: no other thread sees them), and no object
+    an event strips may be another's (a parsed stream's events share none)."""
+    if not (ids or lp):
+        return orjson.dumps(events)
+    undo: list[tuple[dict[str, Any], str, Any]] = []
+    keys = (
+        (("token_ids", "prompt_token_ids", "logprobs") if lp else ("token_ids", "prompt_token_ids"))
+        if ids
+        else ("logprobs",)
+    )
+    for e in events:
+        if not (isinstance(e, list) and len(e) == 2):
+            continue
+        obj = e[1]
+        if not isinstance(obj, dict):
+            continue
+        if ids:
+            v = obj.get("prompt_token_ids")
+            if v is not None:
+                undo.append((obj, "prompt_token_ids", v))
+                obj["prompt_token_ids"] = None
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for c in choices:
+                if isinstance(c, dict):
+                    for k in keys:
+                        v = c.get(k)
+                        if v is not None:
+                            undo.append((c, k, v))
+                            c[k] = None
+    try:
+        return orjson.dumps(events)
+    finally:
+        for obj, k, v in reversed(undo):
+            obj[k] = v
+
+
 def client_view(
     dialect: str,
     response: Any,
@@ -613,11 +657,15 @@ def client_view(
     upstream: Any,
     prompt_ids: Sequence[int] | None,
     completion_ids: Sequence[int] | None,
+    injected_: tuple[bool, bool] | None = None,
 ) -> tuple[Any, list[Any] | None, list[Any]]:
     """``(response, events, restore)``: as the client received them, and without the ids the
-    id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``)."""
-    ids, lp = injected(dialect, request, upstream)
+    id columns hold (``restore`` lists where to put them back: ``[path, "prompt"|"completion"]``).
+    ``injected_``: ``injected(dialect, request, upstream)`` when the caller has it."""
+    ids, lp = injected(dialect, request, upstream) if injected_ is None else injected_
+    fresh = False  # ``response`` is a copy made here (its choices list and each choice too): changed in place
     if ids or lp:
+        fresh = isinstance(response, dict)
         response = _strip(response, ids, lp)
         if events is not None:
             events = [
@@ -625,30 +673,33 @@ def client_view(
             ]
     restore: list[Any] = []
     if isinstance(response, dict) and (prompt_ids is not None or completion_ids is not None):
-
-        def same(v: Any, ids: Sequence[int] | None) -> bool:  # without building a list unless it may match
-            if ids is None:
-                return False
-            if v is ids:  # the proxy's ``delta.Ids``, in the answer as it is
-                return True
-            return isinstance(v, list) and len(v) == len(ids) and v == list(ids)
-
-        response = dict(response)
-        if same(response.get("prompt_token_ids"), prompt_ids):
+        if not fresh:
+            response = dict(response)
+        if _same_ids(response.get("prompt_token_ids"), prompt_ids):
             response["prompt_token_ids"] = None
             restore.append([["prompt_token_ids"], "prompt"])
         choices = response.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            c0 = dict(choices[0])
+            c0 = choices[0] if fresh else dict(choices[0])
             for k, which, want in (
                 ("prompt_token_ids", "prompt", prompt_ids),
                 ("token_ids", "completion", completion_ids),
             ):
-                if same(c0.get(k), want):
+                if _same_ids(c0.get(k), want):
                     c0[k] = None
                     restore.append([["choices", 0, k], which])
-            response["choices"] = [c0, *choices[1:]]
+            if not fresh:
+                response["choices"] = [c0, *choices[1:]]
     return response, events, restore
+
+
+def _same_ids(v: Any, ids: Sequence[int] | None) -> bool:
+    """Whether an answer's array ``v`` is ``ids`` (without building a list unless it may be)."""
+    if ids is None:
+        return False
+    if v is ids:  # the proxy's ``delta.Ids``, in the answer as it is
+        return True
+    return isinstance(v, list) and len(v) == len(ids) and v == list(ids)
 
 
 def restore_ids(

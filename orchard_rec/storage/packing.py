@@ -18,6 +18,7 @@ import zstandard
 __all__ = [
     "common_prefix",
     "compress",
+    "compress_json",
     "decompress",
     "pack_delta",
     "pack_floats",
@@ -120,10 +121,15 @@ _ZC = threading.local()
 
 
 def compress(obj: Any) -> bytes:
+    return compress_json(orjson.dumps(obj))
+
+
+def compress_json(data: bytes) -> bytes:
+    """``compress`` of the object whose ``orjson.dumps`` is ``data``."""
     zc = getattr(_ZC, "c", None)
     if zc is None:
         zc = _ZC.c = zstandard.ZstdCompressor(level=3)
-    return bytes(zc.compress(orjson.dumps(obj)))
+    return bytes(zc.compress(data))
 
 
 def decompress(data: bytes) -> Any:

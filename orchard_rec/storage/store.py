@@ -321,7 +321,9 @@ class Store:
         docs: list[tuple[str, str | None, str]] | None = [] if self._searchable(db) else None
         for r in order:
             sid = r.session_id or ""
-            st = states.setdefault(sid, SessionState())
+            st = states.get(sid)
+            if st is None:  # (not ``setdefault``: a state made for every call, dropped by all but one)
+                st = states[sid] = SessionState()
             fields, new = self.encoder.encode(r, st)
             rows.append(_row(r, seqs.get(r.call_id), fields))
             if docs is not None:

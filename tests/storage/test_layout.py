@@ -531,3 +531,39 @@ def test_tito_prompt_ids_as_4_byte_arrays_are_derived_as_before() -> None:
     other = _ints([*ids[:-1], 1])
     recipe, _ = layout.derive_upstream(up, {"model": "m"}, other)
     assert ["prompt", "p"] not in recipe["k"]
+
+
+def test_events_json_is_the_client_views_dump_and_leaves_the_events_as_they_were() -> None:
+    """The writer process's events column (``events_json``, nulling in place) is the bytes of the
+    copies ``client_view`` makes, for every kind of event and each injected set; the events are
+    unchanged after."""
+    first = {"id": "c", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    token = {
+        "id": "c",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "x"},
+                "logprobs": {"content": [{"logprob": -0.1}]},
+                "token_ids": [7],
+            },
+            {"index": 1, "prompt_token_ids": [3], "token_ids": None, "logprobs": None},
+            "not a choice",
+        ],
+    }
+    events: list[Any] = [
+        [None, first],
+        [None, token],
+        ["named", {"choices": {"not": "a list"}, "prompt_token_ids": None}],
+        [None, "[DONE]"],
+        ["only a name"],
+        ("a", {"prompt_token_ids": [9]}),
+        [None, [1, 2]],
+    ]
+    before = orjson.dumps(events)
+    for ids in (False, True):
+        for lp in (False, True):
+            _, view, _ = layout.client_view("chat", None, events, {}, {}, None, None, (ids, lp))
+            assert layout.events_json(events, ids, lp) == orjson.dumps(view)
+            assert layout.compress_json(layout.events_json(events, ids, lp)) == layout.compress(view)
+            assert orjson.dumps(events) == before
