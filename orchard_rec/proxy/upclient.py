@@ -236,7 +236,6 @@ class UpResponse:
         "_timer",
         "_waiter",
         "_whole",
-        "content",
         "content_type",
         "headers",
         "reason",
@@ -246,7 +245,8 @@ class UpResponse:
     def __init__(self, conn: _Conn, method: str, timeout: float | None) -> None:
         self._conn: _Conn | None = conn
         self._method = method
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: Any = httptools.HttpResponseParser(self)
+        """(Dropped at the end: parser and answer refer to each other, a cycle only the collector frees.)"""
         self._hdrs: list[tuple[str, str]] = []
         self._reason = b""
         self._began = False
@@ -264,7 +264,6 @@ class UpResponse:
         self._last = time.monotonic()
         self._timeout = timeout
         self._timer: asyncio.TimerHandle | None = None
-        self.content = self
         self.status = 0
         self.reason = ""
         self.content_type = "application/octet-stream"
@@ -307,6 +306,8 @@ class UpResponse:
             self._finish(keep=self._parser.should_keep_alive() and not self._close)
 
     def on_body(self, body: bytes) -> None:
+        if self._done:  # a HEAD answer is over at its head
+            return
         if self._decode is not None:
             try:
                 body = self._decode.decompress(body)
@@ -329,7 +330,7 @@ class UpResponse:
                 conn.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        if self.status == 0:  # the end of a 1xx
+        if self.status == 0 or self._done:  # the end of a 1xx; a HEAD answer ended at its head
             return
         if self._decode is not None:
             try:
@@ -347,6 +348,7 @@ class UpResponse:
     def _finish(self, *, keep: bool) -> None:
         """The whole answer is in: the connection back to the pool (or closed), the reader woken."""
         self._done = True
+        self._parser = None
         self._stop_timer()
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -382,6 +384,7 @@ class UpResponse:
                     if tail:
                         self._chunks.append(tail)
                 self._done = True
+                self._parser = None
                 self._stop_timer()
                 self._wake()
                 return
@@ -394,6 +397,7 @@ class UpResponse:
         if self._done:
             return
         self._done = True
+        self._parser = None
         self._exc = exc
         self._stop_timer()
         conn, self._conn = self._conn, None
@@ -467,6 +471,12 @@ class UpResponse:
             chunks.clear()
         self._buffered = 0
         return out
+
+    @property
+    def content(self) -> UpResponse:
+        """The body's reader (``content.iter_any()``, as aiohttp's): the answer itself (a property,
+        not an attribute: an object that refers to itself is a cycle only the collector frees)."""
+        return self
 
     def iter_any(self) -> UpResponse:
         """``async for chunk in resp.content.iter_any()``: the body's chunks as they arrive."""
