@@ -445,6 +445,7 @@ class UpResponse:
     # -- the reader's side ----------------------------------------------------------------------
 
     async def _wait(self) -> None:
+        """Until the callbacks wake the reader (``on_body``, the end); ``_last``: since when it waits."""
         w = asyncio.get_running_loop().create_future()
         self._waiter = w
         self._last = time.monotonic()
@@ -492,7 +493,10 @@ class UpResponse:
                 raise self._exc
             if self._done:
                 raise StopAsyncIteration
-            await self._wait()
+            # ``_wait`` written out (a coroutine less per chunk); the callbacks clear the waiter
+            w = self._waiter = asyncio.get_running_loop().create_future()
+            self._last = time.monotonic()
+            await w
         b = chunks.popleft()
         self._buffered -= len(b)
         if self._paused and self._buffered <= HIGH_WATER:
