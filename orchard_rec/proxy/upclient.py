@@ -345,14 +345,21 @@ class UpResponse:
 
     # -- the connection's end -----------------------------------------------------------------
 
-    def _finish(self, *, keep: bool) -> None:
-        """The whole answer is in: the connection back to the pool (or closed), the reader woken."""
+    def _end(self) -> _Conn | None:
+        """Mark the answer over: its parser dropped (parser and answer refer to each other), its
+        timer stopped, its connection detached (returned: the caller pools or closes it)."""
         self._done = True
         self._parser = None
         self._stop_timer()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.resp = None
+        return conn
+
+    def _finish(self, *, keep: bool) -> None:
+        """The whole answer is in: the connection back to the pool (or closed), the reader woken."""
+        conn = self._end()
+        if conn is not None:
             if self._paused and conn.transport is not None:
                 self._paused = False
                 conn.transport.resume_reading()
@@ -383,9 +390,7 @@ class UpResponse:
                         return
                     if tail:
                         self._chunks.append(tail)
-                self._done = True
-                self._parser = None
-                self._stop_timer()
+                self._end()
                 self._wake()
                 return
             why = f": {exc}" if exc is not None else ""
@@ -396,13 +401,9 @@ class UpResponse:
     def _lost(self, exc: BaseException) -> None:
         if self._done:
             return
-        self._done = True
-        self._parser = None
         self._exc = exc
-        self._stop_timer()
-        conn, self._conn = self._conn, None
+        conn = self._end()
         if conn is not None:
-            conn.resp = None
             conn.abort()
         head = self._head
         if head is not None and not head.done():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -35,15 +36,20 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _relay(gaps: str, busy_after: int = -1, busy_for: float = 0.0) -> tuple[list[float], str | None]:
-    """Read the stream as the relay does; ``(arrivals, the exception's name or None)``."""
+async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
+    """A loopback aiohttp server answering ``GET /`` with ``handler``; its runner and port."""
     app = web.Application()
-    app.router.add_get("/", _stream)
+    app.router.add_get("/", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def _relay(gaps: str, busy_after: int = -1, busy_for: float = 0.0) -> tuple[list[float], str | None]:
+    """Read the stream as the relay does; ``(arrivals, the exception's name or None)``."""
+    runner, port = await _serve(_stream)
     arrivals: list[float] = []
     client = UpstreamClient(read_timeout=TIMEOUT)
     try:
@@ -88,13 +94,7 @@ def test_no_timeout_configured_sets_no_timer() -> None:
             await resp.write(b"x")
             return resp
 
-        app = web.Application()
-        app.router.add_get("/", hello)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(hello)
         try:
             client = UpstreamClient(read_timeout=None)
             async with await client.request("GET", f"http://127.0.0.1:{port}/") as up:
@@ -122,13 +122,7 @@ def test_answers_leave_no_reference_cycles() -> None:
                 return resp
             return web.Response(body=b"x" * 100)
 
-        app = web.Application()
-        app.router.add_get("/", hello)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(hello)
         client = UpstreamClient(read_timeout=5.0)
         try:
             for _ in range(3):  # warm: connections, caches
