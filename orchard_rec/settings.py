@@ -116,6 +116,8 @@ KNOBS: tuple[Knob, ...] = (
          "policy-version fences and polling (off: none)"),
     Knob("tito_render", "ORCHARD_TITO_RENDER", "", "whole/empty", _text,
          "token-in/token-out prompt rendering (whole: render the whole conversation each call)"),
+    Knob("front", "ORCHARD_FRONT", "lean", "lean/aiohttp", _text,
+         "the proxy's HTTP server for its calls (aiohttp: aiohttp's web server for every request)"),
     Knob("gc_threshold", "ORCHARD_GC_THRESHOLD", (50_000, 20, 100), "a,b,c", _gc,
          "the proxy's (and its writer process's) garbage-collector thresholds"),
     Knob("debug", "ORCHARD_DEBUG", "", "0/1", _text, "the CLI shows tracebacks (like --debug)"),
@@ -148,6 +150,7 @@ class Settings:
     upstream_check_s: float = 10.0
     policy_tracking: str = "on"
     tito_render: str = ""
+    front: str = "lean"
     gc_threshold: tuple[int, int, int] = (50_000, 20, 100)
     debug: str = ""
     harness_cache: str = ""
@@ -173,6 +176,10 @@ class Settings:
     @property
     def tito_renders_whole(self) -> bool:
         return self.tito_render.strip().lower() == "whole"
+
+    @property
+    def lean_front(self) -> bool:
+        return self.front.strip().lower() != "aiohttp"
 
     @property
     def debugging(self) -> bool:

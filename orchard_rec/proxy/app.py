@@ -47,7 +47,7 @@ from orchard_rec.errors import (
     UsageError,
 )
 from orchard_rec.harnesses import is_probe
-from orchard_rec.proxy import partial, reqparse, tochat
+from orchard_rec.proxy import front, partial, reqparse, tochat
 from orchard_rec.proxy.capture import Capture
 from orchard_rec.proxy.config import ProxyConfig
 from orchard_rec.proxy.core import Call, StreamRelay, dialect_of, renders, upstream_address
@@ -329,7 +329,7 @@ async def _relay_tito(request: web.Request, cap: Capture, body: dict[str, Any]) 
     call.settle(await partial.settle(cfg, cap, call.first(), call.up_body, call.prompt, link))
     await asyncio.to_thread(call.commit)
     payload, ctype = call.reply()
-    resp = web.StreamResponse(status=200, headers={"Content-Type": ctype})
+    resp = front.stream(request, 200, {"Content-Type": ctype})
     if call.wait_durable(cfg.durability):
         cap.done_at = time.time()
         app[POLICY].close(cap.metadata)
@@ -361,7 +361,7 @@ async def _relay(request: web.Request, door: _Door, call: Call, raw: bytes, rout
             if relay is not None:
                 return await _relay_stream(request, call, relay, up)
             out = call.body(await up.read(), up.status)
-            resp = web.Response(status=up.status, body=out, headers=_client_headers(up))
+            resp = front.reply(request, up.status, out, _client_headers(up))
             if cfg.durability != "async":
                 cap.done_at = time.time()
                 door.policy.close(cap.metadata)
@@ -398,7 +398,7 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Relay an event stream chunk by chunk, as ``relay`` (the core) rewrites it."""
     cap = call.cap
-    resp = web.StreamResponse(status=up.status, headers=_client_headers(up))
+    resp = front.stream(request, up.status, _client_headers(up))
     if call.client_content_type is not None:
         resp.headers["Content-Type"] = call.client_content_type
     await resp.prepare(request)
@@ -694,8 +694,9 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_post("/sessions/{sid}/outcome", guarded(post_outcome))
     app.router.add_get("/openapi.json", guarded(openapi_handler))
     app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
-    app.router.add_route("*", "/v1/{tail:.*}", guarded(proxy_handler))
-    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", guarded(proxy_handler))
+    calls = app[front.HANDLER] = guarded(proxy_handler)  # on the proxy's own server (``front``) too
+    app.router.add_route("*", "/v1/{tail:.*}", calls)
+    app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", calls)
     if config.ui:
         _mount_ui(app, config)
     # probes some harnesses send before their first model call (hermes-agent: /api/tags, /props, /version ...)

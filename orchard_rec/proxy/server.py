@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from orchard_rec.proxy.front import HANDLER, Front
 from orchard_rec.proxy.logs import LoggedStore, configure_logging
 from orchard_rec.settings import Settings
 
@@ -65,6 +66,12 @@ async def _serve(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(unix_path)  # left by a worker killed before
         await web.UnixSite(runner, unix_path).start()
+    handler = app.get(HANDLER)
+    if handler is not None and Settings.one("front").strip().lower() != "aiohttp":
+        await _serve_front(
+            app, runner, handler, host, port, stop, ready, shutdown_timeout, ssl_context, reuse_port
+        )
+        return
     site = web.TCPSite(
         runner,
         host,
@@ -87,6 +94,36 @@ async def _serve(
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+async def _serve_front(
+    app: web.Application,
+    runner: web.AppRunner,
+    handler: Any,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    ready: Callable[[int], None] | None,
+    shutdown_timeout: float,
+    ssl_context: Any,
+    reuse_port: bool,
+) -> None:
+    """The proxy's calls on its own server (``proxy.front``), aiohttp's for every other request."""
+    front = Front(app, runner, handler)
+    try:
+        bound = await front.start(host, port, reuse_port=reuse_port, ssl_context=ssl_context)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    if ready is not None:
+        ready(bound)
+    try:
+        await stop.wait()
+    finally:
+        try:
+            await front.close(shutdown_timeout)
+        finally:
+            await runner.cleanup()
 
 
 def tune_interpreter() -> None:
