@@ -495,6 +495,7 @@ async def healthz(request: web.Request) -> web.Response:
         "db_writer": rec.writer_state,
         "caches": cache_stats(request.app),
         "policy": request.app[POLICY].state(),
+        "front": request.app[front.ENTRY].state(),
     }
     if request.app[CONFIG].worker is not None:  # ``serve --workers N``: the one that answered
         body["worker"] = {"index": request.app[CONFIG].worker, "pid": os.getpid()}
@@ -694,7 +695,8 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_post("/sessions/{sid}/outcome", guarded(post_outcome))
     app.router.add_get("/openapi.json", guarded(openapi_handler))
     app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
-    calls = app[front.HANDLER] = guarded(proxy_handler)  # on the proxy's own server (``front``) too
+    calls = guarded(proxy_handler)
+    app[front.ENTRY] = front.Entry(calls)  # the calls on the proxy's own server (``front``) too
     app.router.add_route("*", "/v1/{tail:.*}", calls)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", calls)
     if config.ui:

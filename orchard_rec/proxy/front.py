@@ -40,13 +40,35 @@ from aiohttp import hdrs, web
 from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
-__all__ = ["HANDLER", "Front", "LeanReply", "LeanRequest", "reply", "stream"]
+__all__ = ["ENTRY", "Entry", "Front", "LeanReply", "LeanRequest", "reply", "stream"]
 
 log = logging.getLogger("orchard_rec.proxy")
 
 Handler = Callable[[Any], Awaitable[Any]]
-HANDLER = web.AppKey("front_handler", object)
-"""The handler this server gives its calls (``build_app`` sets it: the guarded ``proxy_handler``)."""
+
+
+class Entry:
+    """What an app gives this server: the handler of its calls (``build_app``: the guarded
+    ``proxy_handler``), and what the server counts (``/healthz``'s ``front``)."""
+
+    __slots__ = ("calls", "handed_over", "handler", "serving")
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.serving = False
+        """Whether this server serves the app (else aiohttp's serves every request: ``ORCHARD_FRONT=aiohttp``)."""
+        self.calls = 0
+        """Requests this server took."""
+        self.handed_over = 0
+        """Connections handed to aiohttp's server (at their first request it does not take)."""
+
+    def state(self) -> dict[str, Any]:
+        if not self.serving:
+            return {"server": "aiohttp"}
+        return {"server": "lean", "calls": self.calls, "handed_over": self.handed_over}
+
+
+ENTRY = web.AppKey("front", Entry)
 
 KEEPALIVE = 3630.0
 """Seconds an idle keep-alive connection is kept (aiohttp's server default)."""
@@ -158,6 +180,8 @@ class LeanReply:
     def __init__(self, status: int, headers: Any, body: bytes | None) -> None:
         self.status = status
         self.headers = CIMultiDict(headers) if headers else CIMultiDict()
+        if status < 200 or status in (204, 304):  # no body, no length (aiohttp's rule too)
+            body = b""
         self._body = body
         self._chunked = body is None
         self._started = False
@@ -176,6 +200,8 @@ class LeanReply:
                 lines.append(f"{k}: {v}\r\n")
         if self._chunked:
             lines.append("Transfer-Encoding: chunked\r\n")
+        elif self.status < 200 or self.status in (204, 304):
+            pass
         else:
             lines.append(f"Content-Length: {len(self._body or b'')}\r\n")
         if "Content-Type" not in headers and (self._chunked or self._body):
@@ -207,7 +233,7 @@ class LeanReply:
             raise RuntimeError("Cannot call write() before prepare()")
         if self._eof:
             raise RuntimeError("Cannot call write() after write_eof()")
-        if data:
+        if data and self._chunked:  # (an answer that may have no body drops it, as aiohttp does)
             await conn.send(b"%x\r\n%b\r\n" % (len(data), data))
 
     async def write_eof(self, data: bytes = b"") -> None:
@@ -269,6 +295,7 @@ class _Conn(asyncio.Protocol):
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
         self.closing = False
+        self.bad = False  # a request that could not be parsed, with no known start
         self.lingering: asyncio.Future[None] | None = None
         self.idle_since = 0.0
 
@@ -301,6 +328,7 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.waiting is not None:  # a request for aiohttp waits for the answers before it
             self.waiting.append(data)
+            self.transport.pause_reading()  # (resumed when the connection is aiohttp's)
             return
         self.fresh = not self.in_message
         self.begun = 0
@@ -321,8 +349,10 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError:
             if self.raw is not None:  # aiohttp answers it as it always has
                 self._aiohttp_from_here()
-            else:
-                self._bad_request()
+            else:  # after the answers before it
+                self.bad = True
+                self.waiting = []
+                self._maybe_hand_over()
             return
         if self.divert is not None and not self.in_message:
             self.waiting = []
@@ -435,6 +465,7 @@ class _Conn(asyncio.Protocol):
     # -- requests and answers -------------------------------------------------------------------
 
     def _enqueue(self, req: LeanRequest) -> None:
+        self.front.entry.calls += 1
         if self.task is None and not self.queue:
             self.task = asyncio.get_running_loop().create_task(self._answer(req))
         else:
@@ -499,13 +530,18 @@ class _Conn(asyncio.Protocol):
     def _maybe_hand_over(self) -> None:
         if self.task is not None or self.queue or self.closing:
             return  # after the answers before it
+        if self.bad:
+            self._bad_request()
+            return
         data = bytes(self.divert or b"") + b"".join(self.waiting or ())
         proto = self.front.aiohttp()
         transport = self.transport
         self.front.conns.discard(self)
+        self.front.entry.handed_over += 1
         self.parser = None  # type: ignore[assignment]
         transport.set_protocol(proto)
         proto.connection_made(transport)
+        transport.resume_reading()
         if self.paused:
             proto.pause_writing()
         if data:
@@ -524,9 +560,10 @@ class _Conn(asyncio.Protocol):
 class Front:
     """The server: ``start`` listens, ``close`` stops accepting, lets calls finish, closes the rest."""
 
-    def __init__(self, app: web.Application, runner: web.AppRunner, handler: Handler) -> None:
+    def __init__(self, app: web.Application, runner: web.AppRunner, entry: Entry) -> None:
         self.app = app
-        self.handler = handler
+        self.entry = entry
+        self.handler = entry.handler
         self.aiohttp: Callable[[], Any] = runner.server  # type: ignore[assignment]
         self.max_size: int = app._client_max_size
         self.conns: set[_Conn] = set()
@@ -545,6 +582,7 @@ class Front:
             ssl=ssl_context,
         )
         self._sweeper = loop.call_later(60.0, self._sweep)
+        self.entry.serving = True
         sockets = self.server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 

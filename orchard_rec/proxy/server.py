@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from orchard_rec.proxy.front import HANDLER, Front
+from orchard_rec.proxy.front import ENTRY, Entry, Front
 from orchard_rec.proxy.logs import LoggedStore, configure_logging
 from orchard_rec.settings import Settings
 
@@ -66,10 +66,10 @@ async def _serve(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(unix_path)  # left by a worker killed before
         await web.UnixSite(runner, unix_path).start()
-    handler = app.get(HANDLER)
-    if handler is not None and Settings.one("front").strip().lower() != "aiohttp":
+    entry = app.get(ENTRY)
+    if entry is not None and Settings.one("front").strip().lower() != "aiohttp":
         await _serve_front(
-            app, runner, handler, host, port, stop, ready, shutdown_timeout, ssl_context, reuse_port
+            app, runner, entry, host, port, stop, ready, shutdown_timeout, ssl_context, reuse_port
         )
         return
     site = web.TCPSite(
@@ -99,7 +99,7 @@ async def _serve(
 async def _serve_front(
     app: web.Application,
     runner: web.AppRunner,
-    handler: Any,
+    entry: Entry,
     host: str,
     port: int,
     stop: asyncio.Event,
@@ -109,7 +109,7 @@ async def _serve_front(
     reuse_port: bool,
 ) -> None:
     """The proxy's calls on its own server (``proxy.front``), aiohttp's for every other request."""
-    front = Front(app, runner, handler)
+    front = Front(app, runner, entry)
     try:
         bound = await front.start(host, port, reuse_port=reuse_port, ssl_context=ssl_context)
     except BaseException:
