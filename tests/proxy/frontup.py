@@ -7,7 +7,7 @@ server-sent-event stream of ``x_chunks`` chunks (default 3) of ``x_size`` conten
 test knows every byte it must receive. ``x_hold`` seconds of silence before a whole answer (a call
 in flight). Every answer carries ``x-upstream-thing: kept`` and a hop-by-hop ``Keep-Alive`` header.
 Also ``/v1/messages`` (an Anthropic answer) and ``GET /v1/models``. ``seen`` counts the calls that
-reached it. It shares no code with the proxy.
+reached a handler, ``targets`` is every POST's path and query as it arrived. It shares no code with the proxy.
 """
 
 from __future__ import annotations
@@ -70,12 +70,11 @@ class FrontUpstream:
     def __init__(self) -> None:
         self.seen = 0
         self.streams_done = 0  # streams written to their end
-        self.targets: list[str] = []  # each request's path and query as it arrived
+        self.targets: list[str] = []  # each POST's path and query as it arrived
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen += 1
-        self.targets.append(request.raw_path)
         if not body.get("stream"):
             if body.get("x_hold"):
                 await asyncio.sleep(float(body["x_hold"]))
@@ -114,7 +113,13 @@ class FrontUpstream:
         return web.json_response(data, headers=HEADERS)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        @web.middleware
+        async def note(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.method == "POST":  # not the proxy's health and policy checks
+                self.targets.append(request.raw_path)
+            return await handler(request)
+
+        app = web.Application(middlewares=[note], client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)

@@ -62,6 +62,9 @@ class RawClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.eof = False
+        self.received = 0  # bytes read off the socket so far
+        self.recv_size = 65536  # a slow reader: small reads ...
+        self.pause = 0.0  # ... with a sleep before each
 
     def __enter__(self) -> RawClient:
         return self
@@ -82,18 +85,27 @@ class RawClient:
             if pause:
                 time.sleep(pause)
 
-    def _fill(self, bufsize: int = 65536) -> bool:
+    def _fill(self) -> bool:
         if self.eof:
             return False
+        if self.pause:
+            time.sleep(self.pause)
         try:
-            data = self.sock.recv(bufsize)
+            data = self.sock.recv(self.recv_size)
         except ConnectionResetError:
             data = b""
         if not data:
             self.eof = True
             return False
         self.buf += data
+        self.received += len(data)
         return True
+
+    def read_until(self, marker: bytes) -> None:
+        """Read until ``marker`` has arrived (it stays in the buffer: ``response`` still reads it)."""
+        while marker not in self.buf:
+            if not self._fill():
+                raise EOFError(f"connection closed before {marker!r}")
 
     def _take(self, n: int) -> bytes:
         while len(self.buf) < n:
@@ -133,7 +145,6 @@ class RawClient:
         if method == "HEAD" or 100 <= status < 200 or status in (204, 304):
             return RawResponse(version, status, reason, headers, b"", "none", raw, chunks)
         if te and te[-1].endswith("chunked"):
-            start = len(raw)
             wire = b""
             while True:
                 size_line = self._line()
@@ -148,8 +159,9 @@ class RawClient:
                 assert data.endswith(b"\r\n"), f"chunk not followed by CRLF: {data[-10:]!r}"
                 wire += data
                 chunks.append(data[:-2])
-            del start
-            return RawResponse(version, status, reason, headers, b"".join(chunks), "chunked", raw + wire, chunks)
+            return RawResponse(
+                version, status, reason, headers, b"".join(chunks), "chunked", raw + wire, chunks
+            )
         if cl:
             assert len(set(cl)) == 1, f"Content-Length {cl}"
             body = self._take(cl[0])
@@ -196,7 +208,11 @@ def request(
 
 def post_json(target: str, obj: Any, headers: dict[str, str] | None = None, **kw: Any) -> bytes:
     return request(
-        "POST", target, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})}, **kw
+        "POST",
+        target,
+        json.dumps(obj).encode(),
+        {"Content-Type": "application/json", **(headers or {})},
+        **kw,
     )
 
 
