@@ -13,10 +13,22 @@ reached a handler, ``targets`` is every POST's path and query as it arrived. It 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from orchard_rec.proxy.config import ProxyConfig
+from orchard_rec.proxy.server import BackgroundServer, RecordingProxy
+from orchard_rec.records import CallRecord
+from orchard_rec.storage.store import Store
+
+from .rawclient import RawClient, RawResponse, post_json, request
 
 HEADERS = {"x-upstream-thing": "kept", "Keep-Alive": "timeout=7, max=100"}
 MODEL = "front-model"
@@ -124,3 +136,82 @@ class FrontUpstream:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/v1/models", self.models)
         return app
+
+
+# -- the proxy in front of it ---------------------------------------------------------------------------
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+ANSWER = chat_object("hello from upstream")
+
+
+@dataclass
+class Front:
+    proxy: RecordingProxy
+    fake: FrontUpstream
+    config: ProxyConfig
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    def calls(self, sid: str | None = None, *, at_least: int = 0, wait: float = 5.0) -> list[CallRecord]:
+        """The recorded calls (of session ``sid``), once at least ``at_least`` are in."""
+        deadline = time.monotonic() + wait
+        while True:
+            assert self.proxy.flush(10), "recorder did not drain"
+            recs = stored_calls(self.config.db, sid)
+            if len(recs) >= at_least or time.monotonic() > deadline:
+                return recs
+            time.sleep(0.05)
+
+
+def stored_calls(db: str, sid: str | None = None) -> list[CallRecord]:
+    store = Store(db)
+    try:
+        return store.calls(sid)
+    finally:
+        store.close()
+
+
+def upstream(fake: FrontUpstream) -> BackgroundServer:
+    return BackgroundServer(fake.app()).start()
+
+
+@contextlib.contextmanager
+def running_front(tmp_path: Path, **config: Any) -> Iterator[Front]:
+    fake = FrontUpstream()
+    up = upstream(fake)
+    cfg = ProxyConfig(
+        upstream=up.url + "/v1",
+        db=f"sqlite:///{tmp_path / 'front.db'}",
+        mode="passthrough",
+        spool=str(tmp_path / "front.spool"),
+        **config,
+    )
+    proxy = RecordingProxy(cfg).start()
+    try:
+        yield Front(proxy, fake, cfg)
+    finally:
+        proxy.stop()
+        up.stop()
+
+
+def chat(sid: str, **extra: Any) -> bytes:
+    """A chat completion request of session ``sid`` (``extra``: body fields, ``x_*`` shape the answer)."""
+    return post_json(f"/s/{sid}/v1/chat/completions", {**CHAT, **extra})
+
+
+def ok_call(r: RawResponse) -> None:
+    """``r`` is the upstream's whole answer to ``chat``, framed by its length, over HTTP/1.1."""
+    assert (r.version, r.status, r.framing) == ("HTTP/1.1", 200, "length"), r.raw[:300]
+    assert r.json() == ANSWER and r.header("x-upstream-thing") == "kept"
+
+
+def healthz_time(port: int) -> float:
+    """Seconds a fresh connection's ``GET /healthz`` took (asserting it is a 200)."""
+    t = time.monotonic()
+    with RawClient(port) as c:
+        c.send(request("GET", "/healthz"))
+        r = c.response()
+    assert r.status == 200 and r.json()["status"] == "ok"
+    return time.monotonic() - t

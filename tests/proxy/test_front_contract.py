@@ -21,93 +21,39 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchard_rec.proxy.config import ProxyConfig
-from orchard_rec.proxy.server import BackgroundServer, RecordingProxy
-from orchard_rec.records import CallOutcome, CallRecord
-from orchard_rec.storage.store import Store
+from orchard_rec.records import CallOutcome
 
-from .frontup import FrontUpstream, chat_object, piece, stream_bytes
+from .frontup import (
+    ANSWER,
+    CHAT,
+    Front,
+    FrontUpstream,
+    chat,
+    healthz_time,
+    ok_call,
+    piece,
+    running_front,
+    stored_calls,
+    stream_bytes,
+    upstream,
+)
 from .rawclient import RawClient, RawResponse, chunked, post_json, request
 
 pytestmark = pytest.mark.network
 
 LIMIT = 8192  # the proxy's max_body_bytes in these tests
-CHAT = {"model": "front-model", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "front-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-ANSWER = chat_object("hello from upstream")
-
-
-@dataclass
-class Front:
-    proxy: RecordingProxy
-    fake: FrontUpstream
-    config: ProxyConfig
-
-    @property
-    def port(self) -> int:
-        return self.proxy.port
-
-    def calls(self, sid: str | None = None, *, at_least: int = 0, wait: float = 5.0) -> list[CallRecord]:
-        """The recorded calls (of session ``sid``), once at least ``at_least`` are in."""
-        deadline = time.monotonic() + wait
-        while True:
-            assert self.proxy.flush(10), "recorder did not drain"
-            store = Store(self.config.db)
-            try:
-                recs = store.calls(sid)
-            finally:
-                store.close()
-            if len(recs) >= at_least or time.monotonic() > deadline:
-                return recs
-            time.sleep(0.05)
-
-
-def _upstream(fake: FrontUpstream) -> BackgroundServer:
-    return BackgroundServer(fake.app()).start()
 
 
 @pytest.fixture
 def front(tmp_path: Path) -> Iterator[Front]:
-    fake = FrontUpstream()
-    up = _upstream(fake)
-    cfg = ProxyConfig(
-        upstream=up.url + "/v1",
-        db=f"sqlite:///{tmp_path / 'front.db'}",
-        mode="passthrough",
-        max_body_bytes=LIMIT,
-        spool=str(tmp_path / "front.spool"),
-    )
-    proxy = RecordingProxy(cfg).start()
-    try:
-        yield Front(proxy, fake, cfg)
-    finally:
-        proxy.stop()
-        up.stop()
-
-
-def _chat(sid: str, **extra: Any) -> bytes:
-    return post_json(f"/s/{sid}/v1/chat/completions", {**CHAT, **extra})
-
-
-def _ok_call(r: RawResponse) -> None:
-    assert (r.version, r.status, r.framing) == ("HTTP/1.1", 200, "length"), r.raw[:300]
-    assert r.json() == ANSWER and r.header("x-upstream-thing") == "kept"
-
-
-def _healthy(port: int) -> float:
-    """Seconds a fresh connection's ``GET /healthz`` took (asserting it is a 200)."""
-    t = time.monotonic()
-    with RawClient(port) as c:
-        c.send(request("GET", "/healthz"))
-        r = c.response()
-    assert r.status == 200 and r.json()["status"] == "ok"
-    return time.monotonic() - t
+    with running_front(tmp_path, max_body_bytes=LIMIT) as f:
+        yield f
 
 
 # -- 1, 2: keep-alive and pipelining -----------------------------------------------------------------
@@ -119,21 +65,21 @@ def test_keep_alive_mixes_routes_on_one_connection(front: Front) -> None:
         r = c.response()
         assert (r.status, r.framing) == (200, "length") and r.json()["status"] == "ok"
         c.send(post_json("/v1/chat/completions", CHAT, {"X-Orchard-Session": "mix"}))
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
         c.send(request("GET", "/metrics"))
         r = c.response()
         assert (r.status, r.framing) == (200, "length") and b"# TYPE" in r.body
         assert r.header("content-type") == "text/plain; charset=utf-8"
-        c.send(_chat("mix"))
-        _ok_call(c.response("POST"))
+        c.send(chat("mix"))
+        ok_call(c.response("POST"))
         c.send(request("GET", "/v1/models", headers={"X-Orchard-Session": "mix"}))
         r = c.response()
         assert (r.status, r.framing) == (200, "length") and r.json()["data"][0]["id"] == "front-model"
         c.send(request("GET", "/no/such/route"))
         r = c.response()
         assert (r.status, r.framing) == (404, "length") and r.json()["error"]["code"] == "not_found"
-        c.send(_chat("mix"))
-        _ok_call(c.response("POST"))
+        c.send(chat("mix"))
+        ok_call(c.response("POST"))
         assert not c.closed(0.2)
     recs = front.calls("mix")
     # the three chat calls and the models listing; the 404 route, /healthz and /metrics are no calls
@@ -150,9 +96,9 @@ def test_keep_alive_mixes_routes_on_one_connection(front: Front) -> None:
 def test_pipelined_requests_are_answered_in_order(front: Front, call_first: bool) -> None:
     sid = f"pipe-{call_first}"
     reqs = [
-        ("POST", _chat(sid, n=1)),
+        ("POST", chat(sid, n=1)),
         ("GET", request("GET", "/healthz")),
-        ("POST", _chat(sid, n=2)),
+        ("POST", chat(sid, n=2)),
     ]
     if not call_first:
         reqs = [reqs[1], reqs[0], ("GET", request("GET", "/metrics")), reqs[2]]
@@ -161,7 +107,7 @@ def test_pipelined_requests_are_answered_in_order(front: Front, call_first: bool
         answers = [c.response(method) for method, _ in reqs]
         for (_, data), r in zip(reqs, answers, strict=True):
             if b"/chat/completions" in data:
-                _ok_call(r)
+                ok_call(r)
             else:
                 assert (r.status, r.framing) == (200, "length")
                 if b"/healthz" in data:
@@ -183,10 +129,10 @@ def test_head_byte_by_byte_and_body_in_three_pieces(front: Front) -> None:
         c.trickle(head, 1)
         third = len(body) // 3 + 1
         c.trickle(body, third, pause=0.05)
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
         c.trickle(head, 7)  # again on the same connection, in 7-byte writes
         c.trickle(body, third, pause=0.01)
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
     recs = front.calls("trickle")
     assert len(recs) == 2 and all(r.request_text == body.decode() and r.bytes_in == len(body) for r in recs)
 
@@ -198,9 +144,9 @@ def test_chunked_request_body(front: Front) -> None:
     with RawClient(front.port) as c:
         c.send(request("POST", "/s/chunked/v1/chat/completions", None, headers))
         c.trickle(chunked(*pieces), 9, pause=0.005)  # the chunk framing itself in pieces
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
         c.send(request("POST", "/s/chunked/v1/chat/completions", chunked(*pieces), headers))
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
     recs = front.calls("chunked")
     assert [r.request_text for r in recs] == [body.decode()] * 2
     assert all(r.outcome is CallOutcome.OK and r.request["n"] == 7 for r in recs)
@@ -221,7 +167,7 @@ def test_expect_100_continue(front: Front) -> None:
             assert (interim.version, interim.status, interim.body) == ("HTTP/1.1", 100, b"")
             assert interim.raw.startswith(b"HTTP/1.1 100 ")
             c.send(body)
-            _ok_call(c.response("POST"))
+            ok_call(c.response("POST"))
     recs = front.calls("expect")
     assert [(r.outcome, r.request_text) for r in recs] == [(CallOutcome.OK, body.decode())] * 2
 
@@ -231,7 +177,7 @@ def test_gzip_request_body(front: Front) -> None:
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     with RawClient(front.port) as c:
         c.send(request("POST", "/s/gz/v1/chat/completions", gzip.compress(body), headers))
-        _ok_call(c.response("POST"))
+        ok_call(c.response("POST"))
         c.send(request("POST", "/s/gz/v1/chat/completions", b"not gzip at all", headers))
         r = c.response("POST")
         assert (r.status, r.framing) == (400, "length")
@@ -309,8 +255,8 @@ def test_options_on_a_call_route_is_relayed(front: Front) -> None:
         r = c.response("OPTIONS")  # the upstream's own answer (aiohttp: 405, Allow: POST)
         assert (r.status, r.framing, r.body) == (405, "length", b"405: Method Not Allowed")
         assert r.header("allow") == "POST"
-        c.send(_chat("opt"))
-        _ok_call(c.response("POST"))
+        c.send(chat("opt"))
+        ok_call(c.response("POST"))
     recs = front.calls("opt")
     assert [(r.method, r.status_code, r.outcome) for r in recs] == [
         ("OPTIONS", 405, CallOutcome.UPSTREAM_ERROR),
@@ -336,7 +282,7 @@ def _too_large(r: RawResponse) -> dict[str, Any]:
 def test_body_over_the_limit_is_413_in_dialect_and_the_connection_stays(front: Front) -> None:
     pad = "x" * (LIMIT + 10)
     with RawClient(front.port) as c:
-        c.send(_chat("big", pad=pad))
+        c.send(chat("big", pad=pad))
         assert _too_large(c.response("POST")) == {  # OpenAI's error shape
             "error": {
                 "message": TOO_LARGE,
@@ -354,10 +300,10 @@ def test_body_over_the_limit_is_413_in_dialect_and_the_connection_stays(front: F
         te = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
         c.send(request("POST", "/s/big/v1/chat/completions", chunked(body[:100], body[100:]), te))
         _too_large(c.response("POST"))
-        c.send(_chat("big", pad="y" * 300_000))  # far over: the rest is read and dropped
+        c.send(chat("big", pad="y" * 300_000))  # far over: the rest is read and dropped
         _too_large(c.response("POST"))
-        c.send(_chat("big"))  # the same connection goes on
-        _ok_call(c.response("POST"))
+        c.send(chat("big"))  # the same connection goes on
+        ok_call(c.response("POST"))
     recs = front.calls("big")
     assert [(r.status_code, r.outcome, r.bytes_in) for r in recs] == [(413, CallOutcome.REJECTED, 0)] * 4 + [
         (200, CallOutcome.OK, len(json.dumps(CHAT)))
@@ -416,16 +362,16 @@ def test_body_over_the_limit_after_expect_100_continue(front: Front) -> None:
 def test_malformed_request_is_400_and_closed_and_others_go_on(front: Front, raw: bytes) -> None:
     """Nothing is recorded of it (not even on a call route)."""
     with RawClient(front.port) as other:  # a connection opened before, kept alive
-        other.send(_chat("bad"))
-        _ok_call(other.response("POST"))
+        other.send(chat("bad"))
+        ok_call(other.response("POST"))
         with RawClient(front.port) as c:
             c.send(raw)
             r = c.response()
             assert r.status == 400 and r.framing == "length"
             assert c.closed()
-        other.send(_chat("bad"))
-        _ok_call(other.response("POST"))
-    assert _healthy(front.port) < 1.0
+        other.send(chat("bad"))
+        ok_call(other.response("POST"))
+    assert healthz_time(front.port) < 1.0
     assert len(front.calls("bad")) == 2 and len(front.calls()) == 2
 
 
@@ -434,16 +380,16 @@ def test_malformed_request_is_400_and_closed_and_others_go_on(front: Front, raw:
 
 def test_client_gone_mid_stream_is_recorded_aborted(front: Front) -> None:
     with RawClient(front.port) as c:
-        c.send(_chat("gone", stream=True, x_chunks=400, x_delay=0.02))
+        c.send(chat("gone", stream=True, x_chunks=400, x_delay=0.02))
         c.read_until(piece(1, 8).encode())  # the head and two chunks: then the client leaves
     [rec] = front.calls("gone", at_least=1)
     assert rec.outcome is CallOutcome.ABORTED and rec.stream and rec.status_code == 200
     assert rec.error == "client disconnected"
     assert rec.events is not None and 2 <= len(rec.events) < 400
-    assert _healthy(front.port) < 1.0
+    assert healthz_time(front.port) < 1.0
     with RawClient(front.port) as c:
-        c.send(_chat("after-gone"))
-        _ok_call(c.response("POST"))
+        c.send(chat("after-gone"))
+        ok_call(c.response("POST"))
     assert [r.outcome for r in front.calls("after-gone")] == [CallOutcome.OK]
 
 
@@ -457,14 +403,14 @@ def test_slow_reader_gets_every_byte_while_others_are_served(front: Front) -> No
         got.append(c.response("POST"))
 
     with c:
-        c.send(_chat("slow", stream=True, x_chunks=chunks, x_size=size))
+        c.send(chat("slow", stream=True, x_chunks=chunks, x_size=size))
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         deadline = time.monotonic() + 10
         while c.received < 1024 * 1024 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert c.received >= 1024 * 1024 and reader.is_alive()  # the stream is mid-way
-        waits = [_healthy(front.port) for _ in range(3)]
+        waits = [healthz_time(front.port) for _ in range(3)]
         assert max(waits) < 1.0, waits
         reader.join(20)
         assert not reader.is_alive()
@@ -491,14 +437,14 @@ def _relayed_headers(r: RawResponse) -> None:
 
 def test_response_headers_and_framing(front: Front) -> None:
     with RawClient(front.port) as c:
-        c.send(_chat("hdr"))
+        c.send(chat("hdr"))
         r = c.response("POST")
-        _ok_call(r)
+        ok_call(r)
         _relayed_headers(r)
         assert r.header("content-length") == str(len(r.body)) and r.header("transfer-encoding") is None
         assert r.header("content-type") == "application/json; charset=utf-8"  # the upstream's
         assert r.header("connection") is None  # HTTP/1.1 keep-alive goes without saying
-        c.send(_chat("hdr", stream=True))
+        c.send(chat("hdr", stream=True))
         r = c.response("POST")
         assert (r.status, r.framing) == (200, "chunked") and r.body == stream_bytes(3, 8)
         _relayed_headers(r)
@@ -532,7 +478,7 @@ def test_stop_lets_a_call_in_flight_finish(front: Front) -> None:
     c = RawClient(front.port, timeout=10)
 
     def call() -> None:
-        c.send(_chat("stop", x_hold=1.0))
+        c.send(chat("stop", x_hold=1.0))
         got.append(c.response("POST"))
 
     with c:
@@ -545,29 +491,27 @@ def test_stop_lets_a_call_in_flight_finish(front: Front) -> None:
         front.proxy.stop()
         caller.join(10)
         [r] = got
-        _ok_call(r)
+        ok_call(r)
         assert c.closed()
     with pytest.raises(ConnectionRefusedError):
         RawClient(front.port, timeout=2)
-    store = Store(front.config.db)
-    try:
-        assert [(r.outcome, r.status_code) for r in store.calls("stop")] == [(CallOutcome.OK, 200)]
-    finally:
-        store.close()
+    assert [(r.outcome, r.status_code) for r in stored_calls(front.config.db, "stop")] == [
+        (CallOutcome.OK, 200)
+    ]
 
 
 def test_sigterm_on_serve_lets_a_stream_in_flight_finish(tmp_path: Path) -> None:
     from factories import free_port, serve_process
 
     fake = FrontUpstream()
-    up = _upstream(fake)
+    up = upstream(fake)
     db = f"sqlite:///{tmp_path / 'serve.db'}"
     port = free_port()
     args = ("--mode", "passthrough", "--spool", str(tmp_path / "serve.spool"))
     proc = serve_process(port, up.url + "/v1", db, *args, stderr=subprocess.PIPE)
     try:
         with RawClient(port, timeout=10) as c:
-            c.send(_chat("term", stream=True, x_chunks=20, x_delay=0.05))
+            c.send(chat("term", stream=True, x_chunks=20, x_delay=0.05))
             c.read_until(piece(0, 8).encode())
             proc.send_signal(signal.SIGTERM)
             r = c.response("POST")
@@ -581,11 +525,7 @@ def test_sigterm_on_serve_lets_a_stream_in_flight_finish(tmp_path: Path) -> None
         err = proc.stderr.read().decode()
         up.stop()
     assert "Traceback" not in err, err
-    store = Store(db)
-    try:
-        assert [(r.stream, r.outcome) for r in store.calls("term")] == [(True, CallOutcome.OK)]
-    finally:
-        store.close()
+    assert [(r.stream, r.outcome) for r in stored_calls(db, "term")] == [(True, CallOutcome.OK)]
 
 
 # -- 13: many real clients at once ------------------------------------------------------------------------
@@ -658,7 +598,7 @@ def test_percent_encoded_and_odd_paths(front: Front) -> None:
             c.send(post_json(target, CHAT))
             r = c.response("POST")
             if status == 200:
-                _ok_call(r)
+                ok_call(r)
             else:  # the upstream's (aiohttp's) 404, as it sent it
                 assert (r.status, r.framing, r.body) == (404, "length", b"404: Not Found"), target
     recs = front.calls("odd")
@@ -671,11 +611,11 @@ def test_percent_encoded_and_odd_paths(front: Front) -> None:
 
 def test_idle_keep_alive_connection_stays_open(front: Front) -> None:
     with RawClient(front.port) as c:
-        c.send(_chat("idle"))
-        _ok_call(c.response("POST"))
+        c.send(chat("idle"))
+        ok_call(c.response("POST"))
         assert not c.closed(2.5)  # idle, and not closed by the server
-        c.send(_chat("idle"))
-        _ok_call(c.response("POST"))
+        c.send(chat("idle"))
+        ok_call(c.response("POST"))
     assert [r.outcome for r in front.calls("idle")] == [CallOutcome.OK] * 2
 
 
@@ -687,14 +627,14 @@ def test_websocket_upgrade_mid_connection_is_426_and_the_connection_goes_on(fron
         "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
     }
     with RawClient(front.port) as c:
-        c.send(_chat("ws"))
-        _ok_call(c.response("POST"))
+        c.send(chat("ws"))
+        ok_call(c.response("POST"))
         c.send(request("GET", "/s/ws/v1/responses", None, upgrade))
         r = c.response()
         assert (r.version, r.status, r.framing) == ("HTTP/1.1", 426, "length")
         assert "WebSocket" in r.json()["error"]["message"] and r.header("upgrade") is None
-        c.send(_chat("ws"))
-        _ok_call(c.response("POST"))
+        c.send(chat("ws"))
+        ok_call(c.response("POST"))
     recs = front.calls("ws")
     assert [(r.method, r.status_code, r.outcome) for r in recs] == [
         ("POST", 200, CallOutcome.OK),
@@ -710,7 +650,7 @@ def test_pipeline_of_requests_of_every_kind(front: Front) -> None:
     gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     te = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
     reqs: list[tuple[str, bytes, int]] = [
-        ("POST", _chat("all", n=1), 200),
+        ("POST", chat("all", n=1), 200),
         ("HEAD", request("HEAD", "/s/all/v1/models"), 200),
         ("POST", request("POST", "/s/all/v1/chat/completions", gzip.compress(body), gz), 200),
         ("GET", request("GET", "/metrics"), 200),
@@ -720,16 +660,16 @@ def test_pipeline_of_requests_of_every_kind(front: Front) -> None:
             post_json("/s/all/v1/chat/completions", CHAT, {"Connection": "keep-alive"}, version="HTTP/1.0"),
             200,
         ),
-        ("POST", _chat("all", pad="x" * (LIMIT + 1)), 413),
+        ("POST", chat("all", pad="x" * (LIMIT + 1)), 413),
         ("GET", request("GET", "/s/all/nowhere"), 404),
-        ("POST", _chat("all", n=2), 200),
+        ("POST", chat("all", n=2), 200),
     ]
     with RawClient(front.port) as c:
         c.send(b"".join(data for _, data, _ in reqs))
         answers = [c.response(method) for method, _, _ in reqs]
         assert [r.status for r in answers] == [status for _, _, status in reqs]
         for r in (answers[0], answers[2], answers[4], answers[8]):
-            _ok_call(r)
+            ok_call(r)
         assert answers[5].version == "HTTP/1.0" and answers[5].json() == ANSWER
         assert answers[1].body == b"" and b"# TYPE" in answers[3].body
         assert not c.closed(0.2)
