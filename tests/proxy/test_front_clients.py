@@ -135,8 +135,8 @@ def test_multi_megabyte_bodies_in_pieces(tmp_path: Path) -> None:
     text = "".join(piece(i, 1000) for i in range(3000))  # 3 MB, every KB its own
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": text}]}).encode()
     with running_front(tmp_path) as front, RawClient(front.port, timeout=10) as c:  # the default limit
-        head = request("POST", "/s/bigbody/v1/chat/completions", None, {"Content-Type": "application/json"})
-        c.send(head.replace(b"\r\n\r\n", f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()))
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        c.send(request("POST", "/s/bigbody/v1/chat/completions", None, headers))
         c.trickle(body, 65536)
         ok_call(c.response("POST"))
         te = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}

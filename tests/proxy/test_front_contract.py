@@ -31,6 +31,7 @@ from orchard_rec.records import CallOutcome
 from .frontup import (
     ANSWER,
     CHAT,
+    MODEL,
     Front,
     FrontUpstream,
     chat,
@@ -47,7 +48,7 @@ from .rawclient import RawClient, RawResponse, chunked, post_json, request
 pytestmark = pytest.mark.network
 
 LIMIT = 8192  # the proxy's max_body_bytes in these tests
-MESSAGES = {"model": "front-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+MESSAGES = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
@@ -122,9 +123,8 @@ def test_pipelined_requests_are_answered_in_order(front: Front, call_first: bool
 
 def test_head_byte_by_byte_and_body_in_three_pieces(front: Front) -> None:
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 300}]}).encode()
-    head = request(
-        "POST", "/s/trickle/v1/chat/completions", None, {"Content-Type": "application/json"}
-    ).replace(b"\r\n\r\n", f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    head = request("POST", "/s/trickle/v1/chat/completions", None, headers)
     with RawClient(front.port) as c:
         c.trickle(head, 1)
         third = len(body) // 3 + 1
@@ -228,13 +228,7 @@ def test_head_of_a_relayed_route_and_of_healthz(front: Front) -> None:
         c.send(request("HEAD", "/s/head/v1/models"))
         r = c.response("HEAD")
         assert (r.version, r.status) == ("HTTP/1.1", 200)
-        assert (
-            r.header("x-upstream-thing") == "kept"
-            and r.header(
-                "content-type",
-            )
-            is not None
-        )
+        assert r.header("x-upstream-thing") == "kept" and r.header("content-type") is not None
         assert r.header("content-length") is None and r.header("transfer-encoding") is None
         c.send(request("HEAD", "/healthz"))
         r = c.response("HEAD")
@@ -583,6 +577,18 @@ ODD_PATHS = [
         "/v1/chat/completions?q=\u00e9&r=a b&s",
         "/v1/chat/completions?q=%C3%A9&r=a+b&s",
     ),
+    (  # reserved characters stay encoded
+        "/s/odd/v1/chat/completions?q=a%2Bb&r=a%26b%3Dc",
+        200,
+        "/v1/chat/completions?q=a%2Bb&r=a%26b%3Dc",
+        "/v1/chat/completions?q=a%2Bb&r=a%26b%3Dc",
+    ),
+    (  # a credential in the query is not recorded
+        "/s/odd/v1/chat/completions?key=sk-secret&x=1",
+        200,
+        "/v1/chat/completions?key=REDACTED&x=1",
+        "/v1/chat/completions?key=sk-secret&x=1",
+    ),
     ("/s/odd/v1/chat/completions?", 200, "/v1/chat/completions", "/v1/chat/completions"),
     ("/s/odd/v1/chat/completions#frag", 200, "/v1/chat/completions", "/v1/chat/completions"),
     ("http://127.0.0.1/s/odd/v1/chat/completions", 200, "/v1/chat/completions", "/v1/chat/completions"),
@@ -643,8 +649,9 @@ def test_websocket_upgrade_mid_connection_is_426_and_the_connection_goes_on(fron
     ]
 
 
-def test_pipeline_of_requests_of_every_kind(front: Front) -> None:
-    """One write: calls, a HEAD, a gzip body, a chunked body, an HTTP/1.0 keep-alive request, a
+@pytest.mark.parametrize("step", [0, 13], ids=["one-write", "13-byte-writes"])
+def test_pipeline_of_requests_of_every_kind(front: Front, step: int) -> None:
+    """In one write, or cut anywhere: calls, a HEAD, a gzip body, a chunked body, an HTTP/1.0 keep-alive request, a
     route of the proxy's own, a 413 and a 404, each answered in order and whole."""
     body = json.dumps({**CHAT, "n": 9}).encode()
     gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
@@ -665,7 +672,7 @@ def test_pipeline_of_requests_of_every_kind(front: Front) -> None:
         ("POST", chat("all", n=2), 200),
     ]
     with RawClient(front.port) as c:
-        c.send(b"".join(data for _, data, _ in reqs))
+        c.trickle(b"".join(data for _, data, _ in reqs), step or 1 << 20)
         answers = [c.response(method) for method, _, _ in reqs]
         assert [r.status for r in answers] == [status for _, _, status in reqs]
         for r in (answers[0], answers[2], answers[4], answers[8]):
