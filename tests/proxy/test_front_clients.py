@@ -2,12 +2,15 @@
 ``test_front_contract.py``): curl as users run it (``Expect: 100-continue``, an ``h2c`` upgrade
 offered, HTTP/1.0, HEAD, streaming, several URLs on one connection), the openai and anthropic
 SDKs on an oversized body, multi-megabyte request bodies in pieces, events relayed as they come,
-a client that half-closes after its request."""
+a client that half-closes after its request; and the main cases of the wire contract against
+``orchard-rec serve`` itself (its own process, on uvloop)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -18,8 +21,21 @@ import pytest
 
 from orchard_rec.records import CallOutcome
 
-from .frontup import ANSWER, CHAT, MODEL, Front, chat, ok_call, piece, running_front, stream_bytes
-from .rawclient import RawClient, chunked, request
+from .frontup import (
+    ANSWER,
+    CHAT,
+    MODEL,
+    Front,
+    FrontUpstream,
+    chat,
+    ok_call,
+    piece,
+    running_front,
+    stored_calls,
+    stream_bytes,
+    upstream,
+)
+from .rawclient import RawClient, chunked, post_json, request
 
 pytestmark = pytest.mark.network
 
@@ -184,3 +200,91 @@ def test_client_half_closing_after_its_request(front: Front) -> None:
     with RawClient(front.port) as c:
         c.send(chat("half"))
         ok_call(c.response("POST"))
+
+
+# -- orchard-rec serve -----------------------------------------------------------------------------------------
+
+
+def _serve_wire(port: int) -> None:
+    """The contract's main cases, on one keep-alive connection and a few others."""
+    body = json.dumps({**CHAT, "n": 5}).encode()
+    gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    te = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    expect = {"Content-Type": "application/json", "Content-Length": str(len(body)), "Expect": "100-continue"}
+    reqs: list[tuple[str, bytes, int]] = [
+        ("GET", request("GET", "/healthz"), 200),
+        ("POST", chat("uv"), 200),
+        ("HEAD", request("HEAD", "/s/uv/v1/models"), 200),
+        ("POST", request("POST", "/s/uv/v1/chat/completions", gzip.compress(body), gz), 200),
+        ("POST", request("POST", "/s/uv/v1/chat/completions", chunked(body[:7], body[7:]), te), 200),
+        ("POST", chat("uv", pad="x" * (LIMIT + 1)), 413),
+        ("GET", request("GET", "/s/uv/nowhere"), 404),
+        (
+            "POST",
+            post_json("/s/uv/v1/chat/completions", CHAT, {"Connection": "keep-alive"}, version="HTTP/1.0"),
+            200,
+        ),
+        ("POST", chat("uv", stream=True), 200),
+    ]
+    with RawClient(port) as c:
+        c.trickle(b"".join(data for _, data, _ in reqs), 11)  # pipelined, cut anywhere
+        answers = [c.response(method) for method, _, _ in reqs]
+        assert [r.status for r in answers] == [status for _, _, status in reqs]
+        for r in (answers[1], answers[3], answers[4]):
+            ok_call(r)
+        assert answers[5].json()["error"]["code"] == "request_too_large"
+        assert (answers[7].version, answers[7].framing) == ("HTTP/1.0", "length")
+        assert answers[8].framing == "chunked" and answers[8].body == stream_bytes(3, 8)
+        c.send(request("POST", "/s/uv/v1/chat/completions", None, expect))
+        assert c.response("POST", interim=True).status == 100
+        c.send(body)
+        ok_call(c.response("POST"))
+        c.send(post_json("/s/uv/v1/chat/completions", CHAT, {"Connection": "close"}))
+        r = c.response("POST")
+        assert r.header("connection") == "close" and r.json() == ANSWER
+        assert c.closed()
+    with RawClient(port) as c:
+        c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        assert c.response().status == 400 and c.closed()
+    with RawClient(port) as c:
+        c.send(post_json("/s/uv/v1/chat/completions", CHAT, version="HTTP/1.0"))
+        r = c.response("POST")
+        assert (r.version, r.status, r.framing) == ("HTTP/1.0", 200, "length") and c.closed()
+
+
+def test_serve_speaks_the_same_wire(tmp_path: Path) -> None:
+    from factories import free_port, serve_process
+
+    up = upstream(FrontUpstream())
+    db = f"sqlite:///{tmp_path / 'serve.db'}"
+    port = free_port()
+    mb = str(LIMIT / 1024 / 1024)  # exactly LIMIT bytes
+    args = ("--mode", "passthrough", "--spool", str(tmp_path / "serve.spool"), "--max-body-mb", mb)
+    proc = serve_process(port, up.url + "/v1", db, *args, stderr=subprocess.PIPE)
+    try:
+        _serve_wire(port)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        up.stop()
+    # no traceback but aiohttp's own log of the malformed request (a log line, not a crash)
+    assert err.count("Traceback") == err.count("Error handling request") <= 1, err
+    assert "stopped after" in err and "10 call(s) recorded" in err
+    recs = stored_calls(db, "uv")
+    assert [(r.method, r.status_code, r.stream, r.outcome) for r in recs] == [
+        ("POST", 200, False, CallOutcome.OK),
+        ("HEAD", 200, False, CallOutcome.OK),
+        ("POST", 200, False, CallOutcome.OK),
+        ("POST", 200, False, CallOutcome.OK),
+        ("POST", 413, False, CallOutcome.REJECTED),
+        ("POST", 200, False, CallOutcome.OK),
+        ("POST", 200, True, CallOutcome.OK),
+        ("POST", 200, False, CallOutcome.OK),
+        ("POST", 200, False, CallOutcome.OK),
+        ("POST", 200, False, CallOutcome.OK),
+    ]
