@@ -188,7 +188,8 @@ def running_front(tmp_path: Path, **config: Any) -> Iterator[Front]:
         spool=str(tmp_path / "front.spool"),
         **config,
     )
-    proxy = RecordingProxy(cfg).start()
+    proxy = RecordingProxy(cfg)
+    proxy.start()
     try:
         yield Front(proxy, fake, cfg)
     finally:

@@ -369,6 +369,34 @@ def test_malformed_request_is_400_and_closed_and_others_go_on(front: Front, raw:
     assert len(front.calls("bad")) == 2 and len(front.calls()) == 2
 
 
+def test_empty_bodies_and_targets_that_are_no_paths(front: Front) -> None:
+    """A call without a body is the dialect's 400 (recorded rejected); ``CONNECT host:port`` and
+    ``OPTIONS *`` are plain 404s; the connection goes on after each."""
+    with RawClient(front.port) as c:
+        for data in (
+            request("POST", "/s/empty/v1/chat/completions", b"", {"Content-Type": "application/json"}),
+            request("POST", "/s/empty/v1/chat/completions", None, {"Content-Type": "application/json"}),
+        ):
+            c.send(data)
+            r = c.response("POST")
+            assert (r.status, r.framing) == (400, "length")
+            assert r.json()["error"]["message"].startswith("request body is not valid JSON")
+        for data in (
+            b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n",
+            b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+        ):
+            c.send(data)
+            r = c.response()
+            assert (r.status, r.framing) == (404, "length")
+        c.send(chat("empty"))
+        ok_call(c.response("POST"))
+    recs = front.calls("empty")
+    assert [(r.status_code, r.outcome) for r in recs] == [(400, CallOutcome.REJECTED)] * 2 + [
+        (200, CallOutcome.OK)
+    ]
+    assert len(front.calls()) == 3
+
+
 # -- 8, 9: a client gone mid-stream, a slow reader ----------------------------------------------------
 
 
