@@ -7,7 +7,8 @@ server-sent-event stream of ``x_chunks`` chunks (default 3) of ``x_size`` conten
 test knows every byte it must receive. ``x_hold`` seconds of silence before a whole answer (a call
 in flight). Every answer carries ``x-upstream-thing: kept`` and a hop-by-hop ``Keep-Alive`` header.
 Also ``/v1/messages`` (an Anthropic answer) and ``GET /v1/models``. ``seen`` counts the calls that
-reached a handler, ``targets`` is every POST's path and query as it arrived. It shares no code with the proxy.
+reached a handler, ``targets`` is every POST's path and query as it arrived. It is an aiohttp app
+but shares no code with the proxy's modules; what judges the proxy's answers is ``rawclient``.
 """
 
 from __future__ import annotations
