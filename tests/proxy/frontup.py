@@ -1,4 +1,4 @@
-"""The fake upstream of the front-contract tests (``test_front_contract.py``): a small OpenAI- and
+"""The fake upstream of the front-contract tests (``test_front_*.py``): a small OpenAI- and
 Anthropic-speaking server whose answers a test shapes from the request body.
 
 Chat completions (``/v1/chat/completions``): a whole JSON answer, or with ``"stream": true`` a
@@ -9,6 +9,10 @@ in flight). Every answer carries ``x-upstream-thing: kept`` and a hop-by-hop ``K
 Also ``/v1/messages`` (an Anthropic answer) and ``GET /v1/models``. ``seen`` counts the calls that
 reached a handler, ``targets`` is every POST's path and query as it arrived. It is an aiohttp app
 but shares no code with the proxy's modules; what judges the proxy's answers is ``rawclient``.
+
+``running_front(tmp_path, **config)`` starts it and a ``RecordingProxy`` in front of it (passthrough
+mode: every byte relayed is the upstream's), as users start a proxy; ``Front.calls`` reads what was
+recorded. ``chat``, ``ok_call`` and ``healthz_time`` are the tests' usual request and checks.
 """
 
 from __future__ import annotations
