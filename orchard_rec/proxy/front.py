@@ -20,7 +20,8 @@ hangs up, requests on one connection answered in order, ``Date`` and ``Server`` 
 ``Connection: close`` honoured, idle keep-alive connections closed after ``KEEPALIVE`` s,
 graceful shutdown (in-flight calls finish within the shutdown timeout), write back pressure
 above 64 KiB. A body over ``client_max_size`` is answered as the handler answers
-``HTTPRequestEntityTooLarge`` (``read()`` raises it), then the connection is closed.
+``HTTPRequestEntityTooLarge`` (``read()`` raises it) as soon as it is over; the rest of the body
+is read and dropped (up to ``LINGER`` s) and the connection goes on.
 """
 
 from __future__ import annotations
@@ -338,23 +339,21 @@ class _Conn(asyncio.Protocol):
             self.raw.append(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._aiohttp_from_here()
-            return
         except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _Stop) or isinstance(exc.__cause__, _Stop):
-                self._aiohttp_from_here()
-                return
-            raise
-        except httptools.HttpParserError:
-            if self.raw is not None:  # aiohttp answers it as it always has
-                self._aiohttp_from_here()
-            else:  # after the answers before it
-                self.bad = True
+            if not isinstance(exc.__context__, _Stop):
+                raise
+            stopped = True  # (handled outside this block: aiohttp's log is not chained to it)
+        except httptools.HttpParserError:  # malformed, or an upgrade (which the front never takes)
+            stopped = False
+        else:
+            if self.divert is not None and not self.in_message:
                 self.waiting = []
                 self._maybe_hand_over()
             return
-        if self.divert is not None and not self.in_message:
+        if stopped or (self.raw is not None and self.divert is None):
+            self._aiohttp_from_here()  # aiohttp answers it as it always has
+        else:  # a bad request with no known start: answered after the answers before it
+            self.bad = True
             self.waiting = []
             self._maybe_hand_over()
 
@@ -399,8 +398,8 @@ class _Conn(asyncio.Protocol):
                 headers = CIMultiDict(
                     [(_name(k), v.decode("utf-8", "surrogateescape")) for k, v in self.raw_headers]
                 )
-            if "expect" in headers or "content-encoding" in headers:
-                route = None
+            if "expect" in headers or "content-encoding" in headers or "host" not in headers:
+                route = None  # (a request without Host is aiohttp's 400)
         if route is None:  # aiohttp's, as it came when its bytes are known; else rebuilt at its end
             if self.raw is not None and self.divert is None:
                 raise _Stop
@@ -421,7 +420,6 @@ class _Conn(asyncio.Protocol):
         req._size += len(body)
         if req._size > self.front.max_size:
             req.too_large = True
-            req.keep_alive = False
             req._chunks = []
             self._enqueue(req)  # answered now; the rest of its body is read and dropped
             return
@@ -488,9 +486,9 @@ class _Conn(asyncio.Protocol):
                 log.exception("unanswered error on %s %s", req.method, req.path)
                 self.transport.close()
                 return
+            if req.too_large and self.in_message and not self.closing and not await self._linger():
+                req.keep_alive = False  # its body did not end: the connection cannot go on
             if not req.keep_alive or self.closing:
-                if req.too_large and self.in_message and not self.closing:
-                    await self._linger()  # closing with the body unread would reset the connection
                 self.closing = True
                 self.transport.close()
                 return
@@ -502,12 +500,17 @@ class _Conn(asyncio.Protocol):
         if self.waiting is not None:
             self._maybe_hand_over()
 
-    async def _linger(self) -> None:
-        """Read and drop the rest of a body too large to take, up to ``LINGER`` s (as aiohttp does)."""
+    async def _linger(self) -> bool:
+        """Read and drop the rest of a body too large to take, up to ``LINGER`` s (as aiohttp
+        does): whether it ended (the connection then goes on)."""
         self.lingering = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        try:
             await asyncio.wait_for(self.lingering, LINGER)
-        self.lingering = None
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.lingering = None
 
     async def send(self, data: bytes) -> None:
         transport = self.transport
