@@ -521,13 +521,14 @@ def _verdicts(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
             "{:.2f}x",
         )
     row("proxy CPU per call <= 2x the floor's", tok["cpu_ms"] / floor["cpu_ms"], 2.0, "{:.2f}x")
-    row(
-        "throughput c=32 >= 0.8x the floor's",
-        tok["rps"]["c32"] / floor["rps"]["c32"],
-        0.8,
-        "{:.2f}x",
-        le=False,
-    )
+    for goal, whose in ((0.6, "issue 40's"), (0.8, "the first benchmark's aim")):
+        row(
+            f"throughput c=32 >= {goal}x the floor's ({whose})",
+            tok["rps"]["c32"] / floor["rps"]["c32"],
+            goal,
+            "{:.2f}x",
+            le=False,
+        )
     if "litellm" in by:
         row(
             "throughput c=32 >= 10x LiteLLM's",
