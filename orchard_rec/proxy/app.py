@@ -696,7 +696,9 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_get("/openapi.json", guarded(openapi_handler))
     app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
     calls = guarded(proxy_handler)
-    app[front.ENTRY] = front.Entry(calls)  # the calls on the proxy's own server (``front``) too
+    app[front.ENTRY] = front.Entry(
+        calls, config.max_body_bytes
+    )  # the calls on the proxy's own server (``front``) too
     app.router.add_route("*", "/v1/{tail:.*}", calls)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", calls)
     if config.ui:

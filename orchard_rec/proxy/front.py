@@ -52,10 +52,12 @@ class Entry:
     """What an app gives this server: the handler of its calls (``build_app``: the guarded
     ``proxy_handler``), and what the server counts (``/healthz``'s ``front``)."""
 
-    __slots__ = ("calls", "handed_over", "handler", "serving")
+    __slots__ = ("calls", "handed_over", "handler", "max_body", "serving")
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, max_body: int) -> None:
         self.handler = handler
+        self.max_body = max_body
+        """The largest request body taken (a larger one: ``read()`` raises ``HTTPRequestEntityTooLarge``)."""
         self.serving = False
         """Whether this server serves the app (else aiohttp's serves every request: ``ORCHARD_FRONT=aiohttp``)."""
         self.calls = 0
@@ -85,6 +87,17 @@ _ILLEGAL_PATH = ("%", "+", "//", "/.", "#", "\\")
 
 class _Stop(Exception):
     """Raised from a parser callback to stop parsing where a request goes to aiohttp."""
+
+
+class _Bad(Exception):
+    """Raised from a parser callback for a request over aiohttp's limits whose start is not known."""
+
+
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 128
+"""aiohttp's server limits on a request's target, a header's name or value, and the headers: a
+request over one is aiohttp's (its 400), which also bounds what a head can make this server hold."""
 
 
 def _date() -> str:
@@ -340,9 +353,9 @@ class _Conn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _Stop):
+            if not isinstance(exc.__context__, (_Stop, _Bad)):
                 raise
-            stopped = True  # (handled outside this block: aiohttp's log is not chained to it)
+            stopped = isinstance(exc.__context__, _Stop)  # (handled below: aiohttp's log not chained to it)
         except httptools.HttpParserError:  # malformed, or an upgrade (which the front never takes)
             stopped = False
         else:
@@ -350,7 +363,7 @@ class _Conn(asyncio.Protocol):
                 self.waiting = []
                 self._maybe_hand_over()
             return
-        if stopped or (self.raw is not None and self.divert is None):
+        if stopped or (self.raw is not None and self.divert is None and self.cur is None):
             self._aiohttp_from_here()  # aiohttp answers it as it always has
         else:  # a bad request with no known start: answered after the answers before it
             self.bad = True
@@ -371,9 +384,16 @@ class _Conn(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > MAX_LINE:
+            self._over()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
+        if len(value) > MAX_FIELD or len(name) > MAX_FIELD or len(self.raw_headers) > MAX_HEADERS:
+            self._over()
+
+    def _over(self) -> None:
+        raise _Stop if self.raw is not None and self.divert is None else _Bad
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -398,8 +418,13 @@ class _Conn(asyncio.Protocol):
                 headers = CIMultiDict(
                     [(_name(k), v.decode("utf-8", "surrogateescape")) for k, v in self.raw_headers]
                 )
-            if "expect" in headers or "content-encoding" in headers or "host" not in headers:
-                route = None  # (a request without Host is aiohttp's 400)
+            if (
+                "expect" in headers
+                or "content-encoding" in headers
+                or "host" not in headers  # (aiohttp's 400)
+                or headers.get("transfer-encoding", "chunked").lower() != "chunked"
+            ):
+                route = None
         if route is None:  # aiohttp's, as it came when its bytes are known; else rebuilt at its end
             if self.raw is not None and self.divert is None:
                 raise _Stop
@@ -409,6 +434,7 @@ class _Conn(asyncio.Protocol):
         req = self.cur = LeanRequest(self, method, *route)
         req.headers = CIMultiDictProxy(headers)  # type: ignore[arg-type]
         req.keep_alive = parser.should_keep_alive()
+        self.raw = None  # this one is the front's: its reads need not be kept (a large body's twice)
 
     def on_body(self, body: bytes) -> None:
         req = self.cur
@@ -568,7 +594,7 @@ class Front:
         self.entry = entry
         self.handler = entry.handler
         self.aiohttp: Callable[[], Any] = runner.server  # type: ignore[assignment]
-        self.max_size: int = app._client_max_size
+        self.max_size = entry.max_body
         self.conns: set[_Conn] = set()
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
