@@ -498,7 +498,10 @@ class _Conn(asyncio.Protocol):
     async def _answer(self, req: LeanRequest) -> None:
         while True:
             try:
-                resp = await self.front.handler(req)
+                try:
+                    resp = await self.front.handler(req)
+                except web.HTTPException as exc:  # raised past the guard (a redirect): sent as aiohttp would
+                    resp = exc
                 if type(resp) is not LeanReply:
                     resp = _from_aiohttp(resp)
                 if not resp._eof and not self.closing:
