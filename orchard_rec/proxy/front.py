@@ -39,6 +39,7 @@ from typing import Any
 import httptools
 from aiohttp import hdrs, web
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.tcp_helpers import tcp_keepalive
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 __all__ = ["ENTRY", "Entry", "Front", "LeanReply", "LeanRequest", "reply", "stream"]
@@ -317,6 +318,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        tcp_keepalive(transport)  # SO_KEEPALIVE, as aiohttp's server sets it
         transport.set_write_buffer_limits(high=HIGH_WATER)
         self.idle_since = time.monotonic()
         self.front.conns.add(self)
