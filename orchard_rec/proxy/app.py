@@ -690,15 +690,19 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
             app[STORE].close()
 
     app.cleanup_ctx.append(lifecycle)
+    _add_routes(app, config)
+    return app
+
+
+def _add_routes(app: web.Application, config: ProxyConfig) -> None:
+    """The routes on aiohttp's router; the calls' handler also for the proxy's own server (``front``)."""
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/metrics", guarded(metrics_handler))
     app.router.add_post("/sessions/{sid}/outcome", guarded(post_outcome))
     app.router.add_get("/openapi.json", guarded(openapi_handler))
     app.router.add_route("*", "/v1/orchard/policy", guarded(policy_handler))
     calls = guarded(proxy_handler)
-    app[front.ENTRY] = front.Entry(
-        calls, config.max_body_bytes
-    )  # the calls on the proxy's own server (``front``) too
+    app[front.ENTRY] = front.Entry(calls, config.max_body_bytes)
     app.router.add_route("*", "/v1/{tail:.*}", calls)
     app.router.add_route("*", "/s/{sid}/v1/{tail:.*}", calls)
     if config.ui:
@@ -710,4 +714,3 @@ def build_app(config: ProxyConfig, store: Store | None = None) -> web.Applicatio
     app.router.add_route("*", "/s/{sid}", probes)
     app.router.add_route("*", "/s/{sid}/{tail:.*}", probes)
     app.router.add_route("*", "/{tail:(?s:.*)}", probes)
-    return app
