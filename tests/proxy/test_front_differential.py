@@ -114,6 +114,8 @@ class Req:
     body_compared: bool = True  # /healthz, /metrics: the status only
     last: bool = False  # the connection ends with it (Connection: close, HTTP/1.0, malformed)
     alone: bool = False  # sent once the answers before it are in (a malformed request: see below)
+    over: bool = False  # a body over the limit (the next request starts in a write of its own: see
+    # test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit)
 
 
 def _req(
@@ -161,7 +163,7 @@ def _call_body(route: str, stream: bool) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": stream}
 
 
-SID_TAILS = ["", "", "", ".b", "A_B-1", ":x", "@x", "=x", "\u00c3\u00a9", "x" * 130, "%7Bx%7D", "{x}", ";p"]
+SID_TAILS = ["", "", "", ".b", "A_B-1", ":x", "@x", "=x", "%C3%A9", "x" * 130, "%7Bx%7D", "{x}", ";p"]
 FRAMING_SPELLINGS = [
     ("Transfer-Encoding", "chunked", "Content-Length"),
     ("transfer-encoding", "Chunked", "content-length"),
@@ -214,6 +216,7 @@ def calls(draw: st.DrawFn) -> Req:
         body = _sized(obj, LIMIT + draw(st.integers(-2, 1)))
     else:
         body = _sized(obj, LIMIT * draw(st.sampled_from([2, 5])))
+    over = body is not None and len(body) > LIMIT
     te = None
     if body is not None and draw(st.booleans()):
         te = draw(st.lists(st.integers(0, len(body)), max_size=3))
@@ -223,8 +226,8 @@ def calls(draw: st.DrawFn) -> Req:
         headers = [h for h in headers if h[0] != "Connection"]  # (see test_http10_keep_alive_stream...)
         keep = not stream and draw(st.booleans())
         headers += [("Connection", "keep-alive")] if keep else []
-        return _req(method, target, headers, body, version="HTTP/1.0", last=not keep)
-    return _req(method, target, headers, body, te=te, framing=framing)
+        return _req(method, target, headers, body, version="HTTP/1.0", last=not keep, over=over)
+    return _req(method, target, headers, body, te=te, framing=framing, over=over)
 
 
 ODD_PATHS = [
@@ -304,6 +307,7 @@ MALFORMED = [
     b"2;ext=1\r\n{}\r\n0\r\nX-Trailer: t\r\n\r\n",
     b"POST /s/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}\r\n",
     b"POST /s/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{}",
+    b"POST /s/{sid}\xc3\xa9/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
 ]
 
 
@@ -386,7 +390,9 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
                 c.send(data[head:])
     else:
         whole = b"".join(datas)
-        points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)})
+        ends = itertools.accumulate(len(d) for d in datas)
+        known = {end for r, end in zip(reqs, ends, strict=True) if r.over}
+        points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)} | known)
         for a, b in itertools.pairwise(points):
             c.send(whole[a:b])
             time.sleep(0.001)
@@ -527,3 +533,27 @@ def test_trailing_whitespace_of_a_header_value(sides: tuple[Side, Side]) -> None
     assert lean == aio
     assert ("x-space", "v") in rec_aio[0][-1] and ("x-tail", "w") in rec_aio[0][-1]
     assert rec_lean == rec_aio
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="front: when the read that ends a body over the limit also holds the start of the next "
+    "request, _answer sees in_message (the next request's) and lingers LINGER s for a body that "
+    "already ended, then closes: the next request is never answered",
+)
+def test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit(sides: tuple[Side, Side]) -> None:
+    big = _req(
+        "POST",
+        "/s/linger/v1/chat/completions",
+        JSON,
+        _sized(_call_body("chat/completions", False), LIMIT + 1),
+    )
+    nxt = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    for side in sides[::-1]:  # aiohttp's first: it answers both at once
+        with RawClient(side.port, 3.0) as c:
+            c.send(big.data + nxt[:5])
+            time.sleep(0.1)  # the server has read the first write
+            c.send(nxt[5:])
+            assert c.response("POST").status == 413
+            assert c.response().status == 200, side.name
+            assert not c.closed(0.1)
