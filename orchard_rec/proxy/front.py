@@ -39,6 +39,7 @@ from typing import Any
 import httptools
 from aiohttp import hdrs, web
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_parser import SINGLETON_HEADERS as SINGLETONS
 from aiohttp.tcp_helpers import tcp_keepalive
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
@@ -152,6 +153,7 @@ class LeanRequest:
         "_conn",
         "_size",
         "app",
+        "complete",
         "headers",
         "keep_alive",
         "match_info",
@@ -174,6 +176,7 @@ class LeanRequest:
         self._size = 0
         self._body = b""
         self.too_large = False
+        self.complete = False  # (kept for a request over the size limit: whether its body has ended)
 
     @property
     def transport(self) -> Any:
@@ -412,15 +415,18 @@ class _Conn(asyncio.Protocol):
         headers = None
         if route is not None:
             names = _NAMES
+            raw = self.raw_headers
             try:
                 headers = CIMultiDict(
-                    [(names[k], v.decode("utf-8", "surrogateescape")) for k, v in self.raw_headers]
+                    [(names[k], v.rstrip(b" \t").decode("utf-8", "surrogateescape")) for k, v in raw]
                 )
             except KeyError:
                 headers = CIMultiDict(
-                    [(_name(k), v.decode("utf-8", "surrogateescape")) for k, v in self.raw_headers]
+                    [(_name(k), v.rstrip(b" \t").decode("utf-8", "surrogateescape")) for k, v in raw]
                 )
-            if (
+            if len(set(headers)) != len(raw) and any(len(headers.getall(n, ())) > 1 for n in SINGLETONS):
+                route = None  # a repeated singleton header: aiohttp's 400
+            elif (
                 "expect" in headers
                 or "content-encoding" in headers
                 or "host" not in headers  # (aiohttp's 400)
@@ -462,6 +468,7 @@ class _Conn(asyncio.Protocol):
             self.divert += self._rebuilt()
             return
         if req.too_large:  # already answered
+            req.complete = True
             if self.lingering is not None and not self.lingering.done():
                 self.lingering.set_result(None)
             return
@@ -517,7 +524,7 @@ class _Conn(asyncio.Protocol):
                 log.exception("unanswered error on %s %s", req.method, req.path)
                 self.transport.close()
                 return
-            if req.too_large and self.in_message and not self.closing and not await self._linger():
+            if req.too_large and not req.complete and not self.closing and not await self._linger():
                 req.keep_alive = False  # its body did not end: the connection cannot go on
             if not req.keep_alive or self.closing:
                 self.closing = True
