@@ -114,8 +114,7 @@ class Req:
     body_compared: bool = True  # /healthz, /metrics: the status only
     last: bool = False  # the connection ends with it (Connection: close, HTTP/1.0, malformed)
     alone: bool = False  # sent once the answers before it are in (a malformed request: see below)
-    over: bool = False  # a body over the limit (the next request starts in a write of its own: see
-    # test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit)
+    over: bool = False  # a body over the limit (the next request waits: ``KNOWN_PAUSE``)
 
 
 def _req(
@@ -379,6 +378,11 @@ def _answer(r: Any, req: Req, sid: str) -> tuple[Any, ...]:
     return (r.version, r.status, r.reason, tuple(headers), r.framing, body)
 
 
+KNOWN_PAUSE = 0.05
+"""After a body over the limit, the next request's first byte waits this long (the front's answer
+to it is done by then): test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit."""
+
+
 def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: list[int]) -> None:
     if mode == "one-write":
         c.send(b"".join(datas))
@@ -388,6 +392,8 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
             c.trickle(data[:head], 1)
             if data[head:]:
                 c.send(data[head:])
+            if r.over:
+                time.sleep(KNOWN_PAUSE)
     else:
         whole = b"".join(datas)
         ends = itertools.accumulate(len(d) for d in datas)
@@ -395,7 +401,7 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
         points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)} | known)
         for a, b in itertools.pairwise(points):
             c.send(whole[a:b])
-            time.sleep(0.001)
+            time.sleep(KNOWN_PAUSE if b in known else 0.001)
 
 
 def exchange(port: int, reqs: list[Req], mode: str, cuts: list[int], sid: str) -> list[Any]:
