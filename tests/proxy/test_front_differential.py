@@ -2,14 +2,30 @@
 
 Two proxies, each over its own demo upstream and its own SQLite database: one serving its calls on
 the lean front (the default), one serving everything on aiohttp's web server. Hypothesis draws
-sequences of requests (calls of every dialect with valid, invalid, empty, chunked and over-the-limit
-bodies, odd header spellings and queries; the proxy's own routes, 404s, HEAD, OPTIONS, HTTP/1.0,
-``Expect: 100-continue``, odd paths; ``Connection: close`` or a malformed request only last) and a
-way of cutting their bytes into writes (one request at a time, all in one write, the heads byte by
-byte, random cuts). The same bytes go to both over one raw keep-alive connection each; the answers
-(status line, headers less ``Date``, the body less ids and timestamps; ``/healthz`` and ``/metrics``
-by status only), whether the connection ended up closed, and what each database recorded must be
-equal. A difference that is a bug of the front has its own ``xfail(strict=True)`` test below.
+sequences of requests (calls of every dialect and method with valid, invalid, empty, chunked and
+near or over-the-limit bodies, odd header spellings, session ids and queries; the proxy's own routes,
+404s, HEAD, OPTIONS, HTTP/1.0, ``Expect: 100-continue``, websocket upgrades, odd paths;
+``Connection: close`` or a malformed request only last) and a way of cutting their bytes into
+writes (one request at a time, all in one write, the heads byte by byte, random cuts). The same
+bytes go to both over one raw keep-alive connection each; the answers (status line, headers in
+order less ``Date``, the body less ids and timestamps; ``/healthz`` and ``/metrics`` by status
+only), whether the connection ended up closed, and what each database recorded (path, status,
+outcome, stream, session, request body, error, headers) must be equal.
+
+A difference that is a bug of the front has its own ``xfail(strict=True)`` test below, and the fuzz
+steers clear of it (``unique`` extra headers, no trailing whitespace, ``KNOWN_PAUSE``, upgrades
+``alone``). What the fuzz does not send, because aiohttp's own server gets it wrong:
+
+- a malformed request, or any byte after a ``Connection: close`` request, in the same read as valid
+  requests before it: aiohttp answers one 400 (HTTP/1.0) and drops them all; the front answers them
+  and then the 400 (malformed requests are sent ``alone``, after the answers before them);
+- ``Connection: keep-alive`` on an HTTP/1.0 stream: aiohttp (3.14) sends no length and no close
+  (``StreamResponse._prepare_headers`` stores ``keep_alive`` before turning it off), so the client
+  never sees the end of the answer (the front hands HTTP/1.0 to aiohttp: the same on both);
+- a header name over 8190 bytes together with the previous header's name: aiohttp's limit counts
+  both (``cb_on_header_field`` checks before ``_process_header`` resets the name), the front's the
+  name alone;
+- ``Upgrade: h2c`` pipelined: aiohttp treats what follows as upgraded bytes and never answers it.
 """
 
 from __future__ import annotations
