@@ -534,11 +534,19 @@ def test_lean_front_answers_and_records_as_aiohttp_does(sides: tuple[Side, Side]
     _compare(sides, reqs, mode, cuts)
 
 
-def test_no_hang_probe_is_sane(sides: tuple[Side, Side]) -> None:
-    """The comparison itself sees a difference: a call and /healthz are not equal answers."""
-    call = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
-    probe = exchange(sides[0].port, [call], "lockstep", [], "dx-sanity")
-    assert probe[0][1] == 200 and probe[-1] == ("open", 200), probe
+def test_the_comparison_tells_answers_apart(sides: tuple[Side, Side]) -> None:
+    """What the fuzz compares is not normalised away: two dialects' answers differ, a closed
+    connection is told from an open one, and a session id is only ever ``<sid>``."""
+    lean = sides[0]
+    chat = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
+    messages = _req("POST", "/s/{sid}/v1/messages", JSON, json.dumps(_call_body("messages", False)).encode())
+    close = _req("POST", "/s/{sid}/v1/chat/completions", [*JSON, ("Connection", "close")], CHAT, last=True)
+    a = exchange(lean.port, [chat, messages], "one-write", [], "dx-apart")
+    b = exchange(lean.port, [chat, close], "lockstep", [], "dx-apart")
+    assert [x[1] for x in a[:2]] == [200, 200] and a[0] != a[1] and a[-1] == ("open", 200)
+    assert a[0] == b[0] and b[1][1] == 200 and b[-1] == "closed"
+    assert b"dx-apart" not in repr(a + b).encode()
+    assert {r[5] for r in _recorded(lean, "dx-apart")} == {b"<sid>"}
 
 
 # -- differences found: the front's (strict xfail: a fix flips them) -------------------------------------
