@@ -2,14 +2,30 @@
 
 Two proxies, each over its own demo upstream and its own SQLite database: one serving its calls on
 the lean front (the default), one serving everything on aiohttp's web server. Hypothesis draws
-sequences of requests (calls of every dialect with valid, invalid, empty, chunked and over-the-limit
-bodies, odd header spellings and queries; the proxy's own routes, 404s, HEAD, OPTIONS, HTTP/1.0,
-``Expect: 100-continue``, odd paths; ``Connection: close`` or a malformed request only last) and a
-way of cutting their bytes into writes (one request at a time, all in one write, the heads byte by
-byte, random cuts). The same bytes go to both over one raw keep-alive connection each; the answers
-(status line, headers less ``Date``, the body less ids and timestamps; ``/healthz`` and ``/metrics``
-by status only), whether the connection ended up closed, and what each database recorded must be
-equal. A difference that is a bug of the front has its own ``xfail(strict=True)`` test below.
+sequences of requests (calls of every dialect and method with valid, invalid, empty, chunked and
+near or over-the-limit bodies, odd header spellings, session ids and queries; the proxy's own routes,
+404s, HEAD, OPTIONS, HTTP/1.0, ``Expect: 100-continue``, websocket upgrades, odd paths;
+``Connection: close`` or a malformed request only last) and a way of cutting their bytes into
+writes (one request at a time, all in one write, the heads byte by byte, random cuts). The same
+bytes go to both over one raw keep-alive connection each; the answers (status line, headers in
+order less ``Date``, the body less ids and timestamps; ``/healthz`` and ``/metrics`` by status
+only), whether the connection ended up closed, and what each database recorded (path, status,
+outcome, stream, session, request body, error, headers) must be equal.
+
+A difference that is a bug of the front has its own ``xfail(strict=True)`` test below, and the fuzz
+steers clear of it (``unique`` extra headers, no trailing whitespace, ``KNOWN_PAUSE``, upgrades
+``alone``). What the fuzz does not send, because aiohttp's own server gets it wrong:
+
+- a malformed request, or any byte after a ``Connection: close`` request, in the same read as valid
+  requests before it: aiohttp answers one 400 (HTTP/1.0) and drops them all; the front answers them
+  and then the 400 (malformed requests are sent ``alone``, after the answers before them);
+- ``Connection: keep-alive`` on an HTTP/1.0 stream: aiohttp (3.14) sends no length and no close
+  (``StreamResponse._prepare_headers`` stores ``keep_alive`` before turning it off), so the client
+  never sees the end of the answer (the front hands HTTP/1.0 to aiohttp: the same on both);
+- a header name over 8190 bytes together with the previous header's name: aiohttp's limit counts
+  both (``cb_on_header_field`` checks before ``_process_header`` resets the name), the front's the
+  name alone;
+- ``Upgrade: h2c`` pipelined: aiohttp treats what follows as upgraded bytes and never answers it.
 """
 
 from __future__ import annotations
@@ -114,8 +130,7 @@ class Req:
     body_compared: bool = True  # /healthz, /metrics: the status only
     last: bool = False  # the connection ends with it (Connection: close, HTTP/1.0, malformed)
     alone: bool = False  # sent once the answers before it are in (a malformed request: see below)
-    over: bool = False  # a body over the limit (the next request starts in a write of its own: see
-    # test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit)
+    over: bool = False  # a body over the limit (the next request waits: ``KNOWN_PAUSE``)
 
 
 def _req(
@@ -243,16 +258,31 @@ ODD_PATHS = [
     "/v1/orchard/policy",
     "/s/{sid}/v2/chat/completions",
     "/s//v1/chat/completions",
+    "/v1/",
+    "/s/{sid}/v1/",
+    "/s/{sid}/v1",
+    "/V1/chat/completions",
+    "/v1/chat/completions/",
+    "/s/{sid}/v1/chat/completions?x=%2F",
 ]
 CHAT = json.dumps(_call_body("chat/completions", False)).encode()
 JSON = [("Content-Type", "application/json")]
+WS = [
+    ("Upgrade", "websocket"),
+    ("Connection", "Upgrade"),
+    ("Sec-WebSocket-Version", "13"),
+    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+]
 
 
 @st.composite
 def others(draw: st.DrawFn) -> Req:
     kind = draw(
         st.sampled_from(
-            ["healthz", "metrics", "models", "404", "outcome", "head", "options", "expect", "odd", "get-call"]
+            [
+                *["healthz", "metrics", "models", "404", "outcome", "head", "options", "expect", "odd"],
+                *["get-call", "websocket"],
+            ]
         )
     )
     if kind == "healthz":
@@ -278,6 +308,8 @@ def others(draw: st.DrawFn) -> Req:
         )
     if kind == "odd":
         return _req("POST", draw(st.sampled_from(ODD_PATHS)), JSON, CHAT)
+    if kind == "websocket":  # (alone: test_an_upgrade_request_pipelined_behind_a_call)
+        return _req("GET", draw(st.sampled_from(["/s/{sid}/v1/responses", "/v1/responses"])), WS, alone=True)
     return _req("GET", "/s/{sid}/v1/chat/completions", [])  # a call route with GET
 
 
@@ -370,13 +402,20 @@ VOLATILE = {"date", "x-orchard-call-id", "x-request-id"}
 
 
 def _answer(r: Any, req: Req, sid: str) -> tuple[Any, ...]:
-    headers = sorted(
-        (k.lower(), _norm(v.encode("latin-1"), sid).decode("latin-1"))
+    """An answer as compared: status line, headers in order as spelled (less ``Date``; ids
+    normalised), framing, body (normalised; none for /healthz and /metrics, nor their length)."""
+    headers = tuple(
+        (k, _norm(v.encode("latin-1"), sid).decode("latin-1"))
         for k, v in r.headers
         if k.lower() not in VOLATILE and not (not req.body_compared and k.lower() == "content-length")
     )
     body = _norm(r.body, sid) if req.body_compared else None
-    return (r.version, r.status, r.reason, tuple(headers), r.framing, body)
+    return (r.version, r.status, r.reason, headers, r.framing, body)
+
+
+KNOWN_PAUSE = 0.05
+"""After a body over the limit, the next request's first byte waits this long (the front's answer
+to it is done by then): test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit."""
 
 
 def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: list[int]) -> None:
@@ -388,6 +427,8 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
             c.trickle(data[:head], 1)
             if data[head:]:
                 c.send(data[head:])
+            if r.over:
+                time.sleep(KNOWN_PAUSE)
     else:
         whole = b"".join(datas)
         ends = itertools.accumulate(len(d) for d in datas)
@@ -395,7 +436,7 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
         points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)} | known)
         for a, b in itertools.pairwise(points):
             c.send(whole[a:b])
-            time.sleep(0.001)
+            time.sleep(KNOWN_PAUSE if b in known else 0.001)
 
 
 def exchange(port: int, reqs: list[Req], mode: str, cuts: list[int], sid: str) -> list[Any]:
@@ -403,19 +444,32 @@ def exchange(port: int, reqs: list[Req], mode: str, cuts: list[int], sid: str) -
     ``"closed"`` or ``"open"`` (a ``GET /healthz`` probe is answered)."""
     datas = [r.data.replace(b"{sid}", sid.encode()) for r in reqs]
     seen: list[Any] = []
-    n = len(reqs) - (reqs[-1].alone and mode != "lockstep")
+    groups: list[list[int]] = []  # sent together (by ``mode``); an ``alone`` request is a group of its own
+    for i, r in enumerate(reqs):
+        if mode == "lockstep" or r.alone or not groups or reqs[groups[-1][-1]].alone:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
     with RawClient(port, TIMEOUT) as c:
         try:
-            if mode != "lockstep":
-                _send(c, reqs[:n], datas[:n], mode, cuts)
-            for i, (r, data) in enumerate(zip(reqs, datas, strict=True)):
-                if mode == "lockstep" or i >= n:
-                    c.send(data)
-                while True:
-                    a = c.response(r.method, interim=True)
-                    seen.append(_answer(a, r, sid))
-                    if not 100 <= a.status < 200:
-                        break
+            for group in groups:
+                if len(group) == 1 and (mode == "lockstep" or reqs[group[0]].alone):
+                    c.send(datas[group[0]])
+                else:
+                    start = sum(len(d) for d in datas[: group[0]])
+                    _send(
+                        c,
+                        [reqs[i] for i in group],
+                        [datas[i] for i in group],
+                        mode,
+                        [p - start for p in cuts],
+                    )
+                for i in group:
+                    while True:
+                        a = c.response(reqs[i].method, interim=True)
+                        seen.append(_answer(a, reqs[i], sid))
+                        if not 100 <= a.status < 200:
+                            break
         except EOFError:
             seen.append("eof")
             return seen
@@ -464,7 +518,7 @@ def _compare(sides: tuple[Side, Side], reqs: list[Req], mode: str, cuts: list[in
 
 
 @settings(
-    max_examples=120,
+    max_examples=250,
     deadline=None,
     derandomize=True,
     suppress_health_check=[
@@ -480,11 +534,19 @@ def test_lean_front_answers_and_records_as_aiohttp_does(sides: tuple[Side, Side]
     _compare(sides, reqs, mode, cuts)
 
 
-def test_no_hang_probe_is_sane(sides: tuple[Side, Side]) -> None:
-    """The comparison itself sees a difference: a call and /healthz are not equal answers."""
-    call = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
-    probe = exchange(sides[0].port, [call], "lockstep", [], "dx-sanity")
-    assert probe[0][1] == 200 and probe[-1] == ("open", 200), probe
+def test_the_comparison_tells_answers_apart(sides: tuple[Side, Side]) -> None:
+    """What the fuzz compares is not normalised away: two dialects' answers differ, a closed
+    connection is told from an open one, and a session id is only ever ``<sid>``."""
+    lean = sides[0]
+    chat = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
+    messages = _req("POST", "/s/{sid}/v1/messages", JSON, json.dumps(_call_body("messages", False)).encode())
+    close = _req("POST", "/s/{sid}/v1/chat/completions", [*JSON, ("Connection", "close")], CHAT, last=True)
+    a = exchange(lean.port, [chat, messages], "one-write", [], "dx-apart")
+    b = exchange(lean.port, [chat, close], "lockstep", [], "dx-apart")
+    assert [x[1] for x in a[:2]] == [200, 200] and a[0] != a[1] and a[-1] == ("open", 200)
+    assert a[0] == b[0] and b[1][1] == 200 and b[-1] == "closed"
+    assert b"dx-apart" not in repr(a + b).encode()
+    assert {r[5] for r in _recorded(lean, "dx-apart")} == {b"<sid>"}
 
 
 # -- differences found: the front's (strict xfail: a fix flips them) -------------------------------------
@@ -557,3 +619,75 @@ def test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit(sides: tupl
             assert c.response("POST").status == 413
             assert c.response().status == 200, side.name
             assert not c.closed(0.1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="front: httptools' HttpParserUpgrade (no HttpParserError) escapes data_received when an "
+    "upgrade request is not at the start of a read: the transport is aborted, the answer to the call "
+    "before it is lost (aiohttp answers 200, 426 and goes on)",
+)
+def test_an_upgrade_request_pipelined_behind_a_call(sides: tuple[Side, Side]) -> None:
+    call = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
+    ws = _req("GET", "/s/{sid}/v1/responses", WS)
+    seqs = [exchange(side.port, [call, ws, call], "one-write", [], "dx-upgrade") for side in sides]
+    statuses = [[a if isinstance(a, str) else a[1] for a in seq] for seq in seqs]
+    assert statuses[1] == [200, 426, 200, 200]  # (the last: the probe's, on a connection still open)
+    assert statuses[0] == statuses[1]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="front: a chunked body's trailer fields reach on_header too; _rebuilt() writes them as "
+    "headers of a request handed over rebuilt, so they are recorded and relayed as headers",
+)
+def test_trailers_of_a_request_handed_over_rebuilt(sides: tuple[Side, Side]) -> None:
+    call = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT)
+    head = b"PUT /s/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    put = Req("PUT", head + b"%x\r\n%b\r\n0\r\nX-Trailer: t\r\n\r\n" % (len(CHAT), CHAT), len(head))
+    _COUNTER[0] += 1
+    sid = f"dx{_COUNTER[0]:05d}"
+    got = [exchange(side.port, [call, put], "one-write", [], sid) for side in sides]
+    records = [_recorded(side, sid) for side in sides]
+    assert got[0] == got[1]  # (the upstream's 405 to a PUT, on both)
+    assert len(records[1]) == 2 and all(("x-trailer", "t") not in r[-1] for r in records[1])  # dropped
+    assert records[0] == records[1]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="front: a request it took whose trailers take it over 128 header fields is answered by "
+    "_bad_request ('HTTP/1.1 400', 'Connection: close', '400, message: Bad Request'), not as "
+    "aiohttp answers it ('HTTP/1.0 400', 'Server', 'Too many headers received')",
+)
+def test_trailers_over_the_header_count_of_a_call_the_front_took(sides: tuple[Side, Side]) -> None:
+    fields = b"".join(b"X-%d: 1\r\n" % i for i in range(126))
+    head = b"POST /s/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + fields
+    trailers = b"".join(b"T-%d: 1\r\n" % i for i in range(5))
+    data = head + b"\r\n%x\r\n%b\r\n0\r\n%b\r\n" % (len(CHAT), CHAT, trailers)
+    lean, aio, rec_lean, rec_aio = _one(sides, data)
+    assert aio[0][:2] == ("HTTP/1.0", 400) and aio[-1] == "closed" and rec_aio == []
+    assert lean == aio and rec_lean == rec_aio
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="front: a call whose client leaves before its body is complete is recorded 'aborted' "
+    "('client disconnected') on aiohttp's server, which runs the handler at the head; the front "
+    "runs it at the message's end, so nothing is recorded",
+)
+def test_a_client_gone_before_the_end_of_a_body(sides: tuple[Side, Side]) -> None:
+    _COUNTER[0] += 1
+    sid = f"dx{_COUNTER[0]:05d}"
+    data = _req("POST", "/s/{sid}/v1/chat/completions", JSON, CHAT).data.replace(b"{sid}", sid.encode())
+    for side in sides:
+        with RawClient(side.port, TIMEOUT) as c:
+            c.send(data[: data.index(b"\r\n\r\n") + 4 + 40])  # the head and 40 bytes of the body
+            time.sleep(0.2)
+    records: list[list[Any]] = [[], []]
+    deadline = time.monotonic() + 3
+    while not records[1] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        records = [records[0] + _recorded(sides[0], sid), records[1] + _recorded(sides[1], sid)]
+    assert [(r[2], r[3], r[7]) for r in records[1]] == [(None, "CallOutcome.ABORTED", b"client disconnected")]
+    assert records[0] == records[1]
