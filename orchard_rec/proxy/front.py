@@ -154,6 +154,7 @@ class LeanRequest:
         "_size",
         "app",
         "complete",
+        "gone",
         "headers",
         "keep_alive",
         "match_info",
@@ -176,6 +177,7 @@ class LeanRequest:
         self._size = 0
         self._body = b""
         self.too_large = False
+        self.gone = False  # the client left before its body ended (``read()`` is cancelled)
         self.complete = False  # (kept for a request over the size limit: whether its body has ended)
 
     @property
@@ -183,6 +185,8 @@ class LeanRequest:
         return self._conn.transport
 
     async def read(self) -> bytes:
+        if self.gone:
+            raise asyncio.CancelledError
         if self.too_large:
             limit = self._conn.front.max_size
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=self._size)
@@ -303,6 +307,8 @@ class _Conn(asyncio.Protocol):
         self.cur: LeanRequest | None = None  # the request being parsed, when this server takes it
         self.url = bytearray()
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False  # the current request's head has ended (what follows are trailers)
+        self.trailers = 0
         self.in_message = False
         self.fresh = False  # the read being parsed started at a request's first byte
         self.begun = 0  # requests begun within the read being parsed
@@ -313,7 +319,7 @@ class _Conn(asyncio.Protocol):
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
         self.closing = False
-        self.bad = False  # a request that could not be parsed, with no known start
+        self.bad = ""  # why a request with no known start could not be parsed (answered 400)
         self.lingering: asyncio.Future[None] | None = None
         self.idle_since = 0.0
 
@@ -327,10 +333,16 @@ class _Conn(asyncio.Protocol):
         self.front.conns.add(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        ours = self.closing  # (this server closed it)
         self.closing = True
         self.front.conns.discard(self)
         if self.task is not None:
             self.task.cancel()  # aiohttp's handler cancellation: the handler records ``aborted``
+        elif self.cur is not None and not self.cur.too_large and not ours:
+            # gone before its body ended: on aiohttp's server its handler had started (it starts
+            # at the head) and was cancelled in ``read()``: the same here, so it is recorded ``aborted``
+            self.cur.gone = True
+            self.task = asyncio.get_running_loop().create_task(self._answer(self.cur))
         self.queue.clear()
         if self.drained is not None and not self.drained.done():
             self.drained.set_exception(ConnectionResetError("Connection lost"))
@@ -361,8 +373,13 @@ class _Conn(asyncio.Protocol):
             if not isinstance(exc.__context__, (_Stop, _Bad)):
                 raise
             stopped = isinstance(exc.__context__, _Stop)  # (handled below: aiohttp's log not chained to it)
-        except httptools.HttpParserError:  # malformed, or an upgrade (which the front never takes)
+            why = str(exc.__context__)
+        except httptools.HttpParserUpgrade as exc:  # only while rebuilding (else stopped at its head)
+            self._upgrade_from(data[int(exc.args[0]) :])
+            return
+        except httptools.HttpParserError as exc:  # malformed
             stopped = False
+            why = f"400, message: {exc}"
         else:
             if self.divert is not None and not self.in_message:
                 self.waiting = []
@@ -371,7 +388,7 @@ class _Conn(asyncio.Protocol):
         if stopped or (self.raw is not None and self.divert is None and self.cur is None):
             self._aiohttp_from_here()  # aiohttp answers it as it always has
         else:  # a bad request with no known start: answered after the answers before it
-            self.bad = True
+            self.bad = why or "400, message: Bad Request"
             self.waiting = []
             self._maybe_hand_over()
 
@@ -384,6 +401,8 @@ class _Conn(asyncio.Protocol):
             self.raw = None  # its first byte is somewhere inside this read
         self.url = bytearray()
         self.raw_headers = []
+        self.head_done = False
+        self.trailers = 0
         self.body = []
         self.cur = None
 
@@ -393,14 +412,20 @@ class _Conn(asyncio.Protocol):
             self._over()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:  # a chunked body's trailer field: not a header, but counted (as aiohttp does)
+            self.trailers += 1
+            if len(self.raw_headers) + self.trailers > MAX_HEADERS:
+                raise _Bad("Too many headers received")
+            return
         self.raw_headers.append((name, value))
         if len(value) > MAX_FIELD or len(name) > MAX_FIELD or len(self.raw_headers) > MAX_HEADERS:
             self._over()
 
     def _over(self) -> None:
-        raise _Stop if self.raw is not None and self.divert is None else _Bad
+        raise _Stop if self.raw is not None and self.divert is None else _Bad("Too many headers received")
 
     def on_headers_complete(self) -> None:
+        self.head_done = True
         parser = self.parser
         method = parser.get_method().decode("ascii", "replace")
         url = self.url.decode("utf-8", "surrogateescape")
@@ -562,6 +587,17 @@ class _Conn(asyncio.Protocol):
 
     # -- handing the connection to aiohttp ------------------------------------------------------
 
+    def _upgrade_from(self, rest: bytes) -> None:
+        """An upgrade request among those rebuilt for aiohttp: it and the bytes after its head
+        (``rest``, the new protocol's) go to aiohttp, after the answers before them."""
+        if self.divert is None:
+            self.divert = bytearray()
+        if self.in_message:  # (llhttp may end the message before it pauses)
+            self.in_message = False
+            self.divert += self._rebuilt()
+        self.waiting = [rest] if rest else []
+        self._maybe_hand_over()
+
     def _aiohttp_from_here(self) -> None:
         """The request being parsed and all after it are aiohttp's (its bytes are ``self.raw``)."""
         self.waiting = list(self.raw or ())
@@ -589,10 +625,12 @@ class _Conn(asyncio.Protocol):
             proto.data_received(data)
 
     def _bad_request(self) -> None:
-        body = b"400, message: Bad Request"
+        """aiohttp's answer to a request it cannot parse (its shape: HTTP/1.0, plain text, closed)."""
+        body = self.bad.encode("utf-8", "replace")
         self.transport.write(
-            b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body)
+            b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+            b"Date: %b\r\nServer: %b\r\n\r\n%b"
+            % (len(body), _date().encode(), SERVER_SOFTWARE.encode(), body)
         )
         self.closing = True
         self.transport.close()
