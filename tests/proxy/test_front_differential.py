@@ -13,8 +13,8 @@ only), whether the connection ended up closed, and what each database recorded (
 outcome, stream, session, request body, error, headers) must be equal.
 
 A difference that is a bug of the front has its own ``xfail(strict=True)`` test below, and the fuzz
-steers clear of it (``unique`` extra headers, no trailing whitespace, ``KNOWN_PAUSE``, upgrades
-``alone``). What the fuzz does not send, because aiohttp's own server gets it wrong:
+steers clear of it (``unique`` extra headers, no trailing whitespace, nothing sent behind a body
+over the limit before its answer, upgrades ``alone``, no trailers). What the fuzz does not send, because aiohttp's own server gets it wrong:
 
 - a malformed request, or any byte after a ``Connection: close`` request, in the same read as valid
   requests before it: aiohttp answers one 400 (HTTP/1.0) and drops them all; the front answers them
@@ -130,7 +130,8 @@ class Req:
     body_compared: bool = True  # /healthz, /metrics: the status only
     last: bool = False  # the connection ends with it (Connection: close, HTTP/1.0, malformed)
     alone: bool = False  # sent once the answers before it are in (a malformed request: see below)
-    over: bool = False  # a body over the limit (the next request waits: ``KNOWN_PAUSE``)
+    over: bool = False  # a body over the limit (the next request waits for its answer: see
+    # test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit)
 
 
 def _req(
@@ -413,11 +414,6 @@ def _answer(r: Any, req: Req, sid: str) -> tuple[Any, ...]:
     return (r.version, r.status, r.reason, headers, r.framing, body)
 
 
-KNOWN_PAUSE = 0.05
-"""After a body over the limit, the next request's first byte waits this long (the front's answer
-to it is done by then): test_a_request_begun_in_the_read_that_ends_a_body_over_the_limit."""
-
-
 def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: list[int]) -> None:
     if mode == "one-write":
         c.send(b"".join(datas))
@@ -427,16 +423,12 @@ def _send(c: RawClient, reqs: list[Req], datas: list[bytes], mode: str, cuts: li
             c.trickle(data[:head], 1)
             if data[head:]:
                 c.send(data[head:])
-            if r.over:
-                time.sleep(KNOWN_PAUSE)
     else:
         whole = b"".join(datas)
-        ends = itertools.accumulate(len(d) for d in datas)
-        known = {end for r, end in zip(reqs, ends, strict=True) if r.over}
-        points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)} | known)
+        points = sorted({p for p in cuts if 0 < p < len(whole)} | {0, len(whole)})
         for a, b in itertools.pairwise(points):
             c.send(whole[a:b])
-            time.sleep(KNOWN_PAUSE if b in known else 0.001)
+            time.sleep(0.001)
 
 
 def exchange(port: int, reqs: list[Req], mode: str, cuts: list[int], sid: str) -> list[Any]:
@@ -444,9 +436,16 @@ def exchange(port: int, reqs: list[Req], mode: str, cuts: list[int], sid: str) -
     ``"closed"`` or ``"open"`` (a ``GET /healthz`` probe is answered)."""
     datas = [r.data.replace(b"{sid}", sid.encode()) for r in reqs]
     seen: list[Any] = []
-    groups: list[list[int]] = []  # sent together (by ``mode``); an ``alone`` request is a group of its own
+    groups: list[list[int]] = []  # sent together (by ``mode``); an ``alone`` request is a group of its
+    # own, a request ``over`` the limit ends one (the next is sent once its answer is in)
     for i, r in enumerate(reqs):
-        if mode == "lockstep" or r.alone or not groups or reqs[groups[-1][-1]].alone:
+        if (
+            mode == "lockstep"
+            or r.alone
+            or not groups
+            or reqs[groups[-1][-1]].alone
+            or reqs[groups[-1][-1]].over
+        ):
             groups.append([i])
         else:
             groups[-1].append(i)
