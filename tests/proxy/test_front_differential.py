@@ -596,7 +596,7 @@ def test_a_repeated_singleton_header_is_a_400(sides: tuple[Side, Side], name: st
 @pytest.mark.xfail(
     strict=True,
     reason="front: aiohttp strips a header value's trailing whitespace (OWS); the front keeps it "
-    "(recorded and relayed as 'v \\t')",
+    "(the record's headers show 'v \\t')",
 )
 def test_trailing_whitespace_of_a_header_value(sides: tuple[Side, Side]) -> None:
     lean, aio, rec_lean, rec_aio = _one(sides, _call_with("X-Space: v \t", "X-Tail: w  "))
