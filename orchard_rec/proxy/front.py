@@ -385,7 +385,9 @@ class _Conn(asyncio.Protocol):
                 self.waiting = []
                 self._maybe_hand_over()
             return
-        if stopped or (self.raw is not None and self.divert is None and self.cur is None):
+        if self.cur is not None and not self.cur.too_large:
+            self.cur = None  # (never handled: aiohttp's parser fails on it too, before any handler)
+        if stopped or (self.raw is not None and self.divert is None):
             self._aiohttp_from_here()  # aiohttp answers it as it always has
         else:  # a bad request with no known start: answered after the answers before it
             self.bad = why or "400, message: Bad Request"
@@ -467,7 +469,8 @@ class _Conn(asyncio.Protocol):
         req = self.cur = LeanRequest(self, method, *route)
         req.headers = CIMultiDictProxy(headers)  # type: ignore[arg-type]
         req.keep_alive = parser.should_keep_alive()
-        self.raw = None  # this one is the front's: its reads need not be kept (a large body's twice)
+        if "transfer-encoding" not in req.headers:  # (a chunked body may be malformed: aiohttp answers it)
+            self.raw = None  # this one is the front's: its reads need not be kept (a large body's twice)
 
     def on_body(self, body: bytes) -> None:
         req = self.cur
@@ -480,6 +483,7 @@ class _Conn(asyncio.Protocol):
         if req._size > self.front.max_size:
             req.too_large = True
             req._chunks = []
+            self.raw = None
             self._enqueue(req)  # answered now; the rest of its body is read and dropped
             return
         req._chunks.append(body)
