@@ -555,7 +555,7 @@ def test_the_comparison_tells_answers_apart(sides: tuple[Side, Side]) -> None:
     assert {r[5] for r in _recorded(lean, "dx-apart")} == {b"<sid>"}
 
 
-# -- differences found: the front's (strict xfail: a fix flips them) -------------------------------------
+# -- the differences found in the front's first version, each fixed --------------------------------------
 
 
 def _one(sides: tuple[Side, Side], data: bytes) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
