@@ -210,10 +210,6 @@ class LeanReply:
         self._eof = False
         self._conn: _Conn | None = None
 
-    @property
-    def prepared(self) -> bool:
-        return self._started
-
     def _head(self, request: LeanRequest) -> bytes:
         headers = self.headers
         lines = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}\r\n"]
